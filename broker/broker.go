@@ -1,0 +1,94 @@
+// Package broker is the seam between the relay and the message brokers.
+//
+// A Publisher takes a batch of messages and returns one Result per message, never one
+// error for the batch, so the relay can mark exactly what the broker acknowledged.
+// Messages of one key must reach the broker in the order given. Failures are
+// classified with the predicates below; the relay's retry policy asks only them.
+package broker
+
+import (
+	"context"
+	"errors"
+	"fmt"
+)
+
+// Message is one event as a broker sees it.
+type Message struct {
+	// ID is the event id, used as the broker's dedup id where it has one.
+	ID string
+	// Topic is where the message goes (NATS subject, Kafka topic, routing key...).
+	Topic string
+	// Key is the ordering and partitioning key (the aggregate id by default).
+	Key string
+	// Payload is the event payload, unchanged. Nil for a NULL payload.
+	Payload []byte
+	// Headers include the wire-format headers (id, eventType, ...) set by the relay.
+	Headers map[string]string
+}
+
+// Result is what happened to one message.
+type Result struct {
+	// Err is nil when the broker acknowledged the message.
+	Err error
+}
+
+// Features declare what a publisher can do, so the relay and the conformance suite
+// adapt instead of assuming.
+type Features struct {
+	// BrokerDedup: the broker drops a second message with the same ID.
+	BrokerDedup bool
+	// PerKeyOrdering: messages of one key are stored in the order given.
+	PerKeyOrdering bool
+	// Headers: headers are carried.
+	Headers bool
+	// MaxMessageBytes is the largest payload the broker takes (0: unknown).
+	MaxMessageBytes int
+}
+
+// Publisher publishes messages.
+type Publisher interface {
+	// Publish sends msgs in order and waits for the broker's answer to each.
+	// len(result) == len(msgs) always.
+	Publish(ctx context.Context, msgs []Message) []Result
+	// Features describes the publisher.
+	Features() Features
+	// Close releases what the publisher opened itself (not clients the user passed in).
+	Close() error
+}
+
+// TopicEscaper is implemented by publishers whose topic names have a syntax of their
+// own (NATS subjects): the relay escapes every value it puts into a topic template.
+type TopicEscaper interface {
+	EscapeTopicToken(s string) string
+}
+
+// Sentinel errors for classification.
+var (
+	// ErrPermanent: the broker refused this message and will refuse it again (too
+	// large, invalid). Retrying cannot help; it counts as an attempt.
+	ErrPermanent = errors.New("message refused permanently")
+	// ErrUnavailable: the broker could not be reached. Not the message's fault: it
+	// costs no attempt, and the relay backs off the whole publisher.
+	ErrUnavailable = errors.New("broker unavailable")
+)
+
+// Permanent wraps err as a permanent failure.
+func Permanent(err error) error { return fmt.Errorf("%w: %w", ErrPermanent, err) }
+
+// Unavailable wraps err as a broker-unavailable failure.
+func Unavailable(err error) error { return fmt.Errorf("%w: %w", ErrUnavailable, err) }
+
+// IsPermanent reports whether retrying the message cannot succeed.
+func IsPermanent(err error) bool { return errors.Is(err, ErrPermanent) }
+
+// IsUnavailable reports whether the failure is the broker's, not the message's.
+func IsUnavailable(err error) bool { return errors.Is(err, ErrUnavailable) }
+
+// FailAll returns n results that all carry err.
+func FailAll(n int, err error) []Result {
+	rs := make([]Result, n)
+	for i := range rs {
+		rs[i].Err = err
+	}
+	return rs
+}

@@ -1,0 +1,124 @@
+// Package memory is an in-process broker for tests and demos. It passes the same
+// conformance suite (brokertest) as the real publishers: it keeps order, drops
+// duplicate ids like a broker with dedup, refuses oversized messages permanently, and
+// can be switched off to play an outage.
+package memory
+
+import (
+	"context"
+	"fmt"
+	"maps"
+	"sync"
+
+	"github.com/outboxd/outbox/broker"
+)
+
+// MaxMessageBytesDefault is the largest payload the memory broker takes by default.
+const MaxMessageBytesDefault = 1 << 20
+
+// Broker is an in-memory broker and its publisher.
+type Broker struct {
+	mu       sync.Mutex
+	changed  chan struct{} // closed and replaced on every change
+	msgs     []broker.Message
+	seen     map[string]bool
+	dups     int
+	down     bool
+	maxBytes int
+}
+
+// New returns an empty broker. maxMessageBytes <= 0 means MaxMessageBytesDefault.
+func New(maxMessageBytes int) *Broker {
+	if maxMessageBytes <= 0 {
+		maxMessageBytes = MaxMessageBytesDefault
+	}
+	return &Broker{changed: make(chan struct{}), seen: map[string]bool{}, maxBytes: maxMessageBytes}
+}
+
+var _ broker.Publisher = (*Broker)(nil)
+
+// Publish implements broker.Publisher.
+func (b *Broker) Publish(ctx context.Context, msgs []broker.Message) []broker.Result {
+	res := make([]broker.Result, len(msgs))
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	for i, m := range msgs {
+		switch {
+		case ctx.Err() != nil:
+			res[i].Err = ctx.Err()
+		case b.down:
+			res[i].Err = broker.Unavailable(fmt.Errorf("memory broker is down"))
+		case len(m.Payload) > b.maxBytes:
+			res[i].Err = broker.Permanent(fmt.Errorf("payload of %d bytes exceeds the limit of %d", len(m.Payload), b.maxBytes))
+		case b.seen[m.ID]:
+			b.dups++ // acknowledged, not stored: what a broker with dedup does
+		default:
+			b.seen[m.ID] = true
+			m.Headers = maps.Clone(m.Headers)
+			m.Payload = append([]byte(nil), m.Payload...)
+			b.msgs = append(b.msgs, m)
+		}
+	}
+	close(b.changed)
+	b.changed = make(chan struct{})
+	return res
+}
+
+// Features implements broker.Publisher.
+func (b *Broker) Features() broker.Features {
+	return broker.Features{BrokerDedup: true, PerKeyOrdering: true, Headers: true, MaxMessageBytes: b.maxBytes}
+}
+
+// Close implements broker.Publisher.
+func (b *Broker) Close() error { return nil }
+
+// SetDown plays a broker outage: while down, every publish fails as unavailable.
+func (b *Broker) SetDown(down bool) {
+	b.mu.Lock()
+	b.down = down
+	b.mu.Unlock()
+}
+
+// Messages returns a copy of every stored message in arrival order.
+func (b *Broker) Messages() []broker.Message {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return append([]broker.Message(nil), b.msgs...)
+}
+
+// Duplicates is how many messages were dropped as duplicates.
+func (b *Broker) Duplicates() int {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.dups
+}
+
+// Wait blocks until at least n messages are stored on topic ("" for any topic) or
+// ctx ends, and returns them in arrival order.
+func (b *Broker) Wait(ctx context.Context, topic string, n int) ([]broker.Message, error) {
+	for {
+		b.mu.Lock()
+		got := b.onTopic(topic)
+		if len(got) >= n {
+			b.mu.Unlock()
+			return got, nil
+		}
+		ch := b.changed
+		b.mu.Unlock()
+		select {
+		case <-ch:
+		case <-ctx.Done():
+			return got, fmt.Errorf("memory broker: waiting for %d messages, have %d: %w", n, len(got), ctx.Err())
+		}
+	}
+}
+
+func (b *Broker) onTopic(topic string) []broker.Message {
+	var out []broker.Message
+	for _, m := range b.msgs {
+		if topic == "" || m.Topic == topic {
+			out = append(out, m)
+		}
+	}
+	return out
+}

@@ -1,0 +1,32 @@
+package memory_test
+
+import (
+	"context"
+	"testing"
+
+	"go.uber.org/goleak"
+
+	"github.com/outboxd/outbox/broker"
+	"github.com/outboxd/outbox/broker/brokertest"
+	"github.com/outboxd/outbox/broker/memory"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+func TestConformance(t *testing.T) {
+	brokertest.Run(t, func(t *testing.T) *brokertest.Harness {
+		b := memory.New(4096)
+		return &brokertest.Harness{
+			Publisher: b,
+			Topic:     func(*testing.T) string { return brokertest.UniqueName("outbox.event.t") },
+			Read: func(ctx context.Context, topic string, n int) ([]broker.Message, error) {
+				msgs, err := b.Wait(ctx, topic, n)
+				if len(msgs) > n {
+					msgs = msgs[:n]
+				}
+				return msgs, err
+			},
+			Restart: func(*testing.T) { b.SetDown(true); b.SetDown(false) },
+		}
+	})
+}

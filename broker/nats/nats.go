@@ -1,0 +1,299 @@
+// Package nats publishes outbox events to NATS JetStream.
+//
+// Each message goes to its subject (outbox.event.<aggregatetype> by default) with the
+// payload as data and these headers: Nats-Msg-Id = event id (JetStream drops a
+// duplicate within the stream's dedup window), Outbox-Key = the message key (NATS has
+// no key), and the relay's wire-format headers (id, eventType, aggregateType,
+// aggregateId, ...).
+//
+// It publishes into an existing stream that covers the subject; if none does, every
+// message for that subject fails with ErrNoStream, unless Config.CreateStream asks for
+// one to be created.
+package nats
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/outboxd/outbox/broker"
+)
+
+// Defaults.
+const (
+	StreamNameDefault    = "OUTBOX"
+	StreamSubjectDefault = "outbox.event.>"
+	AckTimeoutDefault    = 10 * time.Second
+	MaxPendingDefault    = 4096
+)
+
+// HeaderKey carries the message key; NATS has no key of its own.
+const HeaderKey = "Outbox-Key"
+
+// ErrNoStream means no JetStream stream covers a subject.
+var ErrNoStream = errors.New("no JetStream stream covers the subject (create one, or run the relay with --nats-create-stream)")
+
+// Config configures a Publisher. The zero value (or nil) gives the defaults.
+type Config struct {
+	// CreateStream creates StreamName over StreamSubjects when no stream covers a
+	// subject.
+	CreateStream bool
+	// StreamName is the stream CreateStream creates. Default StreamNameDefault.
+	StreamName string
+	// StreamSubjects are its subjects. Default [StreamSubjectDefault].
+	StreamSubjects []string
+	// AckTimeout bounds the wait for each broker acknowledgement (used by Dial).
+	AckTimeout time.Duration
+	// MaxPending bounds unacknowledged publishes in flight (used by Dial).
+	MaxPending int
+}
+
+func (c *Config) withDefaults() Config {
+	var out Config
+	if c != nil {
+		out = *c
+	}
+	if out.StreamName == "" {
+		out.StreamName = StreamNameDefault
+	}
+	if len(out.StreamSubjects) == 0 {
+		out.StreamSubjects = []string{StreamSubjectDefault}
+	}
+	if out.AckTimeout <= 0 {
+		out.AckTimeout = AckTimeoutDefault
+	}
+	if out.MaxPending <= 0 {
+		out.MaxPending = MaxPendingDefault
+	}
+	return out
+}
+
+// Publisher publishes to JetStream. Build it with New or Dial.
+type Publisher struct {
+	js   jetstream.JetStream
+	nc   *nats.Conn
+	own  bool // Dial opened nc, Close closes it
+	cfg  Config
+	opts []jetstream.PublishOpt
+
+	mu      sync.Mutex
+	covered map[string]bool // subjects known to be covered by a stream
+}
+
+var (
+	_ broker.Publisher    = (*Publisher)(nil)
+	_ broker.TopicEscaper = (*Publisher)(nil)
+)
+
+// New returns a publisher on a JetStream context the caller built (and closes).
+func New(js jetstream.JetStream, cfg *Config) (*Publisher, error) {
+	if js == nil {
+		return nil, errors.New("nats publisher: JetStream is nil")
+	}
+	return &Publisher{
+		js:  js,
+		nc:  js.Conn(),
+		cfg: cfg.withDefaults(),
+		// No client-side retry on "no responders": a retried message could land after
+		// a later message of its key. The relay retries the batch in order instead.
+		opts:    []jetstream.PublishOpt{jetstream.WithRetryAttempts(0)},
+		covered: map[string]bool{},
+	}, nil
+}
+
+// Dial connects to url, checks that JetStream is enabled, and returns a publisher
+// that owns the connection.
+func Dial(ctx context.Context, url string, cfg *Config) (*Publisher, error) {
+	c := cfg.withDefaults()
+	nc, err := nats.Connect(url,
+		nats.Name("outbox-relay"),
+		nats.MaxReconnects(-1),
+		nats.ReconnectWait(250*time.Millisecond),
+		// While disconnected, fail fast instead of buffering: the relay backs off and
+		// retries the batch in order.
+		nats.ReconnectBufSize(-1),
+	)
+	if err != nil {
+		return nil, fmt.Errorf("connect to NATS at %s: %w", redact(url), err)
+	}
+	js, err := jetstream.New(nc, jetstream.WithPublishAsyncTimeout(c.AckTimeout), jetstream.WithPublishAsyncMaxPending(c.MaxPending))
+	if err != nil {
+		nc.Close()
+		return nil, fmt.Errorf("NATS JetStream: %w", err)
+	}
+	if _, err := js.AccountInfo(ctx); err != nil {
+		nc.Close()
+		return nil, fmt.Errorf("NATS at %s: JetStream is not available: %w", redact(url), err)
+	}
+	p, err := New(js, &c)
+	if err != nil {
+		nc.Close()
+		return nil, err
+	}
+	p.own = true
+	return p, nil
+}
+
+// redact hides a password in a URL.
+func redact(url string) string {
+	if at := strings.LastIndexByte(url, '@'); at >= 0 {
+		if i := strings.Index(url, "://"); i >= 0 && i < at {
+			return url[:i+3] + "***@" + url[at+1:]
+		}
+	}
+	return url
+}
+
+// Features implements broker.Publisher.
+func (p *Publisher) Features() broker.Features {
+	return broker.Features{BrokerDedup: true, PerKeyOrdering: true, Headers: true, MaxMessageBytes: int(p.nc.MaxPayload())}
+}
+
+// Close implements broker.Publisher.
+func (p *Publisher) Close() error {
+	if p.own {
+		p.js.CleanupPublisher()
+		p.nc.Close()
+	}
+	return nil
+}
+
+// EscapeTopicToken implements broker.TopicEscaper: a value placed in a subject can
+// never add tokens or wildcards. '.', '*', '>', '%', white space and control bytes
+// become %XX; an empty value becomes "_".
+func (p *Publisher) EscapeTopicToken(s string) string { return EscapeToken(s) }
+
+// EscapeToken is EscapeTopicToken without a publisher.
+func EscapeToken(s string) string {
+	if s == "" {
+		return "_"
+	}
+	var b strings.Builder
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		if c == '.' || c == '*' || c == '>' || c == '%' || c <= ' ' || c == 0x7f {
+			fmt.Fprintf(&b, "%%%02X", c)
+			continue
+		}
+		b.WriteByte(c)
+	}
+	return b.String()
+}
+
+// Publish implements broker.Publisher. Messages are sent in order, asynchronously,
+// and the call waits for every acknowledgement. After the first failure that is not
+// the message's own fault, the rest of the batch is not sent, so no later message of
+// a key can overtake an earlier one.
+func (p *Publisher) Publish(ctx context.Context, msgs []broker.Message) []broker.Result {
+	res := make([]broker.Result, len(msgs))
+	futures := make([]jetstream.PubAckFuture, len(msgs))
+	maxPayload := int(p.nc.MaxPayload())
+	var stop error
+	for i, m := range msgs {
+		if stop == nil {
+			stop = ctx.Err()
+		}
+		if stop != nil {
+			res[i].Err = stop
+			continue
+		}
+		if err := p.ensureStream(ctx, m.Topic); err != nil {
+			res[i].Err = err
+			stop = err
+			continue
+		}
+		nm := nats.NewMsg(m.Topic)
+		nm.Data = m.Payload
+		size := len(m.Payload)
+		for k, v := range m.Headers {
+			nm.Header.Set(k, v)
+			size += len(k) + len(v) + 4
+		}
+		nm.Header.Set(jetstream.MsgIDHeader, m.ID)
+		nm.Header.Set(HeaderKey, m.Key)
+		if size > maxPayload {
+			res[i].Err = broker.Permanent(fmt.Errorf("message of %d bytes exceeds the NATS max_payload of %d", size, maxPayload))
+			continue
+		}
+		f, err := p.js.PublishMsgAsync(nm, p.opts...)
+		if err != nil {
+			res[i].Err = classify(err)
+			if !broker.IsPermanent(res[i].Err) {
+				stop = res[i].Err
+			}
+			continue
+		}
+		futures[i] = f
+	}
+	for i, f := range futures {
+		if f == nil {
+			continue
+		}
+		select {
+		case <-f.Ok():
+		case err := <-f.Err():
+			res[i].Err = classify(err)
+		case <-ctx.Done():
+			res[i].Err = ctx.Err()
+		}
+	}
+	return res
+}
+
+// ensureStream checks once per subject that a stream covers it.
+func (p *Publisher) ensureStream(ctx context.Context, subject string) error {
+	p.mu.Lock()
+	ok := p.covered[subject]
+	p.mu.Unlock()
+	if ok {
+		return nil
+	}
+	_, err := p.js.StreamNameBySubject(ctx, subject)
+	if errors.Is(err, jetstream.ErrStreamNotFound) && p.cfg.CreateStream {
+		_, err = p.js.CreateOrUpdateStream(ctx, jetstream.StreamConfig{
+			Name:     p.cfg.StreamName,
+			Subjects: p.cfg.StreamSubjects,
+			Storage:  jetstream.FileStorage,
+		})
+		if err == nil {
+			_, err = p.js.StreamNameBySubject(ctx, subject)
+		}
+	}
+	switch {
+	case errors.Is(err, jetstream.ErrStreamNotFound):
+		// Not the message's fault: it must wait for an operator, not go dead-letter.
+		return broker.Unavailable(fmt.Errorf("subject %q: %w", subject, ErrNoStream))
+	case err != nil:
+		return classify(err)
+	}
+	p.mu.Lock()
+	p.covered[subject] = true
+	p.mu.Unlock()
+	return nil
+}
+
+// classify maps NATS errors to the broker package's classes.
+func classify(err error) error {
+	var apiErr *jetstream.APIError
+	switch {
+	case errors.Is(err, nats.ErrMaxPayload), errors.Is(err, nats.ErrBadSubject), errors.Is(err, nats.ErrHeadersNotSupported):
+		return broker.Permanent(err)
+	case errors.As(err, &apiErr) && apiErr.ErrorCode == jetstream.JSErrCodeStreamMessageExceedsMaximum:
+		return broker.Permanent(err)
+	case errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded):
+		return err
+	case errors.Is(err, jetstream.ErrNoStreamResponse), errors.Is(err, nats.ErrNoResponders),
+		errors.Is(err, jetstream.ErrAsyncPublishTimeout), errors.Is(err, nats.ErrTimeout),
+		errors.Is(err, nats.ErrConnectionClosed), errors.Is(err, nats.ErrConnectionReconnecting),
+		errors.Is(err, nats.ErrReconnectBufExceeded), errors.Is(err, nats.ErrDisconnected),
+		errors.Is(err, jetstream.ErrTooManyStalledMsgs), errors.Is(err, jetstream.ErrJetStreamNotEnabled):
+		return broker.Unavailable(err)
+	}
+	return err
+}

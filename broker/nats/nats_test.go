@@ -1,0 +1,149 @@
+package nats_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	natsgo "github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"go.uber.org/goleak"
+
+	"github.com/outboxd/outbox/broker"
+	"github.com/outboxd/outbox/broker/brokertest"
+	"github.com/outboxd/outbox/broker/nats"
+	"github.com/outboxd/outbox/internal/natsembed"
+	"github.com/outboxd/outbox/internal/testenv"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+// harness publishes into a stream of its own on the server at url.
+func harness(t *testing.T, url string, restart func(t *testing.T)) *brokertest.Harness {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	prefix := testenv.UniqueName("bt")
+	pub, err := nats.Dial(ctx, url, &nats.Config{CreateStream: true, StreamName: prefix, StreamSubjects: []string{prefix + ".>"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = pub.Close() })
+	nc, err := natsgo.Connect(url, natsgo.MaxReconnects(-1), natsgo.ReconnectWait(100*time.Millisecond))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	js, _ := jetstream.New(nc)
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		_ = js.DeleteStream(ctx, prefix)
+	})
+	return &brokertest.Harness{
+		Publisher: pub,
+		Topic:     func(*testing.T) string { return testenv.UniqueName(prefix + ".t") },
+		Read: func(ctx context.Context, topic string, n int) ([]broker.Message, error) {
+			return read(ctx, js, prefix, topic, n)
+		},
+		Restart: restart,
+	}
+}
+
+// read fetches up to n messages of topic from the start of the stream.
+func read(ctx context.Context, js jetstream.JetStream, stream, topic string, n int) ([]broker.Message, error) {
+	var out []broker.Message
+	for ctx.Err() == nil {
+		out = out[:0]
+		cons, err := js.OrderedConsumer(ctx, stream, jetstream.OrderedConsumerConfig{FilterSubjects: []string{topic}})
+		if err != nil {
+			time.Sleep(50 * time.Millisecond)
+			continue
+		}
+		batch, err := cons.FetchNoWait(n)
+		if err != nil {
+			return nil, err
+		}
+		for m := range batch.Messages() {
+			h := m.Headers()
+			hm := map[string]string{}
+			for k := range h {
+				hm[k] = h.Get(k)
+			}
+			out = append(out, broker.Message{ID: h.Get("Nats-Msg-Id"), Topic: m.Subject(), Key: h.Get(nats.HeaderKey), Payload: m.Data(), Headers: hm})
+		}
+		if len(out) >= n {
+			return out, nil
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	return out, fmt.Errorf("read %d of %d messages: %w", len(out), n, ctx.Err())
+}
+
+// TestConformanceMachine runs the suite against the machine's NATS server.
+func TestConformanceMachine(t *testing.T) {
+	url := testenv.NATSURL(t)
+	brokertest.Run(t, func(t *testing.T) *brokertest.Harness { return harness(t, url, nil) })
+}
+
+// TestConformanceEmbedded runs it against an in-process server, which it can restart.
+func TestConformanceEmbedded(t *testing.T) {
+	srv, err := natsembed.Start(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(srv.Stop)
+	brokertest.Run(t, func(t *testing.T) *brokertest.Harness {
+		return harness(t, srv.URL(), func(t *testing.T) {
+			if err := srv.Restart(); err != nil {
+				t.Fatal(err)
+			}
+		})
+	})
+}
+
+func TestNoStream(t *testing.T) {
+	url := testenv.NATSURL(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	pub, err := nats.Dial(ctx, url, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pub.Close()
+	res := pub.Publish(ctx, []broker.Message{{ID: "a", Topic: testenv.UniqueName("nostream."), Key: "k", Payload: []byte("{}")}})
+	if !errors.Is(res[0].Err, nats.ErrNoStream) || !broker.IsUnavailable(res[0].Err) {
+		t.Fatalf("err = %v, want ErrNoStream classed unavailable", res[0].Err)
+	}
+}
+
+func TestDialErrors(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	_, err := nats.Dial(ctx, "nats://user:secret@127.0.0.1:1", nil)
+	if err == nil {
+		t.Fatal("dial to a closed port succeeded")
+	}
+	if got := err.Error(); strings.Contains(got, "secret") {
+		t.Fatalf("error leaks the password: %s", got)
+	}
+}
+
+func TestEscapeToken(t *testing.T) {
+	for in, want := range map[string]string{
+		"order":       "order",
+		"a.b":         "a%2Eb",
+		"*":           "%2A",
+		">":           "%3E",
+		"x y\t":       "x%20y%09",
+		"":            "_",
+		"100%":        "100%25",
+		"Überweisung": "Überweisung",
+	} {
+		if got := nats.EscapeToken(in); got != want {
+			t.Errorf("EscapeToken(%q) = %q, want %q", in, got, want)
+		}
+	}
+}

@@ -1,0 +1,66 @@
+// Package natsembed runs a NATS server with JetStream inside the process, on loopback
+// and a random port, with its store in a folder of the caller's. The demo uses it, and
+// tests use it where they need to stop and restart a real server.
+package natsembed
+
+import (
+	"fmt"
+	"net"
+	"time"
+
+	"github.com/nats-io/nats-server/v2/server"
+)
+
+// Server is an in-process NATS server.
+type Server struct {
+	ns   *server.Server
+	opts server.Options
+}
+
+// Start starts a server storing JetStream data in storeDir, on a free port.
+func Start(storeDir string) (*Server, error) {
+	s := &Server{opts: server.Options{
+		Host:      "127.0.0.1",
+		Port:      server.RANDOM_PORT,
+		JetStream: true,
+		StoreDir:  storeDir,
+		NoSigs:    true,
+		NoLog:     true,
+	}}
+	if err := s.start(); err != nil {
+		return nil, err
+	}
+	// Restarts keep the port the first start was given.
+	s.opts.Port = s.ns.Addr().(*net.TCPAddr).Port
+	return s, nil
+}
+
+func (s *Server) start() error {
+	opts := s.opts
+	ns, err := server.NewServer(&opts)
+	if err != nil {
+		return fmt.Errorf("embedded NATS: %w", err)
+	}
+	ns.Start()
+	if !ns.ReadyForConnections(10 * time.Second) {
+		ns.Shutdown()
+		return fmt.Errorf("embedded NATS did not start within 10s")
+	}
+	s.ns = ns
+	return nil
+}
+
+// URL is the client URL.
+func (s *Server) URL() string { return s.ns.ClientURL() }
+
+// Stop shuts the server down and waits for it.
+func (s *Server) Stop() {
+	s.ns.Shutdown()
+	s.ns.WaitForShutdown()
+}
+
+// Restart stops the server and starts it again on the same port and store.
+func (s *Server) Restart() error {
+	s.Stop()
+	return s.start()
+}

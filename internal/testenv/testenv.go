@@ -1,0 +1,112 @@
+// Package testenv gives tests the real services of the machine: a PostgreSQL schema of
+// their own and the NATS server. A missing service skips the test on a laptop, and
+// fails it under CI (CI=true), where a skip would hide a broken setup.
+package testenv
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"os"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/nats-io/nats.go"
+)
+
+// Defaults, overridden by TEST_DATABASE_URL and TEST_NATS_URL.
+const (
+	DatabaseURLDefault = "postgres://postgres@127.0.0.1:5432/test?sslmode=disable"
+	NATSURLDefault     = "nats://127.0.0.1:4222"
+)
+
+// Missing skips t, or fails it under CI.
+func Missing(t testing.TB, format string, args ...any) {
+	t.Helper()
+	if os.Getenv("CI") == "true" {
+		t.Fatalf("service missing under CI: "+format, args...)
+	}
+	t.Skipf("service missing: "+format, args...)
+}
+
+// DatabaseURL returns the test database URL after checking it answers.
+func DatabaseURL(t testing.TB) string {
+	t.Helper()
+	url := os.Getenv("TEST_DATABASE_URL")
+	if url == "" {
+		url = DatabaseURLDefault
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	conn, err := pgx.Connect(ctx, url)
+	if err != nil {
+		Missing(t, "PostgreSQL at %s: %v", url, err)
+	}
+	conn.Close(ctx)
+	return url
+}
+
+// Schema creates a schema of the test's own, dropped when the test ends.
+func Schema(t testing.TB, url string) string {
+	t.Helper()
+	name := UniqueName("outbox_test_")
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	conn, err := pgx.Connect(ctx, url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	if _, err := conn.Exec(ctx, "CREATE SCHEMA "+name); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		conn, err := pgx.Connect(ctx, url)
+		if err != nil {
+			t.Errorf("drop schema %s: %v", name, err)
+			return
+		}
+		defer conn.Close(ctx)
+		if _, err := conn.Exec(ctx, "DROP SCHEMA "+name+" CASCADE"); err != nil {
+			t.Errorf("drop schema %s: %v", name, err)
+		}
+	})
+	return name
+}
+
+// Pool returns a pool on url, closed when the test ends.
+func Pool(t testing.TB, url string) *pgxpool.Pool {
+	t.Helper()
+	pool, err := pgxpool.New(context.Background(), url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	return pool
+}
+
+// NATSURL returns the machine's NATS URL after checking it answers with JetStream.
+func NATSURL(t testing.TB) string {
+	t.Helper()
+	url := os.Getenv("TEST_NATS_URL")
+	if url == "" {
+		url = NATSURLDefault
+	}
+	nc, err := nats.Connect(url, nats.Timeout(3*time.Second))
+	if err != nil {
+		Missing(t, "NATS at %s: %v", url, err)
+	}
+	nc.Close()
+	return url
+}
+
+// UniqueName returns prefix plus random lowercase hex.
+func UniqueName(prefix string) string {
+	b := make([]byte, 6)
+	_, _ = rand.Read(b)
+	return prefix + hex.EncodeToString(b)
+}

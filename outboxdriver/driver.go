@@ -1,0 +1,171 @@
+// Package outboxdriver is the database seam between outbox (writer and relay) and a
+// concrete database driver.
+//
+// It is internal and unstable: its interfaces change whenever the writer or the relay
+// need something new. Applications use the driver packages' constructors
+// (outboxpgx.New, outboxsql.New, ...) and hand the result to outbox.NewWriter or
+// relay.New; they never call these methods themselves.
+//
+// Every method takes a context and, where it needs more than one argument, a *Params
+// struct. Native database errors are translated to the sentinels below in one function
+// per driver, so the relay branches on them without knowing the database.
+package outboxdriver
+
+import (
+	"context"
+	"errors"
+	"time"
+)
+
+// Sentinel errors shared by all drivers.
+var (
+	// ErrNoPool is returned by methods that need a pool when the driver was built
+	// around a transaction only.
+	ErrNoPool = errors.New("outboxdriver: driver has no connection pool")
+	// ErrTableMissing means the outbox table does not exist: run the migrations.
+	ErrTableMissing = errors.New("outbox table does not exist (run `outbox migrate`)")
+	// ErrDuplicateID means an event with the same id is already in the outbox.
+	ErrDuplicateID = errors.New("an event with this id already exists")
+	// ErrNotSupported is returned for a capability the driver does not have.
+	ErrNotSupported = errors.New("outboxdriver: not supported by this driver")
+	// ErrLeadershipLost means the relay's leadership session ended.
+	ErrLeadershipLost = errors.New("relay leadership lost")
+)
+
+// Driver is one database binding, generic over the transaction type the caller uses
+// (pgx.Tx, *sql.Tx) so the writer needs no adapter code.
+type Driver[TTx any] interface {
+	// Name identifies the driver in logs and errors ("pgx", "database/sql", ...).
+	Name() string
+	// Table returns the outbox table this driver reads and writes.
+	Table() Table
+	// UnwrapExecutor returns an executor whose statements run inside tx.
+	UnwrapExecutor(tx TTx) Executor
+	// GetExecutor returns an executor running on the driver's pool, or ErrNoPool.
+	GetExecutor() (Executor, error)
+	// Store returns the relay side of the driver, or ErrNoPool.
+	Store() (Store, error)
+	// Migrator returns the schema migrator, or ErrNoPool.
+	Migrator() (Migrator, error)
+}
+
+// Executor runs the writer's statements, either in a caller's transaction or on a pool.
+type Executor interface {
+	// InsertEvents inserts all events with one statement.
+	InsertEvents(ctx context.Context, params *InsertParams) error
+	// Notify wakes listening relays; it is only a hint. Drivers without
+	// LISTEN/NOTIFY return nil without doing anything.
+	Notify(ctx context.Context) error
+}
+
+// InsertParams are the events to insert. Every field is already validated.
+type InsertParams struct {
+	Events []InsertEvent
+}
+
+// InsertEvent is one row to insert.
+type InsertEvent struct {
+	ID            string // canonical UUID text
+	AggregateType string
+	AggregateID   string
+	Type          string
+	Payload       []byte
+	Headers       []byte // JSON object text, nil for none
+}
+
+// Row is one outbox row as the relay reads it.
+type Row struct {
+	Seq           int64
+	ID            string
+	AggregateType string
+	AggregateID   string
+	Type          string
+	Payload       []byte
+	PayloadNull   bool
+	Headers       map[string]string
+	TraceContext  string
+	CreatedAt     time.Time
+	Attempts      int
+}
+
+// Store is what the relay needs from the database.
+type Store interface {
+	// Claim locks up to params.Limit committed, unpublished rows in write order,
+	// skipping rows another claim holds. The claim holds its lock until Complete
+	// or Release; an empty claim is released by the store and returned with no rows.
+	Claim(ctx context.Context, params *ClaimParams) (Claim, error)
+	// AcquireLeadership tries once to become the single active relay for the table.
+	// It returns (nil, nil) when another relay holds it.
+	AcquireLeadership(ctx context.Context) (Leadership, error)
+	// Listen subscribes to the writer's wake-up notifications, or returns
+	// ErrNotSupported.
+	Listen(ctx context.Context) (Listener, error)
+	// Status reports the backlog.
+	Status(ctx context.Context) (*Status, error)
+}
+
+// ClaimParams configure a claim.
+type ClaimParams struct {
+	Limit int
+}
+
+// Claim is a set of locked rows.
+type Claim interface {
+	Rows() []Row
+	// Complete marks (or deletes) the published rows, records failures, and
+	// releases the lock, atomically.
+	Complete(ctx context.Context, params *CompleteParams) error
+	// Release gives the rows back without changing them. Safe to call after Complete.
+	Release(ctx context.Context) error
+}
+
+// CompleteParams say what happened to a claim's rows.
+type CompleteParams struct {
+	// Published are the ids the broker acknowledged.
+	Published []string
+	// Delete removes published rows instead of stamping published_at.
+	Delete bool
+	// Failed are rows the broker did not take.
+	Failed []Failure
+}
+
+// Failure is one unpublished row and why.
+type Failure struct {
+	ID    string
+	Error string
+	// CountAttempt is false when the broker was unreachable: such a failure does
+	// not count against the event (it is not the event's fault).
+	CountAttempt bool
+}
+
+// Leadership is a held single-active-relay lock.
+type Leadership interface {
+	// Check returns ErrLeadershipLost when the lock is gone.
+	Check(ctx context.Context) error
+	// Release gives the lock up. Safe to call twice.
+	Release(ctx context.Context) error
+}
+
+// Listener waits for wake-up notifications.
+type Listener interface {
+	// Wait blocks until a notification arrives or ctx ends.
+	Wait(ctx context.Context) error
+	Close(ctx context.Context) error
+}
+
+// Status is the backlog of one outbox table.
+type Status struct {
+	Table       string        `json:"table"`
+	Unpublished int64         `json:"unpublished"`
+	OldestAge   time.Duration `json:"oldest_unpublished_age_ns"`
+	Published   int64         `json:"published_kept"`
+	Failing     int64         `json:"failing"`
+}
+
+// Migrator creates and upgrades the schema.
+type Migrator interface {
+	// Migrate applies every pending migration and returns the versions applied.
+	Migrate(ctx context.Context) ([]int, error)
+	// SQL returns the full schema as SQL, for teams with their own migration tool.
+	SQL() (string, error)
+}

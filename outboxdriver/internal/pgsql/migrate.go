@@ -1,0 +1,154 @@
+package pgsql
+
+import (
+	"bytes"
+	"context"
+	"embed"
+	"fmt"
+	"io/fs"
+	"sort"
+	"strconv"
+	"strings"
+	"text/template"
+
+	"github.com/jackc/pgx/v5"
+)
+
+//go:embed migrations/*.sql
+var migrationFS embed.FS
+
+// Migration is one numbered schema step.
+type Migration struct {
+	Version int
+	Name    string
+	SQL     string
+}
+
+// Migrations renders the embedded migrations for the statements' table.
+func (s *Statements) Migrations() ([]Migration, error) {
+	entries, err := fs.Glob(migrationFS, "migrations/*.sql")
+	if err != nil {
+		return nil, err
+	}
+	t := s.table
+	data := map[string]string{
+		"Table":            s.qualified,
+		"PayloadType":      map[bool]string{true: "bytea", false: "jsonb"}[t.Payload == "bytes"],
+		"UnpublishedIndex": pgx.Identifier{t.Name + "_unpublished_idx"}.Sanitize(),
+	}
+	var out []Migration
+	for _, e := range entries {
+		base := strings.TrimPrefix(e, "migrations/")
+		num, name, ok := strings.Cut(strings.TrimSuffix(base, ".sql"), "_")
+		v, err := strconv.Atoi(num)
+		if !ok || err != nil {
+			return nil, fmt.Errorf("migration file %q is not named NNN_name.sql", base)
+		}
+		raw, err := migrationFS.ReadFile(e)
+		if err != nil {
+			return nil, err
+		}
+		tmpl, err := template.New(base).Option("missingkey=error").Parse(string(raw))
+		if err != nil {
+			return nil, fmt.Errorf("migration %s: %w", base, err)
+		}
+		var buf bytes.Buffer
+		if err := tmpl.Execute(&buf, data); err != nil {
+			return nil, fmt.Errorf("migration %s: %w", base, err)
+		}
+		out = append(out, Migration{Version: v, Name: name, SQL: buf.String()})
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Version < out[j].Version })
+	return out, nil
+}
+
+func (s *Statements) versionTable() string {
+	return pgx.Identifier{s.table.Schema, s.table.Name + "_migrations"}.Sanitize()
+}
+
+// Migrator implements outboxdriver.Migrator.
+type Migrator struct {
+	S  *Statements
+	DB DB
+}
+
+// SQL implements outboxdriver.Migrator: every migration, with the bookkeeping, as one
+// script a team can run with its own tool.
+func (m *Migrator) SQL() (string, error) {
+	ms, err := m.S.Migrations()
+	if err != nil {
+		return "", err
+	}
+	var b strings.Builder
+	fmt.Fprintf(&b, "-- outbox schema for %s\nBEGIN;\n", m.S.table)
+	b.WriteString(m.S.createVersionTable() + ";\n")
+	for _, mg := range ms {
+		fmt.Fprintf(&b, "\n-- migration %03d_%s\n%s\nINSERT INTO %s (version) VALUES (%d) ON CONFLICT DO NOTHING;\n",
+			mg.Version, mg.Name, strings.TrimSpace(mg.SQL), m.S.versionTable(), mg.Version)
+	}
+	b.WriteString("COMMIT;\n")
+	return b.String(), nil
+}
+
+func (s *Statements) createVersionTable() string {
+	return "CREATE TABLE IF NOT EXISTS " + s.versionTable() +
+		" (version integer PRIMARY KEY, applied_at timestamptz NOT NULL DEFAULT now())"
+}
+
+// Migrate implements outboxdriver.Migrator. It runs in one transaction of its own
+// (never a caller's) under a transaction advisory lock, so concurrent migrators
+// queue instead of racing.
+func (m *Migrator) Migrate(ctx context.Context) (applied []int, err error) {
+	ms, err := m.S.Migrations()
+	if err != nil {
+		return nil, err
+	}
+	if err := m.DB.Exec(ctx, "CREATE SCHEMA IF NOT EXISTS "+pgx.Identifier{m.S.table.Schema}.Sanitize()); err != nil {
+		return nil, InterpretError(err)
+	}
+	tx, err := m.DB.Begin(ctx)
+	if err != nil {
+		return nil, InterpretError(err)
+	}
+	defer func() {
+		if err != nil {
+			_ = tx.Rollback(context.WithoutCancel(ctx))
+		}
+	}()
+	if err := tx.Exec(ctx, "SELECT pg_advisory_xact_lock($1)", m.S.lockKey+1); err != nil {
+		return nil, err
+	}
+	if err := tx.Exec(ctx, m.S.createVersionTable()); err != nil {
+		return nil, err
+	}
+	rows, err := tx.Query(ctx, "SELECT version FROM "+m.S.versionTable())
+	if err != nil {
+		return nil, err
+	}
+	done := map[int]bool{}
+	for rows.Next() {
+		var v int
+		if err := rows.Scan(&v); err != nil {
+			rows.Close()
+			return nil, err
+		}
+		done[v] = true
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	for _, mg := range ms {
+		if done[mg.Version] {
+			continue
+		}
+		if err := tx.Exec(ctx, mg.SQL); err != nil {
+			return nil, fmt.Errorf("migration %03d_%s: %w", mg.Version, mg.Name, err)
+		}
+		if err := tx.Exec(ctx, "INSERT INTO "+m.S.versionTable()+" (version) VALUES ($1)", mg.Version); err != nil {
+			return nil, err
+		}
+		applied = append(applied, mg.Version)
+	}
+	return applied, tx.Commit(ctx)
+}

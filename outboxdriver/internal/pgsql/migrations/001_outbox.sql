@@ -1,0 +1,21 @@
+-- The outbox table. The first five columns are Debezium's and are all a producer in any
+-- language must insert; every other column has a default.
+CREATE TABLE IF NOT EXISTS {{.Table}} (
+    id                 uuid        PRIMARY KEY DEFAULT gen_random_uuid(),
+    aggregatetype      text        NOT NULL,
+    aggregateid        text        NOT NULL,
+    type               text        NOT NULL,
+    payload            {{.PayloadType}},
+    headers            jsonb,
+    tracingspancontext text,
+    -- write order: the relay claims in this order (never as a high-water mark)
+    seq                bigint      GENERATED ALWAYS AS IDENTITY,
+    created_at         timestamptz NOT NULL DEFAULT now(),
+    published_at       timestamptz,
+    attempts           integer     NOT NULL DEFAULT 0,
+    last_error         text
+);
+
+-- Only unpublished rows are indexed, so the claim query stays small however many
+-- published rows are kept.
+CREATE INDEX IF NOT EXISTS {{.UnpublishedIndex}} ON {{.Table}} (seq) WHERE published_at IS NULL;

@@ -1,0 +1,320 @@
+package pgsql
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"hash/fnv"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/outboxd/outbox/outboxdriver"
+)
+
+var errNoRows = errors.New("no rows")
+
+// Statements is the SQL for one outbox table, built once from validated, quoted names.
+type Statements struct {
+	table      outboxdriver.Table
+	qualified  string // "schema"."name"
+	channel    string // LISTEN/NOTIFY channel, quoted
+	channelRaw string
+	lockKey    int64
+
+	insert, claim, markPublished, deletePublished, recordFailure, status string
+}
+
+// NewStatements validates t and builds its statements.
+func NewStatements(t outboxdriver.Table) (*Statements, error) {
+	t = t.WithDefaults()
+	if err := t.Validate(); err != nil {
+		return nil, err
+	}
+	q := pgx.Identifier{t.Schema, t.Name}.Sanitize()
+	s := &Statements{table: t, qualified: q}
+	s.channelRaw = "outbox." + t.String()
+	s.channel = pgx.Identifier{s.channelRaw}.Sanitize()
+	h := fnv.New64a()
+	h.Write([]byte("outbox relay leadership " + t.String()))
+	s.lockKey = int64(h.Sum64())
+
+	payloadArg, payloadExpr := "$5::text[]", "u.p::jsonb"
+	if t.Payload == outboxdriver.PayloadBytes {
+		payloadArg, payloadExpr = "$5::bytea[]", "u.p"
+	}
+	// One statement for any number of events: the arrays are unnested server-side, so
+	// the statement text (and its prepared plan) is the same for 1 or 10,000 rows.
+	s.insert = `INSERT INTO ` + q + ` (id, aggregatetype, aggregateid, type, payload, headers)
+SELECT u.id::uuid, u.at, u.aid, u.t, ` + payloadExpr + `, u.h::jsonb
+FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], ` + payloadArg + `, $6::text[]) AS u(id, at, aid, t, p, h)`
+	s.claim = `SELECT seq, id::text, aggregatetype, aggregateid, type, payload, headers::text, tracingspancontext, created_at, attempts
+FROM ` + q + ` WHERE published_at IS NULL ORDER BY seq LIMIT $1 FOR UPDATE SKIP LOCKED`
+	s.markPublished = `UPDATE ` + q + ` SET published_at = now(), last_error = NULL WHERE id = ANY($1::uuid[])`
+	s.deletePublished = `DELETE FROM ` + q + ` WHERE id = ANY($1::uuid[])`
+	s.recordFailure = `UPDATE ` + q + ` AS o SET attempts = o.attempts + f.n, last_error = f.err
+FROM unnest($1::uuid[], $2::text[], $3::int[]) AS f(id, err, n) WHERE o.id = f.id`
+	s.status = `SELECT count(*) FILTER (WHERE published_at IS NULL),
+       coalesce(extract(epoch FROM now() - min(created_at) FILTER (WHERE published_at IS NULL)), 0)::float8,
+       count(*) FILTER (WHERE published_at IS NOT NULL),
+       count(*) FILTER (WHERE published_at IS NULL AND attempts > 0)
+FROM ` + q
+	return s, nil
+}
+
+// Table returns the table.
+func (s *Statements) Table() outboxdriver.Table { return s.table }
+
+// Channel is the raw NOTIFY channel name.
+func (s *Statements) Channel() string { return s.channelRaw }
+
+// ListenSQL is the LISTEN statement.
+func (s *Statements) ListenSQL() string { return "LISTEN " + s.channel }
+
+// InterpretError translates PostgreSQL errors to the outboxdriver sentinels. It is the
+// one place that knows SQLSTATE codes.
+func InterpretError(err error) error {
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) {
+		switch pgErr.Code {
+		case "42P01", "3F000": // undefined_table, invalid_schema_name
+			return fmt.Errorf("%w: %s", outboxdriver.ErrTableMissing, pgErr.Message)
+		case "23505": // unique_violation
+			return fmt.Errorf("%w: %s", outboxdriver.ErrDuplicateID, pgErr.Detail)
+		}
+	}
+	return err
+}
+
+// Executor runs writer statements on q.
+type Executor struct {
+	S *Statements
+	Q Querier
+}
+
+// InsertEvents implements outboxdriver.Executor.
+func (e Executor) InsertEvents(ctx context.Context, p *outboxdriver.InsertParams) error {
+	n := len(p.Events)
+	if n == 0 {
+		return nil
+	}
+	ids, ats, aids, types := make([]string, n), make([]string, n), make([]string, n), make([]string, n)
+	headers := make([]*string, n)
+	var payload any
+	if e.S.table.Payload == outboxdriver.PayloadBytes {
+		ps := make([][]byte, n)
+		for i := range p.Events {
+			ps[i] = p.Events[i].Payload
+			if ps[i] == nil {
+				ps[i] = []byte{}
+			}
+		}
+		payload = ps
+	} else {
+		ps := make([]string, n)
+		for i := range p.Events {
+			ps[i] = string(p.Events[i].Payload)
+		}
+		payload = ps
+	}
+	for i, ev := range p.Events {
+		ids[i], ats[i], aids[i], types[i] = ev.ID, ev.AggregateType, ev.AggregateID, ev.Type
+		if ev.Headers != nil {
+			h := string(ev.Headers)
+			headers[i] = &h
+		}
+	}
+	return InterpretError(e.Q.Exec(ctx, e.S.insert, ids, ats, aids, types, payload, headers))
+}
+
+// Notify implements outboxdriver.Executor.
+func (e Executor) Notify(ctx context.Context) error {
+	return InterpretError(e.Q.Exec(ctx, "SELECT pg_notify($1, '')", e.S.channelRaw))
+}
+
+// Store implements outboxdriver.Store on a DB.
+type Store struct {
+	S  *Statements
+	DB DB
+	// ListenFunc, when set, opens a listener (only the pgx driver can LISTEN).
+	ListenFunc func(ctx context.Context) (outboxdriver.Listener, error)
+}
+
+// Claim implements outboxdriver.Store.
+func (s *Store) Claim(ctx context.Context, p *outboxdriver.ClaimParams) (outboxdriver.Claim, error) {
+	tx, err := s.DB.Begin(ctx)
+	if err != nil {
+		return nil, InterpretError(err)
+	}
+	rows, err := tx.Query(ctx, s.S.claim, p.Limit)
+	if err != nil {
+		_ = tx.Rollback(context.WithoutCancel(ctx))
+		return nil, InterpretError(err)
+	}
+	c := &claim{s: s, tx: tx}
+	c.rows, err = scanRows(rows)
+	if err != nil {
+		_ = tx.Rollback(context.WithoutCancel(ctx))
+		return nil, InterpretError(err)
+	}
+	if len(c.rows) == 0 {
+		// Nothing to hold: end the transaction now.
+		err = tx.Rollback(ctx)
+		c.tx = nil
+		if err != nil {
+			return nil, InterpretError(err)
+		}
+	}
+	return c, nil
+}
+
+func scanRows(rows Rows) ([]outboxdriver.Row, error) {
+	defer rows.Close()
+	var out []outboxdriver.Row
+	for rows.Next() {
+		var (
+			r       outboxdriver.Row
+			payload []byte
+			headers *string
+			trace   *string
+		)
+		if err := rows.Scan(&r.Seq, &r.ID, &r.AggregateType, &r.AggregateID, &r.Type, &payload, &headers, &trace, &r.CreatedAt, &r.Attempts); err != nil {
+			return nil, err
+		}
+		r.Payload, r.PayloadNull = payload, payload == nil
+		if headers != nil {
+			if err := json.Unmarshal([]byte(*headers), &r.Headers); err != nil {
+				// A producer wrote headers that are not a flat string map. Keep the
+				// event flowing and say so in a header rather than dropping it.
+				r.Headers = map[string]string{"outbox-headers-error": err.Error()}
+			}
+		}
+		if trace != nil {
+			r.TraceContext = *trace
+		}
+		out = append(out, r)
+	}
+	return out, rows.Err()
+}
+
+type claim struct {
+	s    *Store
+	tx   Tx
+	rows []outboxdriver.Row
+}
+
+func (c *claim) Rows() []outboxdriver.Row { return c.rows }
+
+func (c *claim) Complete(ctx context.Context, p *outboxdriver.CompleteParams) error {
+	if c.tx == nil {
+		return nil
+	}
+	tx := c.tx
+	c.tx = nil
+	if len(p.Published) > 0 {
+		stmt := c.s.S.markPublished
+		if p.Delete {
+			stmt = c.s.S.deletePublished
+		}
+		if err := tx.Exec(ctx, stmt, p.Published); err != nil {
+			_ = tx.Rollback(context.WithoutCancel(ctx))
+			return InterpretError(err)
+		}
+	}
+	if len(p.Failed) > 0 {
+		ids, errs, ns := make([]string, len(p.Failed)), make([]string, len(p.Failed)), make([]int32, len(p.Failed))
+		for i, f := range p.Failed {
+			ids[i], errs[i] = f.ID, f.Error
+			if f.CountAttempt {
+				ns[i] = 1
+			}
+		}
+		if err := tx.Exec(ctx, c.s.S.recordFailure, ids, errs, ns); err != nil {
+			_ = tx.Rollback(context.WithoutCancel(ctx))
+			return InterpretError(err)
+		}
+	}
+	return InterpretError(tx.Commit(ctx))
+}
+
+func (c *claim) Release(ctx context.Context) error {
+	if c.tx == nil {
+		return nil
+	}
+	tx := c.tx
+	c.tx = nil
+	return InterpretError(tx.Rollback(ctx))
+}
+
+// AcquireLeadership implements outboxdriver.Store with a session advisory lock held on
+// a dedicated connection: if the relay dies, PostgreSQL closes the session and the
+// lock is free for a standby at once.
+func (s *Store) AcquireLeadership(ctx context.Context) (outboxdriver.Leadership, error) {
+	conn, err := s.DB.Conn(ctx)
+	if err != nil {
+		return nil, InterpretError(err)
+	}
+	var got bool
+	if err := QueryRow(ctx, conn, "SELECT pg_try_advisory_lock($1)", []any{s.S.lockKey}, &got); err != nil {
+		_ = conn.Close()
+		return nil, InterpretError(err)
+	}
+	if !got {
+		return nil, conn.Close()
+	}
+	return &leadership{conn: conn, key: s.S.lockKey}, nil
+}
+
+type leadership struct {
+	conn Conn
+	key  int64
+}
+
+func (l *leadership) Check(ctx context.Context) error {
+	if l.conn == nil {
+		return outboxdriver.ErrLeadershipLost
+	}
+	// A session advisory lock ends only with its session, so a live session means the
+	// lock is still ours.
+	if err := l.conn.Exec(ctx, "SELECT 1"); err != nil {
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		return fmt.Errorf("%w: %v", outboxdriver.ErrLeadershipLost, err)
+	}
+	return nil
+}
+
+func (l *leadership) Release(ctx context.Context) error {
+	if l.conn == nil {
+		return nil
+	}
+	conn := l.conn
+	l.conn = nil
+	err := conn.Exec(ctx, "SELECT pg_advisory_unlock($1)", l.key)
+	if cerr := conn.Close(); err == nil {
+		err = cerr
+	}
+	return err
+}
+
+// Listen implements outboxdriver.Store.
+func (s *Store) Listen(ctx context.Context) (outboxdriver.Listener, error) {
+	if s.ListenFunc == nil {
+		return nil, outboxdriver.ErrNotSupported
+	}
+	return s.ListenFunc(ctx)
+}
+
+// Status implements outboxdriver.Store.
+func (s *Store) Status(ctx context.Context) (*outboxdriver.Status, error) {
+	st := &outboxdriver.Status{Table: s.S.table.String()}
+	var ageSec float64
+	if err := QueryRow(ctx, s.DB, s.S.status, nil, &st.Unpublished, &ageSec, &st.Published, &st.Failing); err != nil {
+		return nil, InterpretError(err)
+	}
+	st.OldestAge = time.Duration(ageSec * float64(time.Second))
+	return st, nil
+}

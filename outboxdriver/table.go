@@ -1,0 +1,82 @@
+package outboxdriver
+
+import (
+	"errors"
+	"fmt"
+	"regexp"
+	"strings"
+)
+
+// Defaults for the outbox table.
+const (
+	DefaultSchema = "public"
+	DefaultTable  = "outbox"
+)
+
+// ErrInvalidIdentifier is returned for a table or schema name that is not a plain
+// SQL identifier.
+var ErrInvalidIdentifier = errors.New("invalid identifier")
+
+// identifierRE is deliberately strict: names from configuration are validated here and
+// quoted again by each driver, so nothing a user types is ever pasted into SQL.
+var identifierRE = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]{0,62}$`)
+
+// PayloadType is the storage type of the payload column, chosen at migration.
+type PayloadType string
+
+// Payload column types.
+const (
+	PayloadJSON  PayloadType = "json"  // jsonb on PostgreSQL: payloads must be valid JSON
+	PayloadBytes PayloadType = "bytes" // bytea: any bytes
+)
+
+// Table names an outbox table.
+type Table struct {
+	Schema  string      // "" means DefaultSchema (PostgreSQL) or the connection's database
+	Name    string      // "" means DefaultTable
+	Payload PayloadType // "" means PayloadJSON
+}
+
+// ParseTable parses "name" or "schema.name".
+func ParseTable(s string) (Table, error) {
+	var t Table
+	if schema, name, ok := strings.Cut(s, "."); ok {
+		t.Schema, t.Name = schema, name
+	} else {
+		t.Name = s
+	}
+	t = t.WithDefaults()
+	return t, t.Validate()
+}
+
+// WithDefaults fills empty fields.
+func (t Table) WithDefaults() Table {
+	if t.Schema == "" {
+		t.Schema = DefaultSchema
+	}
+	if t.Name == "" {
+		t.Name = DefaultTable
+	}
+	if t.Payload == "" {
+		t.Payload = PayloadJSON
+	}
+	return t
+}
+
+// Validate checks the names and the payload type.
+func (t Table) Validate() error {
+	for _, id := range []struct{ what, v string }{{"schema", t.Schema}, {"table", t.Name}} {
+		if !identifierRE.MatchString(id.v) {
+			return fmt.Errorf("%w: %s name %q must match %s", ErrInvalidIdentifier, id.what, id.v, identifierRE)
+		}
+	}
+	switch t.Payload {
+	case PayloadJSON, PayloadBytes:
+	default:
+		return fmt.Errorf("invalid payload type %q (want %q or %q)", t.Payload, PayloadJSON, PayloadBytes)
+	}
+	return nil
+}
+
+// String returns schema.name, unquoted.
+func (t Table) String() string { return t.Schema + "." + t.Name }
