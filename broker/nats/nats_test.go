@@ -3,7 +3,6 @@ package nats_test
 import (
 	"context"
 	"errors"
-	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -46,40 +45,10 @@ func harness(t *testing.T, url string, restart func(t *testing.T)) *brokertest.H
 		Publisher: pub,
 		Topic:     func(*testing.T) string { return testenv.UniqueName(prefix + ".t") },
 		Read: func(ctx context.Context, topic string, n int) ([]broker.Message, error) {
-			return read(ctx, js, prefix, topic, n)
+			return testenv.ReadNATS(ctx, url, prefix, topic, n)
 		},
 		Restart: restart,
 	}
-}
-
-// read fetches up to n messages of topic from the start of the stream.
-func read(ctx context.Context, js jetstream.JetStream, stream, topic string, n int) ([]broker.Message, error) {
-	var out []broker.Message
-	for ctx.Err() == nil {
-		out = out[:0]
-		cons, err := js.OrderedConsumer(ctx, stream, jetstream.OrderedConsumerConfig{FilterSubjects: []string{topic}})
-		if err != nil {
-			time.Sleep(50 * time.Millisecond)
-			continue
-		}
-		batch, err := cons.FetchNoWait(n)
-		if err != nil {
-			return nil, err
-		}
-		for m := range batch.Messages() {
-			h := m.Headers()
-			hm := map[string]string{}
-			for k := range h {
-				hm[k] = h.Get(k)
-			}
-			out = append(out, broker.Message{ID: h.Get("Nats-Msg-Id"), Topic: m.Subject(), Key: h.Get(nats.HeaderKey), Payload: m.Data(), Headers: hm})
-		}
-		if len(out) >= n {
-			return out, nil
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
-	return out, fmt.Errorf("read %d of %d messages: %w", len(out), n, ctx.Err())
 }
 
 // TestConformanceMachine runs the suite against the machine's NATS server.

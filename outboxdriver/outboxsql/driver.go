@@ -14,6 +14,7 @@ import (
 	"context"
 	"database/sql"
 	"database/sql/driver"
+	"errors"
 
 	"github.com/outboxd/outbox/outboxdriver"
 	"github.com/outboxd/outbox/outboxdriver/internal/pgsql"
@@ -152,6 +153,11 @@ type conn struct {
 // Close ends the session so that its advisory locks end with it: database/sql would
 // otherwise keep it, lock and all, in its idle pool.
 func (c *conn) Close() error {
-	_ = c.c.Raw(func(any) error { return driver.ErrBadConn }) // database/sql discards it
-	return c.c.Close()
+	// Returning ErrBadConn from Raw makes database/sql close the session and
+	// release the *sql.Conn.
+	err := c.c.Raw(func(any) error { return driver.ErrBadConn })
+	if errors.Is(err, driver.ErrBadConn) {
+		return nil
+	}
+	return err
 }

@@ -1,0 +1,60 @@
+package testenv
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/outboxd/outbox/broker"
+)
+
+// ReadNATS returns the first n messages stored in stream on subject (">" for all),
+// waiting until there are n or ctx ends. Keys come from the Outbox-Key header and ids
+// from Nats-Msg-Id, as the NATS publisher writes them.
+func ReadNATS(ctx context.Context, url, stream, subject string, n int) ([]broker.Message, error) {
+	nc, err := nats.Connect(url, nats.MaxReconnects(-1), nats.ReconnectWait(100*time.Millisecond))
+	if err != nil {
+		return nil, err
+	}
+	defer nc.Close()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		return nil, err
+	}
+	var out []broker.Message
+	for ctx.Err() == nil {
+		out = out[:0]
+		cons, err := js.OrderedConsumer(ctx, stream, jetstream.OrderedConsumerConfig{FilterSubjects: []string{subject}})
+		if err != nil {
+			time.Sleep(50 * time.Millisecond)
+			continue
+		}
+		for len(out) < n {
+			batch, err := cons.FetchNoWait(min(n-len(out), 1000))
+			if err != nil {
+				return nil, err
+			}
+			got := 0
+			for m := range batch.Messages() {
+				got++
+				h := m.Headers()
+				hm := make(map[string]string, len(h))
+				for k := range h {
+					hm[k] = h.Get(k)
+				}
+				out = append(out, broker.Message{ID: h.Get("Nats-Msg-Id"), Topic: m.Subject(), Key: h.Get("Outbox-Key"), Payload: m.Data(), Headers: hm})
+			}
+			if got == 0 {
+				break
+			}
+		}
+		if len(out) >= n {
+			return out, nil
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	return out, fmt.Errorf("read %d of %d messages: %w", len(out), n, ctx.Err())
+}

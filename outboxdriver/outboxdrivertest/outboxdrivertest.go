@@ -1,0 +1,481 @@
+// Package outboxdrivertest is the conformance suite every database driver passes. A
+// behaviour the writer or relay relies on is added here first, then to each driver.
+package outboxdrivertest
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+
+	"github.com/outboxd/outbox"
+	"github.com/outboxd/outbox/outboxdriver"
+)
+
+// Harness is one driver under test, on a table of the test's own (not yet migrated).
+type Harness[TTx any] struct {
+	Driver   outboxdriver.Driver[TTx]
+	Begin    func(ctx context.Context) (TTx, error)
+	Commit   func(ctx context.Context, tx TTx) error
+	Rollback func(ctx context.Context, tx TTx) error
+	// InsertPlain inserts a row with only the five Debezium columns, by plain SQL, as
+	// a producer in another language would.
+	InsertPlain func(ctx context.Context, id, aggregateType, aggregateID, typ, payload string) error
+	// MultipleClaims says the database lets two claims run at once (not SQLite).
+	MultipleClaims bool
+}
+
+// NewFunc builds a fresh harness whose table has the given payload type.
+type NewFunc[TTx any] func(t *testing.T, payload outboxdriver.PayloadType) *Harness[TTx]
+
+// Run runs the suite.
+func Run[TTx any](t *testing.T, newHarness NewFunc[TTx]) {
+	tests := []struct {
+		name string
+		fn   func(t *testing.T, h *Harness[TTx])
+	}{
+		{"MigrateIdempotent", testMigrate[TTx]},
+		{"MissingTable", testMissingTable[TTx]},
+		{"CommitVisibleRollbackNot", testCommitRollback[TTx]},
+		{"ClaimInWriteOrder", testClaimOrder[TTx]},
+		{"ClaimSkipsLocked", testSkipLocked[TTx]},
+		{"LateCommitNotSkipped", testLateCommit[TTx]},
+		{"CompleteMarksAndDeletes", testComplete[TTx]},
+		{"FailuresCounted", testFailures[TTx]},
+		{"PlainSQLInsert", testPlainSQL[TTx]},
+		{"InvalidEventsWriteNothing", testInvalid[TTx]},
+		{"DuplicateID", testDuplicate[TTx]},
+		{"Leadership", testLeadership[TTx]},
+		{"Listen", testListen[TTx]},
+		{"Status", testStatus[TTx]},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			h := newHarness(t, outboxdriver.PayloadJSON)
+			if tc.name != "MissingTable" {
+				migrate(t, h)
+			}
+			tc.fn(t, h)
+		})
+	}
+	t.Run("BytesPayload", func(t *testing.T) {
+		t.Parallel()
+		h := newHarness(t, outboxdriver.PayloadBytes)
+		migrate(t, h)
+		testBytesPayload(t, h)
+	})
+}
+
+func ctxT(t *testing.T) context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	t.Cleanup(cancel)
+	return ctx
+}
+
+func migrate[TTx any](t *testing.T, h *Harness[TTx]) {
+	m, err := h.Driver.Migrator()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := m.Migrate(ctxT(t)); err != nil {
+		t.Fatalf("migrate: %v", err)
+	}
+}
+
+func store[TTx any](t *testing.T, h *Harness[TTx]) outboxdriver.Store {
+	s, err := h.Driver.Store()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
+func writer[TTx any](t *testing.T, h *Harness[TTx]) *outbox.Writer[TTx] {
+	w, err := outbox.NewWriter(h.Driver, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return w
+}
+
+func event(agg string, n int) outbox.Event {
+	return outbox.Event{ID: uuid.Must(uuid.NewV7()).String(), AggregateType: "order", AggregateID: agg, Type: "OrderPlaced", Payload: []byte(fmt.Sprintf(`{"n": %d}`, n))}
+}
+
+// writeCommitted writes events in one committed transaction and returns their ids.
+func writeCommitted[TTx any](t *testing.T, h *Harness[TTx], evs ...outbox.Event) []string {
+	t.Helper()
+	ctx := ctxT(t)
+	tx, err := h.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := writer(t, h).WriteTx(ctx, tx, evs...); err != nil {
+		_ = h.Rollback(ctx, tx)
+		t.Fatal(err)
+	}
+	if err := h.Commit(ctx, tx); err != nil {
+		t.Fatal(err)
+	}
+	ids := make([]string, len(evs))
+	for i := range evs {
+		ids[i] = evs[i].ID
+	}
+	return ids
+}
+
+// drain claims everything and completes it as published, returning the rows in order.
+func drain(t *testing.T, s outboxdriver.Store) []outboxdriver.Row {
+	t.Helper()
+	ctx := ctxT(t)
+	var all []outboxdriver.Row
+	for {
+		c, err := s.Claim(ctx, &outboxdriver.ClaimParams{Limit: 100})
+		if err != nil {
+			t.Fatal(err)
+		}
+		rows := c.Rows()
+		if len(rows) == 0 {
+			return all
+		}
+		all = append(all, rows...)
+		if err := c.Complete(ctx, &outboxdriver.CompleteParams{Published: ids(rows)}); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+func ids(rows []outboxdriver.Row) []string {
+	out := make([]string, len(rows))
+	for i, r := range rows {
+		out[i] = r.ID
+	}
+	return out
+}
+
+func testMigrate[TTx any](t *testing.T, h *Harness[TTx]) {
+	m, _ := h.Driver.Migrator()
+	applied, err := m.Migrate(ctxT(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(applied) != 0 {
+		t.Fatalf("second migrate applied %v", applied)
+	}
+	sql, err := m.SQL()
+	if err != nil || len(sql) == 0 {
+		t.Fatalf("SQL() = %q, %v", sql, err)
+	}
+}
+
+func testMissingTable[TTx any](t *testing.T, h *Harness[TTx]) {
+	_, err := store(t, h).Claim(ctxT(t), &outboxdriver.ClaimParams{Limit: 10})
+	if !errors.Is(err, outboxdriver.ErrTableMissing) {
+		t.Fatalf("claim on a missing table: err = %v, want ErrTableMissing", err)
+	}
+	_, err = store(t, h).Status(ctxT(t))
+	if !errors.Is(err, outboxdriver.ErrTableMissing) {
+		t.Fatalf("status on a missing table: err = %v, want ErrTableMissing", err)
+	}
+}
+
+func testCommitRollback[TTx any](t *testing.T, h *Harness[TTx]) {
+	ctx := ctxT(t)
+	w := writer(t, h)
+	tx, err := h.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := w.WriteTx(ctx, tx, event("rolled-back", 1)); err != nil {
+		t.Fatal(err)
+	}
+	if err := h.Rollback(ctx, tx); err != nil {
+		t.Fatal(err)
+	}
+	kept := writeCommitted(t, h, event("committed", 1))
+	rows := drain(t, store(t, h))
+	if len(rows) != 1 || rows[0].ID != kept[0] {
+		t.Fatalf("claimed %v, want only the committed event %s", ids(rows), kept[0])
+	}
+}
+
+func testClaimOrder[TTx any](t *testing.T, h *Harness[TTx]) {
+	var want []string
+	for i := 0; i < 3; i++ {
+		want = append(want, writeCommitted(t, h, event("a", i), event("b", i), event("a", i+10))...)
+	}
+	got := ids(drain(t, store(t, h)))
+	if fmt.Sprint(got) != fmt.Sprint(want) {
+		t.Fatalf("claim order\n got %v\nwant %v", got, want)
+	}
+}
+
+func testSkipLocked[TTx any](t *testing.T, h *Harness[TTx]) {
+	if !h.MultipleClaims {
+		t.Skip("driver allows one claim at a time")
+	}
+	ctx := ctxT(t)
+	var evs []outbox.Event
+	for i := 0; i < 20; i++ {
+		evs = append(evs, event(fmt.Sprint(i%4), i))
+	}
+	all := writeCommitted(t, h, evs...)
+	s := store(t, h)
+	c1, err := s.Claim(ctx, &outboxdriver.ClaimParams{Limit: 8})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c2, err := s.Claim(ctx, &outboxdriver.ClaimParams{Limit: 100})
+	if err != nil {
+		t.Fatal(err)
+	}
+	got1, got2 := ids(c1.Rows()), ids(c2.Rows())
+	if fmt.Sprint(got1) != fmt.Sprint(all[:8]) || fmt.Sprint(got2) != fmt.Sprint(all[8:]) {
+		t.Fatalf("claims overlap or lose order:\n c1 %v\n c2 %v", got1, got2)
+	}
+	// A released claim's rows come back.
+	if err := c1.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := c2.Complete(ctx, &outboxdriver.CompleteParams{Published: got2}); err != nil {
+		t.Fatal(err)
+	}
+	if got := ids(drain(t, s)); fmt.Sprint(got) != fmt.Sprint(all[:8]) {
+		t.Fatalf("after release got %v, want %v", got, all[:8])
+	}
+}
+
+// testLateCommit: a transaction that began first but commits after later ones must not
+// be skipped (the high-water-mark bug, watermill#311).
+func testLateCommit[TTx any](t *testing.T, h *Harness[TTx]) {
+	if !h.MultipleClaims {
+		t.Skip("a single-writer database cannot hold a transaction open beside another")
+	}
+	ctx := ctxT(t)
+	w := writer(t, h)
+	slow, err := h.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	late := event("late", 1)
+	if err := w.WriteTx(ctx, slow, late); err != nil {
+		t.Fatal(err)
+	}
+	early := writeCommitted(t, h, event("early", 1))
+	s := store(t, h)
+	if got := ids(drain(t, s)); fmt.Sprint(got) != fmt.Sprint(early) {
+		t.Fatalf("got %v, want %v", got, early)
+	}
+	if err := h.Commit(ctx, slow); err != nil {
+		t.Fatal(err)
+	}
+	if got := ids(drain(t, s)); len(got) != 1 || got[0] != late.ID {
+		t.Fatalf("late commit: got %v, want [%s]", got, late.ID)
+	}
+}
+
+func testComplete[TTx any](t *testing.T, h *Harness[TTx]) {
+	ctx := ctxT(t)
+	all := writeCommitted(t, h, event("a", 1), event("a", 2), event("a", 3), event("a", 4))
+	s := store(t, h)
+	c, err := s.Claim(ctx, &outboxdriver.ClaimParams{Limit: 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Complete(ctx, &outboxdriver.CompleteParams{Published: all[:2]}); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Release(ctx); err != nil {
+		t.Fatalf("release after complete: %v", err)
+	}
+	c, err = s.Claim(ctx, &outboxdriver.ClaimParams{Limit: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Complete(ctx, &outboxdriver.CompleteParams{Published: all[2:3], Delete: true}); err != nil {
+		t.Fatal(err)
+	}
+	st, err := s.Status(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.Unpublished != 1 || st.Published != 2 {
+		t.Fatalf("status = %+v, want 1 unpublished and 2 published kept (one deleted)", st)
+	}
+}
+
+func testFailures[TTx any](t *testing.T, h *Harness[TTx]) {
+	ctx := ctxT(t)
+	all := writeCommitted(t, h, event("a", 1), event("b", 1))
+	s := store(t, h)
+	for i := 0; i < 3; i++ {
+		c, err := s.Claim(ctx, &outboxdriver.ClaimParams{Limit: 10})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := c.Complete(ctx, &outboxdriver.CompleteParams{Failed: []outboxdriver.Failure{
+			{ID: all[0], Error: "refused", CountAttempt: true},
+			{ID: all[1], Error: "broker down", CountAttempt: false},
+		}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	rows := drain(t, s)
+	if len(rows) != 2 || rows[0].Attempts != 3 || rows[1].Attempts != 0 {
+		t.Fatalf("attempts = %+v, want 3 for the refused event and 0 for the unavailable broker", rows)
+	}
+}
+
+func testPlainSQL[TTx any](t *testing.T, h *Harness[TTx]) {
+	ctx := ctxT(t)
+	id := uuid.NewString()
+	if err := h.InsertPlain(ctx, id, "invoice", "inv-7", "InvoiceIssued", `{"total": 12}`); err != nil {
+		t.Fatal(err)
+	}
+	rows := drain(t, store(t, h))
+	if len(rows) != 1 {
+		t.Fatalf("claimed %d rows, want 1", len(rows))
+	}
+	r := rows[0]
+	if r.ID != id || r.AggregateType != "invoice" || r.AggregateID != "inv-7" || r.Type != "InvoiceIssued" || r.CreatedAt.IsZero() {
+		t.Fatalf("row = %+v", r)
+	}
+	if string(r.Payload) != `{"total": 12}` {
+		t.Fatalf("payload = %s", r.Payload)
+	}
+}
+
+func testInvalid[TTx any](t *testing.T, h *Harness[TTx]) {
+	ctx := ctxT(t)
+	w := writer(t, h)
+	good := event("a", 1)
+	for name, bad := range map[string]outbox.Event{
+		"non-JSON payload":   {AggregateType: "order", AggregateID: "1", Type: "T", Payload: []byte("\xff\x00not json")},
+		"empty payload":      {AggregateType: "order", AggregateID: "1", Type: "T"},
+		"NUL escape":         {AggregateType: "order", AggregateID: "1", Type: "T", Payload: []byte(`{"a":"\u0000"}`)},
+		"empty aggregate id": {AggregateType: "order", Type: "T", Payload: []byte(`{}`)},
+		"bad id":             {ID: "nope", AggregateType: "order", AggregateID: "1", Type: "T", Payload: []byte(`{}`)},
+		"reserved header":    {AggregateType: "order", AggregateID: "1", Type: "T", Payload: []byte(`{}`), Headers: map[string]string{"Nats-Msg-Id": "x"}},
+		"invalid UTF-8 type": {AggregateType: "order", AggregateID: "1", Type: "\xff", Payload: []byte(`{}`)},
+	} {
+		tx, err := h.Begin(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		err = w.WriteTx(ctx, tx, good, bad)
+		if !errors.Is(err, outbox.ErrInvalidEvent) {
+			t.Errorf("%s: err = %v, want ErrInvalidEvent", name, err)
+		}
+		// The transaction is still usable: nothing was sent to the database.
+		if err := h.Commit(ctx, tx); err != nil {
+			t.Errorf("%s: commit after a refused write: %v", name, err)
+		}
+	}
+	if rows := drain(t, store(t, h)); len(rows) != 0 {
+		t.Fatalf("refused writes left %d rows", len(rows))
+	}
+}
+
+func testDuplicate[TTx any](t *testing.T, h *Harness[TTx]) {
+	ctx := ctxT(t)
+	ev := event("a", 1)
+	writeCommitted(t, h, ev)
+	tx, err := h.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = h.Rollback(ctx, tx) }()
+	if err := writer(t, h).WriteTx(ctx, tx, ev); !errors.Is(err, outboxdriver.ErrDuplicateID) {
+		t.Fatalf("duplicate id: err = %v, want ErrDuplicateID", err)
+	}
+}
+
+func testLeadership[TTx any](t *testing.T, h *Harness[TTx]) {
+	ctx := ctxT(t)
+	s := store(t, h)
+	l1, err := s.AcquireLeadership(ctx)
+	if err != nil || l1 == nil {
+		t.Fatalf("first acquire: %v, %v", l1, err)
+	}
+	if err := l1.Check(ctx); err != nil {
+		t.Fatalf("check: %v", err)
+	}
+	l2, err := s.AcquireLeadership(ctx)
+	if err != nil || l2 != nil {
+		t.Fatalf("second acquire while held: %v, %v; want nil, nil", l2, err)
+	}
+	if err := l1.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := l1.Release(ctx); err != nil {
+		t.Fatalf("second release: %v", err)
+	}
+	if err := l1.Check(ctx); !errors.Is(err, outboxdriver.ErrLeadershipLost) {
+		t.Fatalf("check after release: %v", err)
+	}
+	l3, err := s.AcquireLeadership(ctx)
+	if err != nil || l3 == nil {
+		t.Fatalf("acquire after release: %v, %v", l3, err)
+	}
+	_ = l3.Release(ctx)
+}
+
+func testListen[TTx any](t *testing.T, h *Harness[TTx]) {
+	ctx := ctxT(t)
+	l, err := store(t, h).Listen(ctx)
+	if errors.Is(err, outboxdriver.ErrNotSupported) {
+		t.Skip("driver declares no LISTEN/NOTIFY")
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close(ctx)
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		writeCommitted(t, h, event("a", 1))
+	}()
+	wctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	if err := l.Wait(wctx); err != nil {
+		t.Fatalf("no notification after a write: %v", err)
+	}
+	wg.Wait()
+}
+
+func testStatus[TTx any](t *testing.T, h *Harness[TTx]) {
+	ctx := ctxT(t)
+	s := store(t, h)
+	st, err := s.Status(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.Unpublished != 0 || st.OldestAge != 0 {
+		t.Fatalf("empty table status = %+v", st)
+	}
+	writeCommitted(t, h, event("a", 1), event("b", 1))
+	st, err = s.Status(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.Unpublished != 2 || st.OldestAge <= 0 || st.OldestAge > time.Minute {
+		t.Fatalf("status = %+v, want 2 unpublished with a small positive age", st)
+	}
+}
+
+func testBytesPayload[TTx any](t *testing.T, h *Harness[TTx]) {
+	raw := []byte("\x00\xffnot json at all\n")
+	ev := outbox.Event{AggregateType: "blob", AggregateID: "1", Type: "Raw", Payload: raw}
+	empty := outbox.Event{AggregateType: "blob", AggregateID: "1", Type: "Empty"}
+	writeCommitted(t, h, ev, empty)
+	rows := drain(t, store(t, h))
+	if len(rows) != 2 || string(rows[0].Payload) != string(raw) || len(rows[1].Payload) != 0 || rows[1].PayloadNull {
+		t.Fatalf("rows = %+v", rows)
+	}
+}

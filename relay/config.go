@@ -1,0 +1,103 @@
+package relay
+
+import (
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/outboxd/outbox/broker"
+)
+
+// Defaults for Config.
+const (
+	BatchSizeDefault      = 1000
+	PollIntervalDefault   = 500 * time.Millisecond
+	NotifyLingerDefault   = 60 * time.Millisecond
+	LeaderRetryDefault    = time.Second
+	LeaderCheckDefault    = time.Second
+	BackoffMinDefault     = 100 * time.Millisecond
+	BackoffMaxDefault     = 30 * time.Second
+	DrainTimeoutDefault   = 30 * time.Second
+	MaxMarksInFlightLimit = 2
+)
+
+// Failpoints named by Config.Failpoint.
+const (
+	FailpointAfterClaim   = "relay.after-claim"
+	FailpointAfterPublish = "relay.after-publish-before-mark"
+)
+
+// Config configures a Relay. The zero value (or nil) gives the defaults.
+type Config struct {
+	// BatchSize is the most rows claimed and published at once.
+	BatchSize int
+	// PollInterval is how often the relay looks for work when no notification wakes
+	// it: the safety net for missed notifications and plain-SQL producers.
+	PollInterval time.Duration
+	// NotifyLinger is how soon after a notification-driven pass the relay looks
+	// once more, for writes whose own notification the writer debounced.
+	NotifyLinger time.Duration
+	// Delete removes rows once published instead of stamping published_at.
+	Delete bool
+	// TopicTemplate makes the topic of each event. Default
+	// broker.TopicTemplateDefault ("outbox.event.${aggregatetype}").
+	TopicTemplate string
+	// LeaderRetry is how often a standby tries to become the active relay.
+	LeaderRetry time.Duration
+	// LeaderCheck is how often the active relay checks it still leads.
+	LeaderCheck time.Duration
+	// BackoffMin and BackoffMax bound the exponential backoff (with jitter) after a
+	// failed pass.
+	BackoffMin, BackoffMax time.Duration
+	// DrainTimeout bounds how long shutdown waits for in-flight work.
+	DrainTimeout time.Duration
+	// Logger receives the relay's logs. Default: slog.Default().
+	Logger *slog.Logger
+	// Failpoint, for fault-injection tests only, is called at the named points
+	// (FailpointAfterClaim, FailpointAfterPublish).
+	Failpoint func(name string)
+}
+
+func (c *Config) withDefaults() (Config, *broker.Template, error) {
+	var out Config
+	if c != nil {
+		out = *c
+	}
+	def := func(d *time.Duration, v time.Duration) {
+		if *d == 0 {
+			*d = v
+		}
+	}
+	if out.BatchSize == 0 {
+		out.BatchSize = BatchSizeDefault
+	}
+	def(&out.PollInterval, PollIntervalDefault)
+	def(&out.NotifyLinger, NotifyLingerDefault)
+	def(&out.LeaderRetry, LeaderRetryDefault)
+	def(&out.LeaderCheck, LeaderCheckDefault)
+	def(&out.BackoffMin, BackoffMinDefault)
+	def(&out.BackoffMax, BackoffMaxDefault)
+	def(&out.DrainTimeout, DrainTimeoutDefault)
+	if out.TopicTemplate == "" {
+		out.TopicTemplate = broker.TopicTemplateDefault
+	}
+	if out.Logger == nil {
+		out.Logger = slog.Default()
+	}
+	if out.Failpoint == nil {
+		out.Failpoint = func(string) {}
+	}
+	switch {
+	case out.BatchSize < 1 || out.BatchSize > 100_000:
+		return out, nil, fmt.Errorf("relay: BatchSize must be 1..100000, got %d", out.BatchSize)
+	case out.PollInterval < 0, out.NotifyLinger < 0, out.LeaderRetry < 0, out.LeaderCheck < 0, out.DrainTimeout < 0:
+		return out, nil, fmt.Errorf("relay: durations must not be negative")
+	case out.BackoffMin <= 0 || out.BackoffMax < out.BackoffMin:
+		return out, nil, fmt.Errorf("relay: need 0 < BackoffMin <= BackoffMax, got %v and %v", out.BackoffMin, out.BackoffMax)
+	}
+	tmpl, err := broker.ParseTemplate(out.TopicTemplate)
+	if err != nil {
+		return out, nil, fmt.Errorf("relay: %w", err)
+	}
+	return out, tmpl, nil
+}

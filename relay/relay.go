@@ -1,0 +1,460 @@
+package relay
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math/rand/v2"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/outboxd/outbox/broker"
+	"github.com/outboxd/outbox/outboxdriver"
+)
+
+// Header set on a message whose payload column was NULL (the body is then empty).
+const HeaderPayloadNull = "outbox-payload-null"
+
+// Relay publishes committed outbox rows. Build it with New, run it with Run or
+// Start/Stop.
+type Relay struct {
+	store outboxdriver.Store
+	pub   broker.Publisher
+	cfg   Config
+	tmpl  *broker.Template
+	esc   func(string) string
+	log   *slog.Logger
+
+	stats stats
+
+	mu      sync.Mutex
+	cancel  context.CancelFunc
+	done    chan struct{}
+	runErr  error
+	started bool
+}
+
+type stats struct {
+	published, failed, batches, claims atomic.Int64
+	leader                             atomic.Bool
+}
+
+// Stats are counters since the relay was built.
+type Stats struct {
+	Published int64 // messages the broker acknowledged
+	Failed    int64 // messages the broker did not take (each attempt)
+	Batches   int64 // batches published
+	Leader    bool  // whether this relay is the active one now
+}
+
+// New returns a relay reading from store and publishing to pub.
+func New(store outboxdriver.Store, pub broker.Publisher, cfg *Config) (*Relay, error) {
+	if store == nil {
+		return nil, errors.New("relay: store is nil")
+	}
+	if pub == nil {
+		return nil, errors.New("relay: publisher is nil")
+	}
+	c, tmpl, err := cfg.withDefaults()
+	if err != nil {
+		return nil, err
+	}
+	r := &Relay{store: store, pub: pub, cfg: c, tmpl: tmpl, log: c.Logger}
+	if e, ok := pub.(broker.TopicEscaper); ok {
+		r.esc = e.EscapeTopicToken
+	}
+	return r, nil
+}
+
+// Stats returns the relay's counters.
+func (r *Relay) Stats() Stats {
+	return Stats{
+		Published: r.stats.published.Load(),
+		Failed:    r.stats.failed.Load(),
+		Batches:   r.stats.batches.Load(),
+		Leader:    r.stats.leader.Load(),
+	}
+}
+
+// Start runs the relay in the background until Stop or until ctx ends.
+func (r *Relay) Start(ctx context.Context) error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.started {
+		return errors.New("relay: already started")
+	}
+	r.started = true
+	ctx, r.cancel = context.WithCancel(ctx)
+	r.done = make(chan struct{})
+	go func() {
+		defer close(r.done)
+		err := r.Run(ctx)
+		r.mu.Lock()
+		r.runErr = err
+		r.mu.Unlock()
+	}()
+	return nil
+}
+
+// Stop asks the relay to stop, waits for it to drain in-flight work (or for ctx to
+// end), and returns the error that ended it, if any. It is safe to call twice and
+// before Start.
+func (r *Relay) Stop(ctx context.Context) error {
+	r.mu.Lock()
+	cancel, done := r.cancel, r.done
+	r.mu.Unlock()
+	if cancel == nil {
+		return nil
+	}
+	cancel()
+	select {
+	case <-done:
+	case <-ctx.Done():
+		return fmt.Errorf("relay: stop: %w", ctx.Err())
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.runErr
+}
+
+// Run relays until ctx ends, then drains in-flight work and returns nil. While another
+// relay is active it waits as a hot standby and takes over when that one goes away.
+func (r *Relay) Run(ctx context.Context) error {
+	bo := r.newBackoff()
+	for ctx.Err() == nil {
+		lead, err := r.store.AcquireLeadership(ctx)
+		if err != nil {
+			if ctx.Err() != nil {
+				break
+			}
+			r.log.Error("relay: cannot reach the database to take leadership", "err", err)
+			sleep(ctx, bo.next())
+			continue
+		}
+		bo.reset()
+		if lead == nil {
+			sleep(ctx, r.cfg.LeaderRetry)
+			continue
+		}
+		r.log.Info("relay: active", "table_lock", "acquired")
+		r.stats.leader.Store(true)
+		err = r.lead(ctx, lead)
+		r.stats.leader.Store(false)
+		relCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+		_ = lead.Release(relCtx)
+		cancel()
+		if err != nil && ctx.Err() == nil {
+			r.log.Warn("relay: stepped down", "err", err)
+			sleep(ctx, bo.next())
+		}
+	}
+	return nil
+}
+
+// claimResult is a claim in progress or done.
+type claimResult struct {
+	claim outboxdriver.Claim
+	err   error
+}
+
+func (r *Relay) startClaim(ctx context.Context) chan claimResult {
+	ch := make(chan claimResult, 1)
+	go func() {
+		c, err := r.store.Claim(ctx, &outboxdriver.ClaimParams{Limit: r.cfg.BatchSize})
+		ch <- claimResult{c, err}
+	}()
+	return ch
+}
+
+// lead runs the publishing pipeline while this relay holds leadership. The broker
+// stage is sequential (batch n+1 is sent only after every answer for batch n), so a
+// key's messages reach the broker in write order; the database work around it (claim
+// of the next batch, marking of the previous one) overlaps with it.
+func (r *Relay) lead(ctx context.Context, lead outboxdriver.Leadership) error {
+	// work outlives ctx by DrainTimeout, so a stop finishes the batch in hand.
+	work, cancelWork := context.WithCancel(context.WithoutCancel(ctx))
+	defer cancelWork()
+	stopDrain := context.AfterFunc(ctx, func() {
+		t := time.AfterFunc(r.cfg.DrainTimeout, cancelWork)
+		context.AfterFunc(work, func() { t.Stop() })
+	})
+	defer stopDrain()
+
+	wake := make(chan struct{}, 1)
+	var wg sync.WaitGroup
+	listenCtx, stopListen := context.WithCancel(ctx)
+	wg.Add(1)
+	go func() { defer wg.Done(); r.listen(listenCtx, wake) }()
+
+	marks := make(chan struct{}, MaxMarksInFlightLimit) // semaphore
+	var markWG sync.WaitGroup
+	defer func() {
+		stopListen()
+		markWG.Wait()
+		wg.Wait()
+	}()
+
+	bo := r.newBackoff()
+	lastCheck := time.Now()
+	var next chan claimResult
+	linger := false
+	for {
+		if ctx.Err() != nil {
+			r.releasePending(work, next)
+			return nil
+		}
+		if time.Since(lastCheck) >= r.cfg.LeaderCheck {
+			if err := lead.Check(work); err != nil {
+				r.releasePending(work, next)
+				return err
+			}
+			lastCheck = time.Now()
+		}
+		if next == nil {
+			next = r.startClaim(work)
+		}
+		cr := <-next
+		next = nil
+		if cr.err != nil {
+			r.log.Error("relay: claim failed", "err", cr.err)
+			r.waitFor(ctx, wake, bo.next())
+			continue
+		}
+		rows := cr.claim.Rows()
+		if len(rows) == 0 {
+			d := r.cfg.PollInterval
+			if linger {
+				d, linger = min(d, r.cfg.NotifyLinger), false
+			}
+			if r.waitFor(ctx, wake, d) {
+				linger = true
+			}
+			continue
+		}
+		r.stats.claims.Add(1)
+		r.cfg.Failpoint(FailpointAfterClaim)
+		full := len(rows) == r.cfg.BatchSize
+		if full && ctx.Err() == nil {
+			next = r.startClaim(work) // prefetch while this batch is on the wire
+		}
+		msgs := make([]broker.Message, len(rows))
+		for i := range rows {
+			msgs[i] = r.message(&rows[i])
+		}
+		results := r.pub.Publish(work, msgs)
+		r.cfg.Failpoint(FailpointAfterPublish)
+		params, failed, unavailable := r.outcome(rows, results)
+		r.stats.batches.Add(1)
+		r.stats.published.Add(int64(len(params.Published)))
+		r.stats.failed.Add(int64(failed))
+
+		marks <- struct{}{}
+		markWG.Add(1)
+		go func(c outboxdriver.Claim) {
+			defer markWG.Done()
+			defer func() { <-marks }()
+			if err := c.Complete(work, params); err != nil {
+				// The rows stay unpublished and are sent again: a duplicate, never a loss.
+				r.log.Error("relay: marking published rows failed; they will be published again", "rows", len(params.Published), "err", err)
+			}
+		}(cr.claim)
+
+		if failed == 0 {
+			bo.reset()
+			if !full {
+				linger = false
+				r.waitFor(ctx, wake, 0) // pick up a pending wake-up, then claim again
+			}
+			continue
+		}
+		// A failure: drop the prefetched batch (it may hold later events of a failed
+		// key), let the marks land, and back off before claiming again.
+		r.releasePending(work, next)
+		next = nil
+		markWG.Wait()
+		d := bo.next()
+		r.log.Warn("relay: publish failed; backing off", "failed", failed, "of", len(rows),
+			"broker_unavailable", unavailable, "first_error", firstErr(results), "retry_in", d)
+		r.waitFor(ctx, nil, d)
+	}
+}
+
+// outcome turns the broker's results into what to write back.
+func (r *Relay) outcome(rows []outboxdriver.Row, results []broker.Result) (p *outboxdriver.CompleteParams, failed int, unavailable bool) {
+	p = &outboxdriver.CompleteParams{Delete: r.cfg.Delete, Published: make([]string, 0, len(rows))}
+	for i, res := range results {
+		if res.Err == nil {
+			p.Published = append(p.Published, rows[i].ID)
+			continue
+		}
+		failed++
+		u := broker.IsUnavailable(res.Err) || errors.Is(res.Err, context.Canceled) || errors.Is(res.Err, context.DeadlineExceeded)
+		unavailable = unavailable || u
+		p.Failed = append(p.Failed, outboxdriver.Failure{ID: rows[i].ID, Error: truncate(res.Err.Error(), 1000), CountAttempt: !u})
+	}
+	return p, failed, unavailable
+}
+
+func firstErr(results []broker.Result) error {
+	for _, r := range results {
+		if r.Err != nil {
+			return r.Err
+		}
+	}
+	return nil
+}
+
+func truncate(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	return s[:n]
+}
+
+// releasePending waits for a claim in progress and gives its rows back.
+func (r *Relay) releasePending(ctx context.Context, next chan claimResult) {
+	if next == nil {
+		return
+	}
+	cr := <-next
+	if cr.err == nil {
+		_ = cr.claim.Release(ctx)
+	}
+}
+
+// waitFor waits d, or until a wake-up or ctx ends. It reports whether a wake-up came.
+func (r *Relay) waitFor(ctx context.Context, wake <-chan struct{}, d time.Duration) bool {
+	if d <= 0 {
+		select {
+		case <-wake:
+			return true
+		default:
+			return false
+		}
+	}
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-wake:
+		return true
+	case <-t.C:
+	case <-ctx.Done():
+	}
+	return false
+}
+
+// listen forwards the writer's notifications to wake until ctx ends, reconnecting
+// when the listening session dies. Notifications are only hints: polling stays the
+// source of truth, so a lost one costs at most a poll interval.
+func (r *Relay) listen(ctx context.Context, wake chan<- struct{}) {
+	bo := r.newBackoff()
+	for ctx.Err() == nil {
+		l, err := r.store.Listen(ctx)
+		if errors.Is(err, outboxdriver.ErrNotSupported) {
+			return
+		}
+		if err != nil {
+			if ctx.Err() == nil {
+				r.log.Warn("relay: cannot listen for notifications; polling only", "err", err)
+			}
+			sleep(ctx, bo.next())
+			continue
+		}
+		bo.reset()
+		for {
+			if err := l.Wait(ctx); err != nil {
+				if ctx.Err() == nil {
+					r.log.Warn("relay: notification listener lost; reconnecting", "err", err)
+				}
+				break
+			}
+			select {
+			case wake <- struct{}{}:
+			default:
+			}
+		}
+		closeCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+		_ = l.Close(closeCtx)
+		cancel()
+	}
+}
+
+// message builds the broker message for a row, with the wire-format headers.
+func (r *Relay) message(row *outboxdriver.Row) broker.Message {
+	h := make(map[string]string, len(row.Headers)+6)
+	for k, v := range row.Headers {
+		h[k] = v
+	}
+	h["id"] = row.ID
+	h["eventType"] = row.Type
+	h["aggregateType"] = row.AggregateType
+	h["aggregateId"] = row.AggregateID
+	if row.PayloadNull {
+		h[HeaderPayloadNull] = "true"
+	}
+	for k, v := range parseTraceContext(row.TraceContext) {
+		h[k] = v
+	}
+	return broker.Message{
+		ID:      row.ID,
+		Topic:   r.tmpl.Execute(broker.TopicFields{AggregateType: row.AggregateType, Type: row.Type}, r.esc),
+		Key:     row.AggregateID,
+		Payload: row.Payload,
+		Headers: h,
+	}
+}
+
+// parseTraceContext reads the traceparent and tracestate entries of a
+// tracingspancontext column (Java Properties text, as Debezium stores it).
+func parseTraceContext(s string) map[string]string {
+	if s == "" {
+		return nil
+	}
+	var out map[string]string
+	for _, line := range strings.Split(s, "\n") {
+		k, v, ok := strings.Cut(strings.TrimSpace(line), "=")
+		if !ok {
+			continue
+		}
+		k = strings.TrimSpace(k)
+		if k == "traceparent" || k == "tracestate" {
+			if out == nil {
+				out = map[string]string{}
+			}
+			out[k] = strings.TrimSpace(v)
+		}
+	}
+	return out
+}
+
+func sleep(ctx context.Context, d time.Duration) {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+	case <-ctx.Done():
+	}
+}
+
+// backoff is exponential with full jitter between BackoffMin and BackoffMax.
+type backoff struct {
+	min, max, cur time.Duration
+}
+
+func (r *Relay) newBackoff() *backoff {
+	return &backoff{min: r.cfg.BackoffMin, max: r.cfg.BackoffMax}
+}
+
+func (b *backoff) next() time.Duration {
+	if b.cur == 0 {
+		b.cur = b.min
+	} else {
+		b.cur = min(b.cur*2, b.max)
+	}
+	return b.cur/2 + rand.N(b.cur/2+1)
+}
+
+func (b *backoff) reset() { b.cur = 0 }

@@ -1,0 +1,363 @@
+package relay_test
+
+import (
+	"context"
+	"log/slog"
+	"strconv"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"go.uber.org/goleak"
+
+	"github.com/outboxd/outbox"
+	"github.com/outboxd/outbox/broker"
+	"github.com/outboxd/outbox/broker/memory"
+	natspub "github.com/outboxd/outbox/broker/nats"
+	"github.com/outboxd/outbox/internal/natsembed"
+	"github.com/outboxd/outbox/internal/testenv"
+	"github.com/outboxd/outbox/outboxdriver"
+	"github.com/outboxd/outbox/outboxdriver/outboxpgx"
+	"github.com/outboxd/outbox/relay"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+type env struct {
+	pool  *pgxpool.Pool
+	drv   *outboxpgx.Driver
+	store outboxdriver.Store
+	w     *outbox.Writer[pgx.Tx]
+	table outboxdriver.Table
+}
+
+func setup(t *testing.T) *env {
+	t.Helper()
+	url := testenv.DatabaseURL(t)
+	cfg, err := pgxpool.ParseConfig(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.MaxConns = 16
+	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	table := outboxdriver.Table{Schema: testenv.Schema(t, url)}
+	drv := outboxpgx.New(pool, &table)
+	m, _ := drv.Migrator()
+	if _, err := m.Migrate(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	store, _ := drv.Store()
+	w, err := outbox.NewWriter(drv, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &env{pool: pool, drv: drv, store: store, w: w, table: table.WithDefaults()}
+}
+
+func quietLogger() *slog.Logger {
+	return slog.New(slog.NewTextHandler(discard{}, &slog.HandlerOptions{Level: slog.LevelError + 4}))
+}
+
+type discard struct{}
+
+func (discard) Write(p []byte) (int, error) { return len(p), nil }
+
+func startRelay(t *testing.T, e *env, pub broker.Publisher, cfg *relay.Config) *relay.Relay {
+	t.Helper()
+	if cfg == nil {
+		cfg = &relay.Config{}
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = quietLogger()
+	}
+	if cfg.BackoffMax == 0 {
+		cfg.BackoffMin, cfg.BackoffMax = 20*time.Millisecond, 200*time.Millisecond
+	}
+	if cfg.LeaderRetry == 0 {
+		cfg.LeaderRetry = 50 * time.Millisecond
+	}
+	r, err := relay.New(e.store, pub, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := r.Start(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		if err := r.Stop(ctx); err != nil {
+			t.Errorf("stop: %v", err)
+		}
+	})
+	return r
+}
+
+// produce writes perAgg events for each of aggs aggregates from several goroutines,
+// each in its own transaction; every third transaction also writes an event and rolls
+// back. It returns the committed ids per aggregate in write order.
+func produce(t *testing.T, e *env, aggs, perAgg int) map[string][]string {
+	t.Helper()
+	ctx := context.Background()
+	out := make(map[string][]string)
+	var mu sync.Mutex
+	var wg sync.WaitGroup
+	errs := make(chan error, aggs)
+	for a := 0; a < aggs; a++ {
+		wg.Add(1)
+		go func(agg string) {
+			defer wg.Done()
+			for i := 0; i < perAgg; i++ {
+				tx, err := e.pool.Begin(ctx)
+				if err != nil {
+					errs <- err
+					return
+				}
+				ev := outbox.Event{AggregateType: "order", AggregateID: agg, Type: "Step", Payload: []byte(`{"i":` + strconv.Itoa(i) + `}`)}
+				evs := []outbox.Event{ev}
+				if err := e.w.WriteTx(ctx, tx, evs...); err != nil {
+					errs <- err
+					return
+				}
+				if err := tx.Commit(ctx); err != nil {
+					errs <- err
+					return
+				}
+				if i%3 == 2 {
+					// A transaction that writes an event and rolls back.
+					rtx, err := e.pool.Begin(ctx)
+					if err != nil {
+						errs <- err
+						return
+					}
+					phantom := []outbox.Event{{AggregateType: "order", AggregateID: agg, Type: "Phantom", Payload: []byte(`{}`)}}
+					if err := e.w.WriteTx(ctx, rtx, phantom...); err != nil {
+						errs <- err
+						return
+					}
+					_ = rtx.Rollback(ctx)
+				}
+				mu.Lock()
+				out[agg] = append(out[agg], evs[0].ID)
+				mu.Unlock()
+			}
+		}("agg-" + strconv.Itoa(a))
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Fatal(err)
+	}
+	return out
+}
+
+// checkDelivery asserts that every committed id arrived, in order per aggregate, and
+// that nothing else (no phantom) did.
+func checkDelivery(t *testing.T, want map[string][]string, got []broker.Message) {
+	t.Helper()
+	pos := map[string]int{}
+	agg := map[string]string{}
+	total := 0
+	for a, ids := range want {
+		for i, id := range ids {
+			pos[id], agg[id] = i, a
+		}
+		total += len(ids)
+	}
+	last := map[string]int{}
+	seen := map[string]bool{}
+	for _, m := range got {
+		i, ok := pos[m.ID]
+		if !ok {
+			t.Fatalf("published an event that was never committed: %s (%s)", m.ID, m.Headers["eventType"])
+		}
+		if m.Headers["eventType"] == "Phantom" {
+			t.Fatalf("published a rolled-back event %s", m.ID)
+		}
+		a := agg[m.ID]
+		if p, ok := last[a]; ok && i < p && !seen[m.ID] {
+			t.Fatalf("aggregate %s: event %d published after %d", a, i, p)
+		}
+		if i > last[a] || !seen[m.ID] {
+			last[a] = max(last[a], i)
+		}
+		seen[m.ID] = true
+	}
+	if len(seen) != total {
+		t.Fatalf("published %d distinct events, want %d", len(seen), total)
+	}
+}
+
+func waitCtx(t *testing.T) context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	t.Cleanup(cancel)
+	return ctx
+}
+
+func TestRelayDeliversInOrderNoPhantoms(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	b := memory.New(0)
+	startRelay(t, e, b, &relay.Config{BatchSize: 50})
+	want := produce(t, e, 8, 60)
+	got, err := b.Wait(waitCtx(t), "", 8*60)
+	if err != nil {
+		t.Fatal(err)
+	}
+	checkDelivery(t, want, got)
+	if got[0].Topic != "outbox.event.order" || got[0].Key == "" || got[0].Headers["id"] != got[0].ID {
+		t.Fatalf("wire format: %+v", got[0])
+	}
+}
+
+func TestRelayLateCommitNotSkipped(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	b := memory.New(0)
+	ctx := waitCtx(t)
+	slow, err := e.pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	late := []outbox.Event{{AggregateType: "order", AggregateID: "slow", Type: "Late", Payload: []byte(`{}`)}}
+	if err := e.w.WriteTx(ctx, slow, late...); err != nil {
+		t.Fatal(err)
+	}
+	startRelay(t, e, b, &relay.Config{PollInterval: 20 * time.Millisecond})
+	fast := []outbox.Event{{AggregateType: "order", AggregateID: "fast", Type: "Early", Payload: []byte(`{}`)}}
+	if err := e.w.Write(ctx, fast...); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := b.Wait(ctx, "", 1); err != nil {
+		t.Fatal(err)
+	}
+	if err := slow.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	got, err := b.Wait(ctx, "", 2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got[0].ID != fast[0].ID || got[1].ID != late[0].ID {
+		t.Fatalf("got %s, %s; want the early then the late event", got[0].ID, got[1].ID)
+	}
+}
+
+func TestRelayDeleteMode(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	b := memory.New(0)
+	startRelay(t, e, b, &relay.Config{Delete: true})
+	evs := make([]outbox.Event, 30)
+	for i := range evs {
+		evs[i] = outbox.Event{AggregateType: "order", AggregateID: "a", Type: "T", Payload: []byte(`{}`)}
+	}
+	ctx := waitCtx(t)
+	if err := e.w.Write(ctx, evs...); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := b.Wait(ctx, "", 30); err != nil {
+		t.Fatal(err)
+	}
+	// Marking happens after the broker's answer; wait for the rows to go.
+	for {
+		st, err := e.store.Status(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if st.Unpublished == 0 && st.Published == 0 {
+			break
+		}
+		if ctx.Err() != nil {
+			t.Fatalf("rows left: %+v", st)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// TestBrokerOutageOnlyDelays stops a real NATS server while events flow: nothing is
+// lost, order holds, and no event spends an attempt on the outage.
+func TestBrokerOutageOnlyDelays(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	srv, err := natsembed.Start(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(srv.Stop)
+	ctx := waitCtx(t)
+	pub, err := natspub.Dial(ctx, srv.URL(), &natspub.Config{CreateStream: true, AckTimeout: 2 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = pub.Close() })
+	r := startRelay(t, e, pub, &relay.Config{BatchSize: 20, PollInterval: 20 * time.Millisecond})
+
+	var want map[string][]string
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		want = produce(t, e, 4, 45)
+	}()
+	// Take the broker away while the producers write, then bring it back.
+	for r.Stats().Published < 20 && ctx.Err() == nil {
+		time.Sleep(5 * time.Millisecond)
+	}
+	srv.Stop()
+	down := r.Stats()
+	time.Sleep(500 * time.Millisecond)
+	if err := srv.Restart(); err != nil {
+		t.Fatal(err)
+	}
+	<-done
+	got := readStream(t, ctx, srv.URL(), 4*45)
+	checkDelivery(t, want, got)
+	var attempts int
+	if err := e.pool.QueryRow(ctx, "SELECT coalesce(sum(attempts), 0) FROM "+
+		pgx.Identifier{e.table.Schema, e.table.Name}.Sanitize()).Scan(&attempts); err != nil {
+		t.Fatal(err)
+	}
+	if attempts != 0 {
+		t.Fatalf("the outage cost %d attempts; it must cost none", attempts)
+	}
+	t.Logf("published before the outage: %d; failed publishes during it: %d", down.Published, r.Stats().Failed)
+}
+
+func TestConfigValidation(t *testing.T) {
+	b := memory.New(0)
+	for name, cfg := range map[string]relay.Config{
+		"batch":    {BatchSize: -1},
+		"backoff":  {BackoffMin: time.Second, BackoffMax: time.Millisecond},
+		"template": {TopicTemplate: "outbox.${nope}"},
+		"negative": {PollInterval: -time.Second},
+	} {
+		if _, err := relay.New(storeStub{}, b, &cfg); err == nil {
+			t.Errorf("%s: config accepted", name)
+		}
+	}
+	if _, err := relay.New(nil, b, nil); err == nil {
+		t.Error("nil store accepted")
+	}
+	if _, err := relay.New(storeStub{}, nil, nil); err == nil {
+		t.Error("nil publisher accepted")
+	}
+}
+
+// storeStub only satisfies the type for constructor checks; it is never run.
+type storeStub struct{ outboxdriver.Store }
+
+func readStream(t *testing.T, ctx context.Context, url string, n int) []broker.Message {
+	t.Helper()
+	msgs, err := testenv.ReadNATS(ctx, url, natspub.StreamNameDefault, ">", n)
+	if err != nil {
+		t.Fatalf("read stream: %v (got %d of %d)", err, len(msgs), n)
+	}
+	return msgs
+}
+
