@@ -155,11 +155,11 @@ type Listener interface {
 
 // Status is the backlog of one outbox table.
 type Status struct {
-	Table       string        `json:"table"`
-	Unpublished int64         `json:"unpublished"`
-	OldestAge   time.Duration `json:"oldest_unpublished_age_ns"`
-	Published   int64         `json:"published_kept"`
-	Failing     int64         `json:"failing"`
+	Table       string
+	Unpublished int64         // rows not yet published
+	OldestAge   time.Duration // age of the oldest unpublished row, 0 when none
+	Published   int64         // published rows still kept (not yet cleaned up)
+	Failing     int64         // unpublished rows with at least one failed attempt
 }
 
 // Migrator creates and upgrades the schema.

@@ -70,10 +70,14 @@ func (d *Driver) Store() (outboxdriver.Store, error) {
 	return &pgsql.Store{S: d.s, DB: db{d.pool}, ListenFunc: d.listen}, nil
 }
 
-// Migrator implements outboxdriver.Driver.
+// Migrator implements outboxdriver.Driver. Without a pool its SQL method still
+// works, for `outbox migrate --print`.
 func (d *Driver) Migrator() (outboxdriver.Migrator, error) {
-	if err := d.check(); err != nil {
-		return nil, err
+	if d.err != nil {
+		return nil, d.err
+	}
+	if d.pool == nil {
+		return &pgsql.Migrator{S: d.s}, nil
 	}
 	return &pgsql.Migrator{S: d.s, DB: db{d.pool}}, nil
 }

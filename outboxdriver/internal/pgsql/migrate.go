@@ -12,6 +12,8 @@ import (
 	"text/template"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/outboxd/outbox/outboxdriver"
 )
 
 //go:embed migrations/*.sql
@@ -99,6 +101,9 @@ func (s *Statements) createVersionTable() string {
 // (never a caller's) under a transaction advisory lock, so concurrent migrators
 // queue instead of racing.
 func (m *Migrator) Migrate(ctx context.Context) (applied []int, err error) {
+	if m.DB == nil {
+		return nil, outboxdriver.ErrNoPool
+	}
 	ms, err := m.S.Migrations()
 	if err != nil {
 		return nil, err

@@ -1,0 +1,98 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"net/url"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/outboxd/outbox/outboxdriver"
+	"github.com/outboxd/outbox/outboxdriver/outboxpgx"
+)
+
+// database is an opened --db.
+type database struct {
+	store    outboxdriver.Store
+	migrator outboxdriver.Migrator
+	close    func()
+}
+
+// redact hides the password of a URL-style DSN, for messages and logs.
+func redact(dsn string) string {
+	u, err := url.Parse(dsn)
+	if err != nil || u.User == nil {
+		return dsn
+	}
+	if pw, has := u.User.Password(); has && pw != "" {
+		return strings.Replace(dsn, ":"+pw+"@", ":***@", 1)
+	}
+	return dsn
+}
+
+func parseTable(name string, payload string) (outboxdriver.Table, error) {
+	t, err := outboxdriver.ParseTable(name)
+	if err != nil {
+		return t, usageErr("--table: %v", err)
+	}
+	t.Payload = outboxdriver.PayloadType(payload)
+	if err := t.Validate(); err != nil {
+		return t, usageErr("--payload-type: %v", err)
+	}
+	return t, nil
+}
+
+// openDB connects to dsn and checks the database answers.
+func openDB(ctx context.Context, dsn string, table outboxdriver.Table) (*database, error) {
+	scheme, _, ok := strings.Cut(dsn, "://")
+	if dsn == "" {
+		return nil, usageErr("--db is required (postgres://..., sqlite://PATH)")
+	}
+	if !ok {
+		return nil, usageErr("--db %q: want a URL such as postgres://user@host:5432/db or sqlite://PATH", redact(dsn))
+	}
+	switch scheme {
+	case "postgres", "postgresql":
+		return openPostgres(ctx, dsn, table)
+	case "sqlite":
+		return openSQLite(ctx, dsn, table)
+	case "mysql":
+		return nil, usageErr("--db mysql://: the MySQL/MariaDB driver is not built yet")
+	}
+	return nil, usageErr("--db %q: unknown scheme %q (want postgres://, sqlite://)", redact(dsn), scheme)
+}
+
+func openPostgres(ctx context.Context, dsn string, table outboxdriver.Table) (*database, error) {
+	cfg, err := pgxpool.ParseConfig(dsn)
+	if err != nil {
+		return nil, usageErr("--db %s: %v", redact(dsn), err)
+	}
+	if !strings.Contains(dsn, "pool_max_conns") {
+		// leadership + listener + up to three batches in flight, with room to spare
+		cfg.MaxConns = 8
+	}
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		return nil, fmt.Errorf("database %s: %w", redact(dsn), err)
+	}
+	pctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	if err := pool.Ping(pctx); err != nil {
+		pool.Close()
+		return nil, fmt.Errorf("cannot reach the database %s: %w", redact(dsn), err)
+	}
+	drv := outboxpgx.New(pool, &table)
+	store, err := drv.Store()
+	if err != nil {
+		pool.Close()
+		return nil, err
+	}
+	m, err := drv.Migrator()
+	if err != nil {
+		pool.Close()
+		return nil, err
+	}
+	return &database{store: store, migrator: m, close: pool.Close}, nil
+}

@@ -1,0 +1,133 @@
+// Command outbox migrates outbox tables, runs the relay, reports status and runs the
+// demo. Every flag can also be set with an OUTBOX_* environment variable (--db is
+// OUTBOX_DB, --poll-interval is OUTBOX_POLL_INTERVAL); a flag on the command line wins.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"sort"
+	"strings"
+	"syscall"
+)
+
+// exitError carries an exit code; the message is printed as one line.
+type exitError struct {
+	code int
+	err  error
+}
+
+func (e *exitError) Error() string { return e.err.Error() }
+func (e *exitError) Unwrap() error { return e.err }
+
+func usageErr(format string, args ...any) error {
+	return &exitError{code: 2, err: fmt.Errorf(format, args...)}
+}
+
+type command struct {
+	name, summary string
+	run           func(ctx context.Context, args []string, stdout, stderr io.Writer) error
+}
+
+func commands() []command {
+	return []command{
+		{"migrate", "create or upgrade the outbox schema (--print shows the SQL)", runMigrate},
+		{"relay", "publish committed events to a broker", runRelay},
+		{"status", "show the backlog and the age of the oldest unpublished event", runStatus},
+		{"demo", "run the whole pattern on SQLite and an in-process NATS server", runDemo},
+	}
+}
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	code := run(ctx, os.Args[1:], os.Stdout, os.Stderr)
+	stop()
+	os.Exit(code)
+}
+
+func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	if len(args) == 0 || args[0] == "-h" || args[0] == "--help" || args[0] == "help" {
+		usage(stderr)
+		if len(args) == 0 {
+			return 2
+		}
+		return 0
+	}
+	for _, c := range commands() {
+		if c.name != args[0] {
+			continue
+		}
+		err := c.run(ctx, args[1:], stdout, stderr)
+		if err == nil || errors.Is(err, flag.ErrHelp) {
+			return 0
+		}
+		// One line: driver errors can span several.
+		msg := strings.Join(strings.Fields(strings.ReplaceAll(err.Error(), "\n", "; ")), " ")
+		fmt.Fprintf(stderr, "outbox %s: %s\n", c.name, msg)
+		var ee *exitError
+		if errors.As(err, &ee) {
+			return ee.code
+		}
+		return 1
+	}
+	fmt.Fprintf(stderr, "outbox: unknown command %q\n", args[0])
+	usage(stderr)
+	return 2
+}
+
+func usage(w io.Writer) {
+	fmt.Fprintln(w, "Usage: outbox <command> [flags]\n\nCommands:")
+	for _, c := range commands() {
+		fmt.Fprintf(w, "  %-8s %s\n", c.name, c.summary)
+	}
+	fmt.Fprintln(w, "\nRun `outbox <command> -h` for its flags. Every flag can be set as OUTBOX_<FLAG> in the environment.")
+}
+
+// newFlags returns a flag set whose defaults come from OUTBOX_* variables, applied by
+// parse after all flags are defined.
+func newFlags(name string, stderr io.Writer) *flag.FlagSet {
+	fs := flag.NewFlagSet("outbox "+name, flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	return fs
+}
+
+// parse applies OUTBOX_* environment variables, then the command line.
+func parse(fs *flag.FlagSet, args []string) error {
+	var envErr error
+	fs.VisitAll(func(f *flag.Flag) {
+		key := "OUTBOX_" + strings.ToUpper(strings.ReplaceAll(f.Name, "-", "_"))
+		if v, ok := os.LookupEnv(key); ok && envErr == nil {
+			if err := f.Value.Set(v); err != nil {
+				envErr = usageErr("%s=%q: %v", key, v, err)
+			}
+		}
+	})
+	if envErr != nil {
+		return envErr
+	}
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return err
+		}
+		return &exitError{code: 2, err: err}
+	}
+	if fs.NArg() > 0 {
+		return usageErr("unexpected arguments: %s", strings.Join(fs.Args(), " "))
+	}
+	return nil
+}
+
+// sortedKeys is for stable output.
+func sortedKeys[V any](m map[string]V) []string {
+	keys := make([]string, 0, len(m))
+	for k := range m {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	return keys
+}

@@ -1,0 +1,424 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	natsgo "github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"go.uber.org/goleak"
+
+	"github.com/outboxd/outbox"
+	"github.com/outboxd/outbox/broker"
+	"github.com/outboxd/outbox/internal/testenv"
+	"github.com/outboxd/outbox/outboxdriver"
+	"github.com/outboxd/outbox/outboxdriver/outboxpgx"
+)
+
+var binary string // the outbox command, built once for the process tests
+
+func TestMain(m *testing.M) {
+	dir, err := os.MkdirTemp("", "outbox-cli")
+	if err != nil {
+		panic(err)
+	}
+	binary = filepath.Join(dir, "outbox")
+	if out, err := exec.Command("go", "build", "-o", binary, ".").CombinedOutput(); err != nil {
+		panic(fmt.Sprintf("build: %v\n%s", err, out))
+	}
+	code := 0
+	func() {
+		defer os.RemoveAll(dir)
+		if err := goleak.Find(); err != nil {
+			panic(err)
+		}
+		code = m.Run()
+		if err := goleak.Find(); err != nil && code == 0 {
+			fmt.Fprintln(os.Stderr, err)
+			code = 1
+		}
+	}()
+	os.Exit(code)
+}
+
+func runCLI(t *testing.T, env []string, args ...string) (stdout, stderr string, code int) {
+	t.Helper()
+	for _, kv := range env {
+		k, v, _ := strings.Cut(kv, "=")
+		t.Setenv(k, v)
+	}
+	var out, errOut bytes.Buffer
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	code = run(ctx, args, &out, &errOut)
+	return out.String(), errOut.String(), code
+}
+
+func TestBadInputGetsOneClearLine(t *testing.T) {
+	url := testenv.DatabaseURL(t)
+	schema := testenv.Schema(t, url)
+	migrateSchema(t, url, schema, "outbox")
+	for _, tc := range []struct {
+		name string
+		args []string
+		code int
+		want string
+	}{
+		{"no command", nil, 2, "Usage"},
+		{"unknown command", []string{"launch"}, 2, "unknown command"},
+		{"no db", []string{"relay", "--broker", "nats://127.0.0.1:4222"}, 2, "--db is required"},
+		{"bad scheme", []string{"status", "--db", "oracle://x"}, 2, "unknown scheme"},
+		{"not a url", []string{"status", "--db", "host=foo"}, 2, "want a URL"},
+		{"unreachable db", []string{"status", "--db", "postgres://u:hunter2@127.0.0.1:1/x"}, 1, "cannot reach the database"},
+		{"injection in table", []string{"status", "--db", url, "--table", "outbox; DROP TABLE canary;--"}, 2, "invalid identifier"},
+		{"quoted table", []string{"status", "--db", url, "--table", `"Outbox"`}, 2, "invalid identifier"},
+		{"missing table", []string{"status", "--db", url, "--table", "public.no_such_outbox"}, 1, "does not exist (run `outbox migrate`)"},
+		{"bad payload type", []string{"migrate", "--print", "--payload-type", "xml"}, 2, "--payload-type"},
+		{"no broker", []string{"relay", "--db", url}, 2, "--broker is required"},
+		{"unbuilt broker", []string{"relay", "--db", url, "--broker", "kafka://127.0.0.1:9092"}, 2, "not built yet"},
+		{"unreachable broker", []string{"relay", "--db", url, "--table", schema + ".outbox", "--broker", "nats://u:hunter2@127.0.0.1:1"}, 1, "connect to NATS"},
+		{"bad batch", []string{"relay", "--db", url, "--broker", "nats://127.0.0.1:1", "--batch-size", "-5"}, 2, "BatchSize"},
+		{"bad template", []string{"relay", "--db", url, "--broker", "nats://127.0.0.1:1", "--topic-template", "a.${who}"}, 2, "unknown placeholder"},
+		{"cdc", []string{"relay", "--mode", "cdc"}, 2, "only poll"},
+		{"extra args", []string{"status", "now"}, 2, "unexpected arguments"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, stderr, code := runCLI(t, nil, tc.args...)
+			if code != tc.code {
+				t.Errorf("exit code %d, want %d; stderr: %s", code, tc.code, stderr)
+			}
+			if !strings.Contains(stderr, tc.want) {
+				t.Errorf("stderr %q does not say %q", stderr, tc.want)
+			}
+			if strings.Contains(stderr, "hunter2") {
+				t.Errorf("stderr leaks the password: %s", stderr)
+			}
+			if tc.code != 2 || tc.want != "Usage" {
+				if lines := strings.Count(strings.TrimSpace(stderr), "\n"); lines > 0 && !strings.Contains(stderr, "Usage") {
+					t.Errorf("error spans %d lines: %s", lines+1, stderr)
+				}
+			}
+		})
+	}
+}
+
+func TestEnvironmentVariables(t *testing.T) {
+	url := testenv.DatabaseURL(t)
+	schema := testenv.Schema(t, url)
+	stdout, stderr, code := runCLI(t, []string{"OUTBOX_DB=" + url, "OUTBOX_TABLE=" + schema + ".events"}, "migrate")
+	if code != 0 || !strings.Contains(stdout, "applied migrations [1]") {
+		t.Fatalf("migrate via env: code %d, %s %s", code, stdout, stderr)
+	}
+	stdout, _, code = runCLI(t, []string{"OUTBOX_DB=" + url, "OUTBOX_TABLE=" + schema + ".events"}, "migrate")
+	if code != 0 || !strings.Contains(stdout, "up to date") {
+		t.Fatalf("second migrate: code %d, %s", code, stdout)
+	}
+	stdout, _, code = runCLI(t, []string{"OUTBOX_DB=" + url}, "status", "--table", schema+".events", "--json")
+	if code != 0 || !strings.Contains(stdout, `"unpublished": 0`) {
+		t.Fatalf("status --json: code %d, %s", code, stdout)
+	}
+	_, stderr, code = runCLI(t, []string{"OUTBOX_BATCH_SIZE=many"}, "relay")
+	if code != 2 || !strings.Contains(stderr, "OUTBOX_BATCH_SIZE") {
+		t.Fatalf("bad env value: code %d, %s", code, stderr)
+	}
+}
+
+func TestMigratePrint(t *testing.T) {
+	stdout, _, code := runCLI(t, nil, "migrate", "--print", "--table", "app.events", "--payload-type", "bytes")
+	if code != 0 {
+		t.Fatalf("exit %d", code)
+	}
+	for _, want := range []string{`CREATE TABLE IF NOT EXISTS "app"."events"`, "payload            bytea", "COMMIT;"} {
+		if !strings.Contains(stdout, want) {
+			t.Errorf("--print output lacks %q:\n%s", want, stdout)
+		}
+	}
+}
+
+// migrateSchema creates an outbox table in schema.name.
+func migrateSchema(t *testing.T, url, schema, name string) outboxdriver.Table {
+	t.Helper()
+	table := outboxdriver.Table{Schema: schema, Name: name}
+	_, stderr, code := runCLI(t, nil, "migrate", "--db", url, "--table", schema+"."+name)
+	if code != 0 {
+		t.Fatalf("migrate: %s", stderr)
+	}
+	return table
+}
+
+// proc is a relay process.
+type proc struct {
+	cmd  *exec.Cmd
+	out  *lockedWriter
+	done chan struct{}
+}
+
+func (p *proc) output() string {
+	p.out.mu.Lock()
+	defer p.out.mu.Unlock()
+	return p.out.w.String()
+}
+
+func startRelayProc(t *testing.T, env []string, args ...string) *proc {
+	t.Helper()
+	cmd := exec.Command(binary, append([]string{"relay", "--log-level", "debug"}, args...)...)
+	cmd.Env = append(os.Environ(), env...)
+	p := &proc{cmd: cmd, out: &lockedWriter{w: &bytes.Buffer{}}, done: make(chan struct{})}
+	cmd.Stdout, cmd.Stderr = p.out, p.out
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	go func() { _ = cmd.Wait(); close(p.done) }()
+	t.Cleanup(func() {
+		_ = cmd.Process.Kill()
+		<-p.done
+		if t.Failed() {
+			t.Logf("relay %d output:\n%s", cmd.Process.Pid, p.output())
+		}
+	})
+	return p
+}
+
+type lockedWriter struct {
+	mu sync.Mutex
+	w  *bytes.Buffer
+}
+
+func (l *lockedWriter) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.w.Write(p)
+}
+
+// natsScope is a stream and subject prefix of the test's own on the machine's NATS,
+// and a core subscription that sees every publish, duplicates included.
+type natsScope struct {
+	url, stream, prefix string
+	mu                  sync.Mutex
+	raw                 map[string]int // publishes per event id
+}
+
+func newNATSScope(t *testing.T) *natsScope {
+	t.Helper()
+	url := testenv.NATSURL(t)
+	s := &natsScope{url: url, prefix: testenv.UniqueName("clitest"), raw: map[string]int{}}
+	s.stream = s.prefix
+	nc, err := natsgo.Connect(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	js, _ := jetstream.New(nc)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: s.stream, Subjects: []string{s.prefix + ".>"}}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		_ = js.DeleteStream(ctx, s.stream)
+	})
+	if _, err := nc.Subscribe(s.prefix+".>", func(m *natsgo.Msg) {
+		s.mu.Lock()
+		s.raw[m.Header.Get("Nats-Msg-Id")]++
+		s.mu.Unlock()
+	}); err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
+func (s *natsScope) template() string { return s.prefix + ".${aggregatetype}" }
+
+func (s *natsScope) duplicates() (dups, distinct int) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, n := range s.raw {
+		dups += n - 1
+	}
+	return dups, len(s.raw)
+}
+
+func (s *natsScope) read(t *testing.T, n int) []broker.Message {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	msgs, err := testenv.ReadNATS(ctx, s.url, s.stream, ">", n)
+	if err != nil {
+		t.Fatalf("read stream: %v", err)
+	}
+	return msgs
+}
+
+// writeEvents writes n events over aggs aggregates, in transactions of 10, and
+// returns the ids per aggregate in write order.
+func writeEvents(t *testing.T, pool *pgxpool.Pool, table outboxdriver.Table, aggs, n int) map[string][]string {
+	t.Helper()
+	w, err := outbox.NewWriter(outboxpgx.New(pool, &table), &outbox.Config{NotifyInterval: -1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	want := map[string][]string{}
+	for i := 0; i < n; i += 10 {
+		evs := make([]outbox.Event, 0, 10)
+		for j := i; j < i+10 && j < n; j++ {
+			evs = append(evs, outbox.Event{AggregateType: "order", AggregateID: fmt.Sprintf("agg-%d", j%aggs), Type: "Step",
+				Payload: []byte(fmt.Sprintf(`{"seq":%d,"pad":"%s"}`, j, strings.Repeat("x", 150)))})
+		}
+		if err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error { return w.WriteTx(ctx, tx, evs...) }); err != nil {
+			t.Fatal(err)
+		}
+		for _, ev := range evs {
+			want[ev.AggregateID] = append(want[ev.AggregateID], ev.ID)
+		}
+	}
+	return want
+}
+
+// checkOrder asserts every id arrived once in the stream and in order per aggregate.
+func checkOrder(t *testing.T, want map[string][]string, got []broker.Message) {
+	t.Helper()
+	pos := map[string]int{}
+	total := 0
+	for _, ids := range want {
+		for i, id := range ids {
+			pos[id] = i
+		}
+		total += len(ids)
+	}
+	last := map[string]int{}
+	seen := map[string]bool{}
+	for _, m := range got {
+		i, ok := pos[m.ID]
+		if !ok {
+			t.Fatalf("unknown event %s in the stream", m.ID)
+		}
+		if seen[m.ID] {
+			t.Fatalf("event %s stored twice (dedup failed)", m.ID)
+		}
+		seen[m.ID] = true
+		if p, ok := last[m.Key]; ok && i < p {
+			t.Fatalf("aggregate %s: event %d after %d", m.Key, i, p)
+		}
+		last[m.Key] = i
+	}
+	if len(seen) != total {
+		t.Fatalf("stream has %d distinct events, want %d", len(seen), total)
+	}
+}
+
+func waitUnpublished(t *testing.T, pool *pgxpool.Pool, table outboxdriver.Table, want int64, timeout time.Duration) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	q := "SELECT count(*) FROM " + pgx.Identifier{table.Schema, table.Name}.Sanitize() + " WHERE published_at IS NULL"
+	for {
+		var n int64
+		if err := pool.QueryRow(context.Background(), q).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		if n == want {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%d events still unpublished after %v", n, timeout)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// TestKillMidBatch: a relay killed with SIGKILL after the broker acknowledged a batch
+// but before it marked the rows loses nothing, and the next relay publishes that
+// batch again at most.
+func TestKillMidBatch(t *testing.T) {
+	t.Parallel()
+	url := testenv.DatabaseURL(t)
+	pool := testenv.Pool(t, url)
+	table := migrateSchema(t, url, testenv.Schema(t, url), "outbox")
+	ns := newNATSScope(t)
+	const n, batch = 1000, 50
+	want := writeEvents(t, pool, table, 7, n)
+	args := []string{"--db", url, "--table", table.Schema + "." + table.Name, "--broker", ns.url,
+		"--topic-template", ns.template(), "--batch-size", fmt.Sprint(batch)}
+
+	first := startRelayProc(t, []string{"OUTBOX_FAILPOINT=relay.after-publish-before-mark:4"}, args...)
+	select {
+	case <-first.done:
+	case <-time.After(60 * time.Second):
+		t.Fatal("the failpoint never killed the relay")
+	}
+	if ws, ok := first.cmd.ProcessState.Sys().(syscall.WaitStatus); !ok || ws.Signal() != syscall.SIGKILL {
+		t.Fatalf("first relay ended with %v, want SIGKILL", first.cmd.ProcessState)
+	}
+	second := startRelayProc(t, nil, args...)
+	waitUnpublished(t, pool, table, 0, 60*time.Second)
+	_ = second.cmd.Process.Signal(syscall.SIGTERM)
+	<-second.done
+
+	checkOrder(t, want, ns.read(t, n))
+	// The core subscription may still be receiving; wait for every id to show.
+	deadline := time.Now().Add(10 * time.Second)
+	dups, distinct := ns.duplicates()
+	for distinct < n && time.Now().Before(deadline) {
+		time.Sleep(20 * time.Millisecond)
+		dups, distinct = ns.duplicates()
+	}
+	if distinct != n || dups > batch {
+		t.Fatalf("%d distinct events published with %d duplicates; want %d and at most one batch (%d)", distinct, dups, n, batch)
+	}
+	t.Logf("kill after publish, before mark: %d duplicates (batch %d)", dups, batch)
+	if !strings.Contains(second.output(), "relay stopped") {
+		t.Fatalf("SIGTERM did not stop the relay gracefully:\n%s", second.output())
+	}
+}
+
+// TestFailover: the active relay is killed while producers write; the standby takes
+// over within seconds and order per aggregate holds across the handover.
+func TestFailover(t *testing.T) {
+	t.Parallel()
+	url := testenv.DatabaseURL(t)
+	pool := testenv.Pool(t, url)
+	table := migrateSchema(t, url, testenv.Schema(t, url), "outbox")
+	ns := newNATSScope(t)
+	args := []string{"--db", url, "--table", table.Schema + "." + table.Name, "--broker", ns.url,
+		"--topic-template", ns.template(), "--batch-size", "20", "--poll-interval", "50ms"}
+
+	active := startRelayProc(t, nil, args...)
+	want := writeEvents(t, pool, table, 5, 200)
+	waitUnpublished(t, pool, table, 0, 30*time.Second)
+	standby := startRelayProc(t, nil, args...)
+	time.Sleep(300 * time.Millisecond) // the standby is up and waiting
+
+	var more map[string][]string
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		more = writeEvents(t, pool, table, 5, 1000)
+	}()
+	time.Sleep(100 * time.Millisecond)
+	_ = active.cmd.Process.Kill()
+	<-active.done
+	killed := time.Now()
+	<-done
+	waitUnpublished(t, pool, table, 0, 30*time.Second)
+	t.Logf("standby drained the backlog %v after the kill", time.Since(killed).Round(time.Millisecond))
+	for k, ids := range more {
+		want[k] = append(want[k], ids...)
+	}
+	checkOrder(t, want, ns.read(t, 1200))
+	if !strings.Contains(standby.output(), "relay: active") {
+		t.Fatalf("the standby never took over:\n%s", standby.output())
+	}
+}

@@ -1,0 +1,61 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"strings"
+
+	"github.com/outboxd/outbox/outboxdriver"
+	"github.com/outboxd/outbox/outboxdriver/outboxpgx"
+)
+
+func runMigrate(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	fs := newFlags("migrate", stderr)
+	dsn := fs.String("db", "", "database URL: postgres://user@host:5432/db or sqlite://PATH")
+	tableName := fs.String("table", outboxdriver.DefaultSchema+"."+outboxdriver.DefaultTable, "outbox table, [schema.]name")
+	payload := fs.String("payload-type", string(outboxdriver.PayloadJSON), "payload column type: json (jsonb) or bytes (bytea)")
+	print := fs.Bool("print", false, "print the SQL instead of running it")
+	if err := parse(fs, args); err != nil {
+		return err
+	}
+	table, err := parseTable(*tableName, *payload)
+	if err != nil {
+		return err
+	}
+	if *print && !strings.HasPrefix(*dsn, "sqlite:") {
+		m, err := outboxpgx.New(nil, &table).Migrator()
+		if err != nil {
+			return err
+		}
+		sql, err := m.SQL()
+		if err != nil {
+			return err
+		}
+		_, err = io.WriteString(stdout, sql)
+		return err
+	}
+	db, err := openDB(ctx, *dsn, table)
+	if err != nil {
+		return err
+	}
+	defer db.close()
+	if *print {
+		sql, err := db.migrator.SQL()
+		if err != nil {
+			return err
+		}
+		_, err = io.WriteString(stdout, sql)
+		return err
+	}
+	applied, err := db.migrator.Migrate(ctx)
+	if err != nil {
+		return fmt.Errorf("migrate %s: %w", table, err)
+	}
+	if len(applied) == 0 {
+		fmt.Fprintf(stdout, "%s is up to date\n", table)
+		return nil
+	}
+	fmt.Fprintf(stdout, "%s: applied migrations %v\n", table, applied)
+	return nil
+}

@@ -1,0 +1,139 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"github.com/outboxd/outbox/broker"
+	"github.com/outboxd/outbox/broker/nats"
+	"github.com/outboxd/outbox/outboxdriver"
+	"github.com/outboxd/outbox/relay"
+)
+
+func runRelay(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	fs := newFlags("relay", stderr)
+	dsn := fs.String("db", "", "database URL: postgres://user@host:5432/db or sqlite://PATH")
+	brokerURL := fs.String("broker", "", "broker URL: nats://host:4222")
+	tableName := fs.String("table", outboxdriver.DefaultSchema+"."+outboxdriver.DefaultTable, "outbox table, [schema.]name")
+	mode := fs.String("mode", "poll", "poll (claim rows with FOR UPDATE SKIP LOCKED); cdc is not built yet")
+	batch := fs.Int("batch-size", relay.BatchSizeDefault, "most events claimed and published at once")
+	poll := fs.Duration("poll-interval", relay.PollIntervalDefault, "how often to look for events when no notification arrives")
+	del := fs.Bool("delete", false, "delete rows once published instead of marking them")
+	topic := fs.String("topic-template", broker.TopicTemplateDefault, "topic (NATS subject) template")
+	createStream := fs.Bool("nats-create-stream", false, "create the JetStream stream OUTBOX over outbox.event.> when no stream covers a subject")
+	logLevel := fs.String("log-level", "info", "debug, info, warn or error")
+	logFormat := fs.String("log-format", "text", "text or json")
+	if err := parse(fs, args); err != nil {
+		return err
+	}
+	if *mode != "poll" {
+		return usageErr("--mode %q: only poll is built so far", *mode)
+	}
+	logger, err := newLogger(stderr, *logLevel, *logFormat)
+	if err != nil {
+		return err
+	}
+	table, err := parseTable(*tableName, string(outboxdriver.PayloadJSON))
+	if err != nil {
+		return err
+	}
+	cfg := &relay.Config{
+		BatchSize:     *batch,
+		PollInterval:  *poll,
+		Delete:        *del,
+		TopicTemplate: *topic,
+		Logger:        logger,
+		Failpoint:     failpointFromEnv(),
+	}
+	if _, err := relay.New(nopStore{}, nopPublisher{}, cfg); err != nil {
+		return usageErr("%v", err) // bad flags, before connecting anywhere
+	}
+	db, err := openDB(ctx, *dsn, table)
+	if err != nil {
+		return err
+	}
+	defer db.close()
+	if _, err := db.store.Status(ctx); err != nil {
+		return fmt.Errorf("%s: %w", table, err)
+	}
+	pub, err := openBroker(ctx, *brokerURL, &nats.Config{CreateStream: *createStream})
+	if err != nil {
+		return err
+	}
+	defer pub.Close()
+	r, err := relay.New(db.store, pub, cfg)
+	if err != nil {
+		return err
+	}
+	logger.Info("relay starting", "db", redact(*dsn), "broker", redact(*brokerURL), "table", table.String())
+	err = r.Run(ctx)
+	st := r.Stats()
+	logger.Info("relay stopped", "published", st.Published, "failed", st.Failed)
+	return err
+}
+
+func newLogger(w io.Writer, level, format string) (*slog.Logger, error) {
+	var l slog.Level
+	if err := l.UnmarshalText([]byte(level)); err != nil {
+		return nil, usageErr("--log-level %q: want debug, info, warn or error", level)
+	}
+	opts := &slog.HandlerOptions{Level: l}
+	switch format {
+	case "text":
+		return slog.New(slog.NewTextHandler(w, opts)), nil
+	case "json":
+		return slog.New(slog.NewJSONHandler(w, opts)), nil
+	}
+	return nil, usageErr("--log-format %q: want text or json", format)
+}
+
+// openBroker connects the publisher for a --broker URL.
+func openBroker(ctx context.Context, rawURL string, natsCfg *nats.Config) (broker.Publisher, error) {
+	if rawURL == "" {
+		return nil, usageErr("--broker is required (nats://host:4222)")
+	}
+	scheme, _, _ := strings.Cut(rawURL, ":")
+	switch scheme {
+	case "nats", "tls":
+		cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		defer cancel()
+		return nats.Dial(cctx, rawURL, natsCfg)
+	case "kafka", "amqp", "amqps", "redis", "rediss", "mqtt", "mqtts", "http", "https", "stdout":
+		return nil, usageErr("--broker %s: this publisher is not built yet (NATS is)", scheme)
+	}
+	return nil, usageErr("--broker %q: unknown scheme (want nats://)", redact(rawURL))
+}
+
+// failpointFromEnv reads OUTBOX_FAILPOINT=name[:n]: the process kills itself with
+// SIGKILL the n-th time (default 1st) it reaches that point. For crash tests only.
+func failpointFromEnv() func(string) {
+	spec := os.Getenv("OUTBOX_FAILPOINT")
+	if spec == "" {
+		return nil
+	}
+	name, nth, _ := strings.Cut(spec, ":")
+	n, err := strconv.Atoi(nth)
+	if err != nil || n < 1 {
+		n = 1
+	}
+	var hits atomic.Int64
+	return func(point string) {
+		if point == name && hits.Add(1) == int64(n) {
+			_ = syscall.Kill(os.Getpid(), syscall.SIGKILL)
+			select {} // never returns: the signal is on its way
+		}
+	}
+}
+
+// nopStore and nopPublisher let relay.New validate the flags before connecting.
+type nopStore struct{ outboxdriver.Store }
+
+type nopPublisher struct{ broker.Publisher }

@@ -1,0 +1,51 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"time"
+
+	"github.com/outboxd/outbox/outboxdriver"
+)
+
+func runStatus(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	fs := newFlags("status", stderr)
+	dsn := fs.String("db", "", "database URL: postgres://user@host:5432/db or sqlite://PATH")
+	tableName := fs.String("table", outboxdriver.DefaultSchema+"."+outboxdriver.DefaultTable, "outbox table, [schema.]name")
+	asJSON := fs.Bool("json", false, "print JSON, for scripts")
+	if err := parse(fs, args); err != nil {
+		return err
+	}
+	table, err := parseTable(*tableName, string(outboxdriver.PayloadJSON))
+	if err != nil {
+		return err
+	}
+	db, err := openDB(ctx, *dsn, table)
+	if err != nil {
+		return err
+	}
+	defer db.close()
+	st, err := db.store.Status(ctx)
+	if err != nil {
+		return fmt.Errorf("status of %s: %w", table, err)
+	}
+	if *asJSON {
+		enc := json.NewEncoder(stdout)
+		enc.SetIndent("", "  ")
+		return enc.Encode(struct {
+			Table              string  `json:"table"`
+			Unpublished        int64   `json:"unpublished"`
+			OldestAgeSeconds   float64 `json:"oldest_unpublished_age_seconds"`
+			PublishedKept      int64   `json:"published_kept"`
+			FailingUnpublished int64   `json:"failing"`
+		}{st.Table, st.Unpublished, st.OldestAge.Seconds(), st.Published, st.Failing})
+	}
+	fmt.Fprintf(stdout, "table:                 %s\n", st.Table)
+	fmt.Fprintf(stdout, "unpublished:           %d\n", st.Unpublished)
+	fmt.Fprintf(stdout, "oldest unpublished:    %s\n", st.OldestAge.Round(time.Millisecond))
+	fmt.Fprintf(stdout, "failing (attempts>0):  %d\n", st.Failing)
+	fmt.Fprintf(stdout, "published, kept:       %d\n", st.Published)
+	return nil
+}
