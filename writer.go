@@ -58,7 +58,7 @@ func NewWriter[TTx any](drv outboxdriver.Driver[TTx], cfg *Config) (*Writer[TTx]
 	if any(drv) == nil {
 		return nil, ErrNilDriver
 	}
-	if err := drv.Table().Validate(); err != nil {
+	if err := drv.Err(); err != nil {
 		return nil, fmt.Errorf("outbox: %w", err)
 	}
 	w := &Writer[TTx]{drv: drv, now: time.Now}

@@ -39,6 +39,9 @@ type Driver[TTx any] interface {
 	Name() string
 	// Table returns the outbox table this driver reads and writes.
 	Table() Table
+	// Err reports a configuration error found when the driver was built (an
+	// invalid table name); every other method fails with it too.
+	Err() error
 	// UnwrapExecutor returns an executor whose statements run inside tx.
 	UnwrapExecutor(tx TTx) Executor
 	// GetExecutor returns an executor running on the driver's pool, or ErrNoPool.

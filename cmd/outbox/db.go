@@ -18,6 +18,12 @@ type database struct {
 	store    outboxdriver.Store
 	migrator outboxdriver.Migrator
 	close    func()
+	leaseTTL time.Duration // 0 when leadership is not a lease (PostgreSQL's ends with the session)
+}
+
+// dbOptions are driver settings from flags.
+type dbOptions struct {
+	leaseTTL time.Duration // SQLite relay lease
 }
 
 // redact hides the password of a URL-style DSN, for messages and logs.
@@ -45,7 +51,7 @@ func parseTable(name string, payload string) (outboxdriver.Table, error) {
 }
 
 // openDB connects to dsn and checks the database answers.
-func openDB(ctx context.Context, dsn string, table outboxdriver.Table) (*database, error) {
+func openDB(ctx context.Context, dsn string, table outboxdriver.Table, opts dbOptions) (*database, error) {
 	scheme, _, ok := strings.Cut(dsn, "://")
 	if dsn == "" {
 		return nil, usageErr("--db is required (postgres://..., sqlite://PATH)")
@@ -57,7 +63,7 @@ func openDB(ctx context.Context, dsn string, table outboxdriver.Table) (*databas
 	case "postgres", "postgresql":
 		return openPostgres(ctx, dsn, table)
 	case "sqlite":
-		return openSQLite(ctx, dsn, table)
+		return openSQLite(ctx, dsn, table, opts)
 	case "mysql":
 		return nil, usageErr("--db mysql://: the MySQL/MariaDB driver is not built yet")
 	}

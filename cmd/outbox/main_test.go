@@ -422,3 +422,29 @@ func TestFailover(t *testing.T) {
 		t.Fatalf("the standby never took over:\n%s", standby.output())
 	}
 }
+
+// TestDemo runs `outbox demo` end to end, as the README's first command does, only
+// shorter, and checks its verdict.
+func TestDemo(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	cmd := exec.Command(binary, "demo", "--duration", "3s", "--rate", "300", "--dir", dir)
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		t.Fatalf("demo failed: %v\n%s", err, out)
+	}
+	for _, want := range []string{"lost 0 [ok]", "phantoms 0 [ok]", "order violations 0 [ok]", "consumed = committed [ok]",
+		"relay 1 killed (SIGKILL)     yes", "redeliveries skipped          25"} {
+		if !strings.Contains(string(out), want) {
+			t.Errorf("demo output lacks %q:\n%s", want, out)
+		}
+	}
+	if _, err := os.Stat(filepath.Join(dir, "orders.db")); err != nil {
+		t.Errorf("--dir was not used: %v", err)
+	}
+	// Nothing left running: the relay process is gone (the port of the in-process
+	// NATS server died with the demo).
+	if strings.Contains(string(out), "panic") {
+		t.Fatalf("panic in demo output:\n%s", out)
+	}
+}

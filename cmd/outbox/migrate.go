@@ -35,7 +35,7 @@ func runMigrate(ctx context.Context, args []string, stdout, stderr io.Writer) er
 		_, err = io.WriteString(stdout, sql)
 		return err
 	}
-	db, err := openDB(ctx, *dsn, table)
+	db, err := openDB(ctx, *dsn, table, dbOptions{})
 	if err != nil {
 		return err
 	}

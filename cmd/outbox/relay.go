@@ -15,6 +15,7 @@ import (
 	"github.com/outboxd/outbox/broker"
 	"github.com/outboxd/outbox/broker/nats"
 	"github.com/outboxd/outbox/outboxdriver"
+	"github.com/outboxd/outbox/outboxdriver/outboxsqlite"
 	"github.com/outboxd/outbox/relay"
 )
 
@@ -29,6 +30,7 @@ func runRelay(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	del := fs.Bool("delete", false, "delete rows once published instead of marking them")
 	topic := fs.String("topic-template", broker.TopicTemplateDefault, "topic (NATS subject) template")
 	createStream := fs.Bool("nats-create-stream", false, "create the JetStream stream OUTBOX over outbox.event.> when no stream covers a subject")
+	leaseTTL := fs.Duration("lease-ttl", outboxsqlite.LeaseTTLDefault, "SQLite only: how long leadership lasts unrenewed; a standby takes over this long after the active relay dies")
 	logLevel := fs.String("log-level", "info", "debug, info, warn or error")
 	logFormat := fs.String("log-format", "text", "text or json")
 	if err := parse(fs, args); err != nil {
@@ -56,11 +58,14 @@ func runRelay(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	if _, err := relay.New(nopStore{}, nopPublisher{}, cfg); err != nil {
 		return usageErr("%v", err) // bad flags, before connecting anywhere
 	}
-	db, err := openDB(ctx, *dsn, table)
+	db, err := openDB(ctx, *dsn, table, dbOptions{leaseTTL: *leaseTTL})
 	if err != nil {
 		return err
 	}
 	defer db.close()
+	if db.leaseTTL > 0 {
+		cfg.LeaderCheck = min(relay.LeaderCheckDefault, db.leaseTTL/4) // renew well before it lapses
+	}
 	if _, err := db.store.Status(ctx); err != nil {
 		return fmt.Errorf("%s: %w", table, err)
 	}
@@ -112,12 +117,26 @@ func openBroker(ctx context.Context, rawURL string, natsCfg *nats.Config) (broke
 	return nil, usageErr("--broker %q: unknown scheme (want nats://)", redact(rawURL))
 }
 
-// failpointFromEnv reads OUTBOX_FAILPOINT=name[:n]: the process kills itself with
-// SIGKILL the n-th time (default 1st) it reaches that point. For crash tests only.
+// failpointFromEnv reads OUTBOX_FAILPOINT, for crash tests and the demo only. With
+// "name:n" the process kills itself with SIGKILL the n-th time it reaches that point;
+// with "name@FILE", the first time it reaches it after FILE exists.
 func failpointFromEnv() func(string) {
 	spec := os.Getenv("OUTBOX_FAILPOINT")
 	if spec == "" {
 		return nil
+	}
+	kill := func() {
+		_ = syscall.Kill(os.Getpid(), syscall.SIGKILL)
+		select {} // never returns: the signal is on its way
+	}
+	if name, file, ok := strings.Cut(spec, "@"); ok {
+		return func(point string) {
+			if point == name {
+				if _, err := os.Stat(file); err == nil {
+					kill()
+				}
+			}
+		}
 	}
 	name, nth, _ := strings.Cut(spec, ":")
 	n, err := strconv.Atoi(nth)
@@ -127,8 +146,7 @@ func failpointFromEnv() func(string) {
 	var hits atomic.Int64
 	return func(point string) {
 		if point == name && hits.Add(1) == int64(n) {
-			_ = syscall.Kill(os.Getpid(), syscall.SIGKILL)
-			select {} // never returns: the signal is on its way
+			kill()
 		}
 	}
 }

@@ -22,7 +22,7 @@ func runStatus(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	if err != nil {
 		return err
 	}
-	db, err := openDB(ctx, *dsn, table)
+	db, err := openDB(ctx, *dsn, table, dbOptions{})
 	if err != nil {
 		return err
 	}

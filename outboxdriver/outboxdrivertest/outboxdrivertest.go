@@ -25,8 +25,10 @@ type Harness[TTx any] struct {
 	// InsertPlain inserts a row with only the five Debezium columns, by plain SQL, as
 	// a producer in another language would.
 	InsertPlain func(ctx context.Context, id, aggregateType, aggregateID, typ, payload string) error
-	// MultipleClaims says the database lets two claims run at once (not SQLite).
+	// MultipleClaims says the store lets two claims be held at once.
 	MultipleClaims bool
+	// ConcurrentWriters says two write transactions can be open at once (not SQLite).
+	ConcurrentWriters bool
 }
 
 // NewFunc builds a fresh harness whose table has the given payload type.
@@ -253,7 +255,7 @@ func testSkipLocked[TTx any](t *testing.T, h *Harness[TTx]) {
 // testLateCommit: a transaction that began first but commits after later ones must not
 // be skipped (the high-water-mark bug, watermill#311).
 func testLateCommit[TTx any](t *testing.T, h *Harness[TTx]) {
-	if !h.MultipleClaims {
+	if !h.ConcurrentWriters {
 		t.Skip("a single-writer database cannot hold a transaction open beside another")
 	}
 	ctx := ctxT(t)

@@ -49,6 +49,9 @@ func (d *Driver) Name() string { return "pgx" }
 // Table implements outboxdriver.Driver.
 func (d *Driver) Table() outboxdriver.Table { return d.table }
 
+// Err implements outboxdriver.Driver.
+func (d *Driver) Err() error { return d.err }
+
 // UnwrapExecutor implements outboxdriver.Driver.
 func (d *Driver) UnwrapExecutor(tx pgx.Tx) outboxdriver.Executor {
 	return pgsql.Executor{S: d.s, Q: querier{tx}}

@@ -30,7 +30,8 @@ func TestConformance(t *testing.T) {
 					" (id, aggregatetype, aggregateid, type, payload) VALUES ($1, $2, $3, $4, $5)", id, at, aid, typ, payload)
 				return err
 			},
-			MultipleClaims: true,
+			MultipleClaims:    true,
+			ConcurrentWriters: true,
 		}
 	})
 }

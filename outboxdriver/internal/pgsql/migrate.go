@@ -1,67 +1,27 @@
 package pgsql
 
 import (
-	"bytes"
 	"context"
 	"embed"
 	"fmt"
-	"io/fs"
-	"sort"
-	"strconv"
-	"strings"
-	"text/template"
 
 	"github.com/jackc/pgx/v5"
 
 	"github.com/outboxd/outbox/outboxdriver"
+	"github.com/outboxd/outbox/outboxdriver/internal/migrations"
 )
 
 //go:embed migrations/*.sql
 var migrationFS embed.FS
 
-// Migration is one numbered schema step.
-type Migration struct {
-	Version int
-	Name    string
-	SQL     string
-}
-
 // Migrations renders the embedded migrations for the statements' table.
-func (s *Statements) Migrations() ([]Migration, error) {
-	entries, err := fs.Glob(migrationFS, "migrations/*.sql")
-	if err != nil {
-		return nil, err
-	}
+func (s *Statements) Migrations() ([]migrations.Migration, error) {
 	t := s.table
-	data := map[string]string{
+	return migrations.Load(migrationFS, map[string]string{
 		"Table":            s.qualified,
-		"PayloadType":      map[bool]string{true: "bytea", false: "jsonb"}[t.Payload == "bytes"],
+		"PayloadType":      map[bool]string{true: "bytea", false: "jsonb"}[t.Payload == outboxdriver.PayloadBytes],
 		"UnpublishedIndex": pgx.Identifier{t.Name + "_unpublished_idx"}.Sanitize(),
-	}
-	var out []Migration
-	for _, e := range entries {
-		base := strings.TrimPrefix(e, "migrations/")
-		num, name, ok := strings.Cut(strings.TrimSuffix(base, ".sql"), "_")
-		v, err := strconv.Atoi(num)
-		if !ok || err != nil {
-			return nil, fmt.Errorf("migration file %q is not named NNN_name.sql", base)
-		}
-		raw, err := migrationFS.ReadFile(e)
-		if err != nil {
-			return nil, err
-		}
-		tmpl, err := template.New(base).Option("missingkey=error").Parse(string(raw))
-		if err != nil {
-			return nil, fmt.Errorf("migration %s: %w", base, err)
-		}
-		var buf bytes.Buffer
-		if err := tmpl.Execute(&buf, data); err != nil {
-			return nil, fmt.Errorf("migration %s: %w", base, err)
-		}
-		out = append(out, Migration{Version: v, Name: name, SQL: buf.String()})
-	}
-	sort.Slice(out, func(i, j int) bool { return out[i].Version < out[j].Version })
-	return out, nil
+	})
 }
 
 func (s *Statements) versionTable() string {
@@ -81,15 +41,8 @@ func (m *Migrator) SQL() (string, error) {
 	if err != nil {
 		return "", err
 	}
-	var b strings.Builder
-	fmt.Fprintf(&b, "-- outbox schema for %s\nBEGIN;\n", m.S.table)
-	b.WriteString(m.S.createVersionTable() + ";\n")
-	for _, mg := range ms {
-		fmt.Fprintf(&b, "\n-- migration %03d_%s\n%s\nINSERT INTO %s (version) VALUES (%d) ON CONFLICT DO NOTHING;\n",
-			mg.Version, mg.Name, strings.TrimSpace(mg.SQL), m.S.versionTable(), mg.Version)
-	}
-	b.WriteString("COMMIT;\n")
-	return b.String(), nil
+	return migrations.Script("outbox schema for "+m.S.table.String()+" (PostgreSQL)", ms,
+		m.S.createVersionTable(), "INSERT INTO "+m.S.versionTable()+" (version) VALUES (%d) ON CONFLICT DO NOTHING"), nil
 }
 
 func (s *Statements) createVersionTable() string {

@@ -1,0 +1,67 @@
+// Package migrations loads a driver's numbered, embedded SQL migrations and renders
+// them for one table. Every driver's migrator uses it, so the naming rules and the
+// printed script are the same for all databases.
+package migrations
+
+import (
+	"bytes"
+	"fmt"
+	"io/fs"
+	"sort"
+	"strconv"
+	"strings"
+	"text/template"
+)
+
+// Migration is one numbered schema step.
+type Migration struct {
+	Version int
+	Name    string
+	SQL     string
+}
+
+// Load renders every migrations/NNN_name.sql file of fsys with data (identifiers
+// already validated and quoted by the driver), in version order.
+func Load(fsys fs.FS, data map[string]string) ([]Migration, error) {
+	entries, err := fs.Glob(fsys, "migrations/*.sql")
+	if err != nil {
+		return nil, err
+	}
+	var out []Migration
+	for _, e := range entries {
+		base := strings.TrimPrefix(e, "migrations/")
+		num, name, ok := strings.Cut(strings.TrimSuffix(base, ".sql"), "_")
+		v, err := strconv.Atoi(num)
+		if !ok || err != nil {
+			return nil, fmt.Errorf("migration file %q is not named NNN_name.sql", base)
+		}
+		raw, err := fs.ReadFile(fsys, e)
+		if err != nil {
+			return nil, err
+		}
+		tmpl, err := template.New(base).Option("missingkey=error").Parse(string(raw))
+		if err != nil {
+			return nil, fmt.Errorf("migration %s: %w", base, err)
+		}
+		var buf bytes.Buffer
+		if err := tmpl.Execute(&buf, data); err != nil {
+			return nil, fmt.Errorf("migration %s: %w", base, err)
+		}
+		out = append(out, Migration{Version: v, Name: name, SQL: buf.String()})
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Version < out[j].Version })
+	return out, nil
+}
+
+// Script is every migration as one SQL script with its bookkeeping, for teams that
+// run their own migration tool. createVersions creates the version table;
+// recordVersion is an INSERT with one %d for the version.
+func Script(title string, ms []Migration, createVersions, recordVersion string) string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "-- %s\nBEGIN;\n%s;\n", title, createVersions)
+	for _, m := range ms {
+		fmt.Fprintf(&b, "\n-- migration %03d_%s\n%s\n"+recordVersion+";\n", m.Version, m.Name, strings.TrimSpace(m.SQL), m.Version)
+	}
+	b.WriteString("COMMIT;\n")
+	return b.String()
+}

@@ -1,0 +1,519 @@
+// Package outboxsqlite is the outbox driver for SQLite through modernc.org/sqlite
+// (pure Go, no cgo): the embedded default.
+//
+//	db, _ := outboxsqlite.Open("app.db") // WAL mode, busy timeout, immediate transactions
+//	w, _ := outbox.NewWriter(outboxsqlite.New(db, nil), nil)
+//	tx, _ := db.BeginTx(ctx, nil)
+//	w.WriteTx(ctx, tx, event) // in the same transaction as the business change
+//
+// SQLite has one writer at a time, so one relay at a time: leadership is a lease row
+// the active relay renews. Claims take no lock (there is nothing to skip); the store
+// keeps the rows of claims still in flight out of later claims instead. Write order
+// is commit order, since write transactions never overlap.
+package outboxsqlite
+
+import (
+	"context"
+	"crypto/rand"
+	"database/sql"
+	"embed"
+	"encoding/hex"
+	"encoding/json"
+	"fmt"
+	"net/url"
+	"strings"
+	"sync"
+	"time"
+
+	_ "modernc.org/sqlite" // registers the "sqlite" database/sql driver
+
+	"github.com/outboxd/outbox/outboxdriver"
+	"github.com/outboxd/outbox/outboxdriver/internal/migrations"
+)
+
+//go:embed migrations/*.sql
+var migrationFS embed.FS
+
+// LeaseTTLDefault is how long a relay's leadership lasts without renewal. A standby
+// takes over at most this long after the active relay dies.
+const LeaseTTLDefault = 5 * time.Second
+
+// Open opens path with the settings the outbox needs: WAL journal (readers do not
+// block the writer), a busy timeout, and transactions that take the write lock at
+// BEGIN (no deadlock when two transactions both want to write).
+func Open(path string) (*sql.DB, error) {
+	q := url.Values{}
+	q.Add("_pragma", "journal_mode(WAL)")
+	q.Add("_pragma", "busy_timeout(10000)")
+	q.Add("_pragma", "synchronous(NORMAL)")
+	q.Add("_pragma", "foreign_keys(ON)")
+	q.Set("_txlock", "immediate")
+	db, err := sql.Open("sqlite", "file:"+path+"?"+q.Encode())
+	if err != nil {
+		return nil, err
+	}
+	if err := db.Ping(); err != nil {
+		_ = db.Close()
+		return nil, fmt.Errorf("open SQLite database %s: %w", path, err)
+	}
+	return db, nil
+}
+
+// Options configure the driver. Nil means the defaults.
+type Options struct {
+	// Table is the outbox table; its Schema must be empty or "main".
+	Table outboxdriver.Table
+	// LeaseTTL is the relay leadership lease. Default LeaseTTLDefault.
+	LeaseTTL time.Duration
+}
+
+// Driver binds outbox to a SQLite *sql.DB. Build it with New.
+type Driver struct {
+	db    *sql.DB
+	table outboxdriver.Table
+	ttl   time.Duration
+	err   error
+	q     string // quoted table
+	qLead string // quoted leader table
+
+	// In-process wake-ups: SQLite has no LISTEN/NOTIFY, but a writer and a relay
+	// sharing this driver still wake each other.
+	mu        sync.Mutex
+	listeners map[*listener]struct{}
+
+	// Claims in flight, as seq ranges later claims skip.
+	claimMu  sync.Mutex
+	inFlight map[*claim][2]int64
+}
+
+// New returns a driver on db (opened with Open, or with the same settings).
+func New(db *sql.DB, opts *Options) *Driver {
+	var o Options
+	if opts != nil {
+		o = *opts
+	}
+	t := o.Table
+	if t.Schema == "" {
+		t.Schema = "main"
+	}
+	t = t.WithDefaults()
+	d := &Driver{db: db, table: t, ttl: o.LeaseTTL, listeners: map[*listener]struct{}{}, inFlight: map[*claim][2]int64{}}
+	if d.ttl <= 0 {
+		d.ttl = LeaseTTLDefault
+	}
+	if t.Schema != "main" {
+		d.err = fmt.Errorf("%w: SQLite tables have no schema (got %q)", outboxdriver.ErrInvalidIdentifier, t.Schema)
+	} else {
+		d.err = t.Validate()
+	}
+	d.q = quote(t.Name)
+	d.qLead = quote(t.Name + "_leader")
+	return d
+}
+
+// quote quotes an identifier already checked against outboxdriver's strict pattern.
+func quote(id string) string { return `"` + strings.ReplaceAll(id, `"`, `""`) + `"` }
+
+var _ outboxdriver.Driver[*sql.Tx] = (*Driver)(nil)
+
+// Name implements outboxdriver.Driver.
+func (d *Driver) Name() string { return "sqlite" }
+
+// LeaseTTL is the relay leadership lease in force.
+func (d *Driver) LeaseTTL() time.Duration { return d.ttl }
+
+// Table implements outboxdriver.Driver.
+func (d *Driver) Table() outboxdriver.Table { return d.table }
+
+// Err implements outboxdriver.Driver.
+func (d *Driver) Err() error { return d.err }
+
+// UnwrapExecutor implements outboxdriver.Driver.
+func (d *Driver) UnwrapExecutor(tx *sql.Tx) outboxdriver.Executor { return executor{d, tx} }
+
+// GetExecutor implements outboxdriver.Driver.
+func (d *Driver) GetExecutor() (outboxdriver.Executor, error) {
+	if err := d.check(); err != nil {
+		return nil, err
+	}
+	return executor{d, d.db}, nil
+}
+
+// Store implements outboxdriver.Driver.
+func (d *Driver) Store() (outboxdriver.Store, error) {
+	if err := d.check(); err != nil {
+		return nil, err
+	}
+	return d, nil
+}
+
+// Migrator implements outboxdriver.Driver.
+func (d *Driver) Migrator() (outboxdriver.Migrator, error) {
+	if d.err != nil {
+		return nil, d.err
+	}
+	return migrator{d}, nil
+}
+
+func (d *Driver) check() error {
+	if d.err != nil {
+		return d.err
+	}
+	if d.db == nil {
+		return outboxdriver.ErrNoPool
+	}
+	return nil
+}
+
+// interpretError translates SQLite errors to the outboxdriver sentinels.
+func interpretError(err error) error {
+	if err == nil {
+		return nil
+	}
+	msg := err.Error()
+	switch {
+	case strings.Contains(msg, "no such table"):
+		return fmt.Errorf("%w: %s", outboxdriver.ErrTableMissing, msg)
+	case strings.Contains(msg, "UNIQUE constraint failed"):
+		return fmt.Errorf("%w: %s", outboxdriver.ErrDuplicateID, msg)
+	}
+	return err
+}
+
+type sqlExec interface {
+	ExecContext(ctx context.Context, query string, args ...any) (sql.Result, error)
+	QueryContext(ctx context.Context, query string, args ...any) (*sql.Rows, error)
+}
+
+type executor struct {
+	d *Driver
+	q sqlExec
+}
+
+// insertChunk keeps a statement well under SQLite's bound-variable limit.
+const insertChunk = 500
+
+func (e executor) InsertEvents(ctx context.Context, p *outboxdriver.InsertParams) error {
+	for start := 0; start < len(p.Events); start += insertChunk {
+		evs := p.Events[start:min(start+insertChunk, len(p.Events))]
+		var b strings.Builder
+		b.WriteString("INSERT INTO " + e.d.q + " (id, aggregatetype, aggregateid, type, payload, headers) VALUES ")
+		args := make([]any, 0, len(evs)*6)
+		for i, ev := range evs {
+			if i > 0 {
+				b.WriteByte(',')
+			}
+			b.WriteString("(?,?,?,?,?,?)")
+			var headers any
+			if ev.Headers != nil {
+				headers = string(ev.Headers)
+			}
+			payload := ev.Payload
+			if payload == nil {
+				payload = []byte{}
+			}
+			args = append(args, ev.ID, ev.AggregateType, ev.AggregateID, ev.Type, payload, headers)
+		}
+		if _, err := e.q.ExecContext(ctx, b.String(), args...); err != nil {
+			return interpretError(err)
+		}
+	}
+	return nil
+}
+
+func (e executor) Notify(context.Context) error {
+	e.d.mu.Lock()
+	defer e.d.mu.Unlock()
+	for l := range e.d.listeners {
+		select {
+		case l.ch <- struct{}{}:
+		default:
+		}
+	}
+	return nil
+}
+
+func nowMillis() int64 { return time.Now().UnixMilli() }
+
+// Claim implements outboxdriver.Store: the oldest unpublished rows not in a claim
+// still in flight.
+func (d *Driver) Claim(ctx context.Context, p *outboxdriver.ClaimParams) (outboxdriver.Claim, error) {
+	d.claimMu.Lock()
+	defer d.claimMu.Unlock()
+	var where strings.Builder
+	args := []any{}
+	for _, r := range d.inFlight {
+		where.WriteString(" AND seq NOT BETWEEN ? AND ?")
+		args = append(args, r[0], r[1])
+	}
+	args = append(args, p.Limit)
+	rows, err := d.db.QueryContext(ctx, `SELECT seq, id, aggregatetype, aggregateid, type, payload, payload IS NULL, headers, tracingspancontext, created_at, attempts
+FROM `+d.q+` WHERE published_at IS NULL`+where.String()+` ORDER BY seq LIMIT ?`, args...)
+	if err != nil {
+		return nil, interpretError(err)
+	}
+	defer rows.Close()
+	c := &claim{d: d}
+	for rows.Next() {
+		var (
+			r              outboxdriver.Row
+			payload        []byte
+			null           bool
+			headers, trace sql.NullString
+			created        int64
+		)
+		if err := rows.Scan(&r.Seq, &r.ID, &r.AggregateType, &r.AggregateID, &r.Type, &payload, &null, &headers, &trace, &created, &r.Attempts); err != nil {
+			return nil, interpretError(err)
+		}
+		r.Payload, r.PayloadNull = payload, null
+		if headers.Valid {
+			if err := json.Unmarshal([]byte(headers.String), &r.Headers); err != nil {
+				r.Headers = map[string]string{"outbox-headers-error": err.Error()}
+			}
+		}
+		r.TraceContext = trace.String
+		r.CreatedAt = time.UnixMilli(created)
+		c.rows = append(c.rows, r)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, interpretError(err)
+	}
+	if len(c.rows) > 0 {
+		d.inFlight[c] = [2]int64{c.rows[0].Seq, c.rows[len(c.rows)-1].Seq}
+	}
+	return c, nil
+}
+
+type claim struct {
+	d    *Driver
+	rows []outboxdriver.Row
+	done bool
+}
+
+func (c *claim) Rows() []outboxdriver.Row { return c.rows }
+
+func (c *claim) finish() {
+	c.d.claimMu.Lock()
+	delete(c.d.inFlight, c)
+	c.d.claimMu.Unlock()
+	c.done = true
+}
+
+func jsonIDs(ids []string) string {
+	b, _ := json.Marshal(ids)
+	return string(b)
+}
+
+func (c *claim) Complete(ctx context.Context, p *outboxdriver.CompleteParams) error {
+	if c.done {
+		return nil
+	}
+	defer c.finish()
+	tx, err := c.d.db.BeginTx(ctx, nil)
+	if err != nil {
+		return interpretError(err)
+	}
+	defer func() { _ = tx.Rollback() }()
+	if len(p.Published) > 0 {
+		stmt := `UPDATE ` + c.d.q + ` SET published_at = ?, last_error = NULL WHERE id IN (SELECT value FROM json_each(?))`
+		args := []any{nowMillis(), jsonIDs(p.Published)}
+		if p.Delete {
+			stmt = `DELETE FROM ` + c.d.q + ` WHERE id IN (SELECT value FROM json_each(?))`
+			args = args[1:]
+		}
+		if _, err := tx.ExecContext(ctx, stmt, args...); err != nil {
+			return interpretError(err)
+		}
+	}
+	for _, f := range p.Failed {
+		n := 0
+		if f.CountAttempt {
+			n = 1
+		}
+		if _, err := tx.ExecContext(ctx, `UPDATE `+c.d.q+` SET attempts = attempts + ?, last_error = ? WHERE id = ?`, n, f.Error, f.ID); err != nil {
+			return interpretError(err)
+		}
+	}
+	return interpretError(tx.Commit())
+}
+
+func (c *claim) Release(context.Context) error {
+	if !c.done {
+		c.finish()
+	}
+	return nil
+}
+
+// AcquireLeadership implements outboxdriver.Store with a lease row.
+func (d *Driver) AcquireLeadership(ctx context.Context) (outboxdriver.Leadership, error) {
+	holder := make([]byte, 8)
+	_, _ = rand.Read(holder)
+	l := &lease{d: d, holder: hex.EncodeToString(holder)}
+	now := nowMillis()
+	res, err := d.db.ExecContext(ctx, `INSERT INTO `+d.qLead+` (name, holder, expires_at) VALUES ('relay', ?, ?)
+ON CONFLICT (name) DO UPDATE SET holder = excluded.holder, expires_at = excluded.expires_at WHERE expires_at < ?`,
+		l.holder, now+d.ttl.Milliseconds(), now)
+	if err != nil {
+		return nil, interpretError(err)
+	}
+	if n, _ := res.RowsAffected(); n != 1 {
+		return nil, nil
+	}
+	return l, nil
+}
+
+type lease struct {
+	d        *Driver
+	holder   string
+	released bool
+}
+
+// Check renews the lease; it is lost if another relay took it after it expired.
+func (l *lease) Check(ctx context.Context) error {
+	if l.released {
+		return outboxdriver.ErrLeadershipLost
+	}
+	res, err := l.d.db.ExecContext(ctx, `UPDATE `+l.d.qLead+` SET expires_at = ? WHERE name = 'relay' AND holder = ?`,
+		nowMillis()+l.d.ttl.Milliseconds(), l.holder)
+	if err != nil {
+		return fmt.Errorf("%w: %v", outboxdriver.ErrLeadershipLost, err)
+	}
+	if n, _ := res.RowsAffected(); n != 1 {
+		return outboxdriver.ErrLeadershipLost
+	}
+	return nil
+}
+
+func (l *lease) Release(ctx context.Context) error {
+	if l.released {
+		return nil
+	}
+	l.released = true
+	_, err := l.d.db.ExecContext(ctx, `DELETE FROM `+l.d.qLead+` WHERE name = 'relay' AND holder = ?`, l.holder)
+	return interpretError(err)
+}
+
+// Listen implements outboxdriver.Store with in-process wake-ups from writers that
+// share this driver.
+func (d *Driver) Listen(context.Context) (outboxdriver.Listener, error) {
+	l := &listener{d: d, ch: make(chan struct{}, 1)}
+	d.mu.Lock()
+	d.listeners[l] = struct{}{}
+	d.mu.Unlock()
+	return l, nil
+}
+
+type listener struct {
+	d  *Driver
+	ch chan struct{}
+}
+
+func (l *listener) Wait(ctx context.Context) error {
+	select {
+	case <-l.ch:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+func (l *listener) Close(context.Context) error {
+	l.d.mu.Lock()
+	delete(l.d.listeners, l)
+	l.d.mu.Unlock()
+	return nil
+}
+
+// Status implements outboxdriver.Store.
+func (d *Driver) Status(ctx context.Context) (*outboxdriver.Status, error) {
+	st := &outboxdriver.Status{Table: d.table.Name}
+	var oldest sql.NullInt64
+	err := d.db.QueryRowContext(ctx, `SELECT
+  count(*) FILTER (WHERE published_at IS NULL),
+  min(created_at) FILTER (WHERE published_at IS NULL),
+  count(*) FILTER (WHERE published_at IS NOT NULL),
+  count(*) FILTER (WHERE published_at IS NULL AND attempts > 0)
+FROM `+d.q).Scan(&st.Unpublished, &oldest, &st.Published, &st.Failing)
+	if err != nil {
+		return nil, interpretError(err)
+	}
+	if oldest.Valid {
+		st.OldestAge = max(time.Duration(nowMillis()-oldest.Int64)*time.Millisecond, time.Millisecond)
+	}
+	return st, nil
+}
+
+type migrator struct{ d *Driver }
+
+func (m migrator) migrations() ([]migrations.Migration, error) {
+	return migrations.Load(migrationFS, map[string]string{
+		"Table":            m.d.q,
+		"UnpublishedIndex": quote(m.d.table.Name + "_unpublished_idx"),
+		"LeaderTable":      m.d.qLead,
+	})
+}
+
+func (m migrator) versionTable() string { return quote(m.d.table.Name + "_migrations") }
+
+func (m migrator) createVersions() string {
+	return "CREATE TABLE IF NOT EXISTS " + m.versionTable() + " (version INTEGER PRIMARY KEY, applied_at INTEGER NOT NULL)"
+}
+
+func (m migrator) SQL() (string, error) {
+	ms, err := m.migrations()
+	if err != nil {
+		return "", err
+	}
+	return migrations.Script("outbox schema for "+m.d.table.Name+" (SQLite)", ms, m.createVersions(),
+		"INSERT OR IGNORE INTO "+m.versionTable()+" (version, applied_at) VALUES (%d, 0)"), nil
+}
+
+// Migrate applies pending migrations in one immediate (write-locked) transaction.
+func (m migrator) Migrate(ctx context.Context) (applied []int, err error) {
+	if m.d.db == nil {
+		return nil, outboxdriver.ErrNoPool
+	}
+	ms, err := m.migrations()
+	if err != nil {
+		return nil, err
+	}
+	tx, err := m.d.db.BeginTx(ctx, nil)
+	if err != nil {
+		return nil, err
+	}
+	defer func() {
+		if err != nil {
+			_ = tx.Rollback()
+		}
+	}()
+	if _, err := tx.ExecContext(ctx, m.createVersions()); err != nil {
+		return nil, err
+	}
+	done := map[int]bool{}
+	rows, err := tx.QueryContext(ctx, "SELECT version FROM "+m.versionTable())
+	if err != nil {
+		return nil, err
+	}
+	for rows.Next() {
+		var v int
+		if err := rows.Scan(&v); err != nil {
+			rows.Close()
+			return nil, err
+		}
+		done[v] = true
+	}
+	rows.Close()
+	for _, mg := range ms {
+		if done[mg.Version] {
+			continue
+		}
+		if _, err := tx.ExecContext(ctx, mg.SQL); err != nil {
+			return nil, fmt.Errorf("migration %03d_%s: %w", mg.Version, mg.Name, err)
+		}
+		if _, err := tx.ExecContext(ctx, "INSERT INTO "+m.versionTable()+" (version, applied_at) VALUES (?, ?)", mg.Version, nowMillis()); err != nil {
+			return nil, err
+		}
+		applied = append(applied, mg.Version)
+	}
+	return applied, tx.Commit()
+}
