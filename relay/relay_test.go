@@ -360,4 +360,3 @@ func readStream(t *testing.T, ctx context.Context, url string, n int) []broker.M
 	}
 	return msgs
 }
-
