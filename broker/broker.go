@@ -12,6 +12,17 @@ import (
 	"fmt"
 )
 
+// Wire-format header names, set on every message (see EachHeader).
+const (
+	HeaderID            = "id"
+	HeaderEventType     = "eventType"
+	HeaderAggregateType = "aggregateType"
+	HeaderAggregateID   = "aggregateId"
+	// HeaderPayloadNull is "true" on a message whose payload column was NULL (the
+	// body is then empty).
+	HeaderPayloadNull = "outbox-payload-null"
+)
+
 // Message is one event as a broker sees it.
 type Message struct {
 	// ID is the event id, used as the broker's dedup id where it has one.
@@ -20,11 +31,44 @@ type Message struct {
 	Topic string
 	// Key is the ordering and partitioning key (the aggregate id by default).
 	Key string
-	// Payload is the event payload, unchanged. Nil for a NULL payload.
+	// EventType, AggregateType and AggregateID travel as the wire-format headers.
+	EventType, AggregateType, AggregateID string
+	// Payload is the event payload, unchanged.
 	Payload []byte
-	// Headers include the wire-format headers (id, eventType, ...) set by the relay.
+	// PayloadNull marks a NULL payload column (sent as an empty body).
+	PayloadNull bool
+	// Headers are the event's own headers (correlationId, traceparent, ...); may be nil.
 	Headers map[string]string
 }
+
+// EachHeader calls fn for every header the message carries on the wire: the event's
+// own headers, then the wire-format ones, which win over an event header of the same
+// name. Publishers render headers with it, so every broker carries the same set.
+func (m *Message) EachHeader(fn func(name, value string)) {
+	for k, v := range m.Headers {
+		switch k {
+		case HeaderID, HeaderEventType, HeaderAggregateType, HeaderAggregateID, HeaderPayloadNull:
+			continue
+		}
+		fn(k, v)
+	}
+	fn(HeaderID, m.ID)
+	if m.EventType != "" {
+		fn(HeaderEventType, m.EventType)
+	}
+	if m.AggregateType != "" {
+		fn(HeaderAggregateType, m.AggregateType)
+	}
+	if m.AggregateID != "" {
+		fn(HeaderAggregateID, m.AggregateID)
+	}
+	if m.PayloadNull {
+		fn(HeaderPayloadNull, "true")
+	}
+}
+
+// HeaderCount is how many headers EachHeader yields at most.
+func (m *Message) HeaderCount() int { return len(m.Headers) + 5 }
 
 // Result is what happened to one message.
 type Result struct {

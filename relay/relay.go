@@ -15,9 +15,6 @@ import (
 	"github.com/outboxd/outbox/outboxdriver"
 )
 
-// Header set on a message whose payload column was NULL (the body is then empty).
-const HeaderPayloadNull = "outbox-payload-null"
-
 // Relay publishes committed outbox rows. Build it with New, run it with Run or
 // Start/Stop.
 type Relay struct {
@@ -216,8 +213,10 @@ func (r *Relay) lead(ctx context.Context, lead outboxdriver.Leadership) error {
 		if next == nil {
 			next = r.startClaim(work)
 		}
+		waitStart := time.Now()
 		cr := <-next
 		next = nil
+		claimWait := time.Since(waitStart)
 		if cr.err != nil {
 			r.log.Error("relay: claim failed", "err", cr.err)
 			r.waitFor(ctx, wake, bo.next())
@@ -244,7 +243,9 @@ func (r *Relay) lead(ctx context.Context, lead outboxdriver.Leadership) error {
 		for i := range rows {
 			msgs[i] = r.message(&rows[i])
 		}
+		pubStart := time.Now()
 		results := r.pub.Publish(work, msgs)
+		pubTime := time.Since(pubStart)
 		r.cfg.Failpoint(FailpointAfterPublish)
 		params, failed, unavailable := r.outcome(rows, results)
 		r.stats.batches.Add(1)
@@ -256,10 +257,12 @@ func (r *Relay) lead(ctx context.Context, lead outboxdriver.Leadership) error {
 		go func(c outboxdriver.Claim) {
 			defer markWG.Done()
 			defer func() { <-marks }()
+			markStart := time.Now()
 			if err := c.Complete(work, params); err != nil {
 				// The rows stay unpublished and are sent again: a duplicate, never a loss.
 				r.log.Error("relay: marking published rows failed; they will be published again", "rows", len(params.Published), "err", err)
 			}
+			r.log.Debug("relay: batch", "rows", len(rows), "claim_wait", claimWait, "publish", pubTime, "mark", time.Since(markStart))
 		}(cr.claim)
 
 		if failed == 0 {
@@ -382,28 +385,29 @@ func (r *Relay) listen(ctx context.Context, wake chan<- struct{}) {
 	}
 }
 
-// message builds the broker message for a row, with the wire-format headers.
+// message builds the broker message for a row. It allocates a headers map only
+// when the row carries a trace context: this runs for every event.
 func (r *Relay) message(row *outboxdriver.Row) broker.Message {
-	h := make(map[string]string, len(row.Headers)+6)
-	for k, v := range row.Headers {
-		h[k] = v
-	}
-	h["id"] = row.ID
-	h["eventType"] = row.Type
-	h["aggregateType"] = row.AggregateType
-	h["aggregateId"] = row.AggregateID
-	if row.PayloadNull {
-		h[HeaderPayloadNull] = "true"
-	}
-	for k, v := range parseTraceContext(row.TraceContext) {
-		h[k] = v
+	h := row.Headers
+	if tc := parseTraceContext(row.TraceContext); tc != nil {
+		h = make(map[string]string, len(row.Headers)+len(tc))
+		for k, v := range row.Headers {
+			h[k] = v
+		}
+		for k, v := range tc {
+			h[k] = v
+		}
 	}
 	return broker.Message{
-		ID:      row.ID,
-		Topic:   r.tmpl.Execute(broker.TopicFields{AggregateType: row.AggregateType, Type: row.Type}, r.esc),
-		Key:     row.AggregateID,
-		Payload: row.Payload,
-		Headers: h,
+		ID:            row.ID,
+		Topic:         r.tmpl.Execute(broker.TopicFields{AggregateType: row.AggregateType, Type: row.Type}, r.esc),
+		Key:           row.AggregateID,
+		EventType:     row.Type,
+		AggregateType: row.AggregateType,
+		AggregateID:   row.AggregateID,
+		Payload:       row.Payload,
+		PayloadNull:   row.PayloadNull,
+		Headers:       h,
 	}
 }
 

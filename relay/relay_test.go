@@ -33,7 +33,9 @@ type env struct {
 	table outboxdriver.Table
 }
 
-func setup(t *testing.T) *env {
+func setup(t *testing.T) *env { return setupB(t) }
+
+func setupB(t testing.TB) *env {
 	t.Helper()
 	url := testenv.DatabaseURL(t)
 	cfg, err := pgxpool.ParseConfig(url)
@@ -41,12 +43,15 @@ func setup(t *testing.T) *env {
 		t.Fatal(err)
 	}
 	cfg.MaxConns = 16
+	schema := testenv.Schema(t, url)
+	// Sessions are named after the test's schema, so a test can find and kill its own.
+	cfg.ConnConfig.RuntimeParams["application_name"] = schema
 	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(pool.Close)
-	table := outboxdriver.Table{Schema: testenv.Schema(t, url)}
+	table := outboxdriver.Table{Schema: schema}
 	drv := outboxpgx.New(pool, &table)
 	m, _ := drv.Migrator()
 	if _, err := m.Migrate(context.Background()); err != nil {
@@ -359,4 +364,101 @@ func readStream(t *testing.T, ctx context.Context, url string, n int) []broker.M
 		t.Fatalf("read stream: %v (got %d of %d)", err, len(msgs), n)
 	}
 	return msgs
+}
+
+// terminate kills the backends whose current query starts with prefix and reports how
+// many it killed.
+func terminate(t *testing.T, e *env, prefix string) int {
+	t.Helper()
+	var n int
+	err := e.pool.QueryRow(context.Background(), `SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity
+		WHERE pid <> pg_backend_pid() AND application_name = $1 AND query LIKE $2`, e.table.Schema, prefix+"%").Scan(&n)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
+
+func writeOne(t *testing.T, e *env, agg string) string {
+	t.Helper()
+	evs := []outbox.Event{{AggregateType: "order", AggregateID: agg, Type: "T", Payload: []byte(`{}`)}}
+	if err := e.w.Write(context.Background(), evs...); err != nil {
+		t.Fatal(err)
+	}
+	return evs[0].ID
+}
+
+// TestListenerKilled: notifications are only a hint. When the LISTEN session dies, the
+// poll still delivers, and the relay listens again.
+func TestListenerKilled(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	b := memory.New(0)
+	startRelay(t, e, b, &relay.Config{PollInterval: 3 * time.Second})
+	ctx := waitCtx(t)
+	// Wait for the listener, then check a write is delivered well before the poll.
+	for terminateCount(t, e) == 0 {
+		time.Sleep(10 * time.Millisecond)
+	}
+	writeOne(t, e, "a")
+	fast, cancel := context.WithTimeout(ctx, 2*time.Second)
+	defer cancel()
+	if _, err := b.Wait(fast, "", 1); err != nil {
+		t.Fatalf("a notified write was not relayed before the poll interval: %v", err)
+	}
+	if n := terminate(t, e, "LISTEN"); n != 1 {
+		t.Fatalf("terminated %d LISTEN sessions, want 1", n)
+	}
+	writeOne(t, e, "b") // its notification may be lost: the poll must deliver it
+	if _, err := b.Wait(ctx, "", 2); err != nil {
+		t.Fatal(err)
+	}
+	for terminateCount(t, e) == 0 { // listening again
+		time.Sleep(10 * time.Millisecond)
+	}
+	writeOne(t, e, "c")
+	fast2, cancel2 := context.WithTimeout(ctx, 2*time.Second)
+	defer cancel2()
+	if _, err := b.Wait(fast2, "", 3); err != nil {
+		t.Fatalf("after the listener came back, a write waited for the poll: %v", err)
+	}
+}
+
+func terminateCount(t *testing.T, e *env) int {
+	var n int
+	if err := e.pool.QueryRow(context.Background(), `SELECT count(*) FROM pg_stat_activity
+		WHERE application_name = $1 AND query LIKE 'LISTEN %'`, e.table.Schema).Scan(&n); err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
+
+// TestLeaderSessionKilled: the session holding the leadership lock dies; the relay
+// notices, takes leadership again and keeps delivering.
+func TestLeaderSessionKilled(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	b := memory.New(0)
+	r := startRelay(t, e, b, &relay.Config{PollInterval: 50 * time.Millisecond, LeaderCheck: 50 * time.Millisecond})
+	ctx := waitCtx(t)
+	writeOne(t, e, "a")
+	if _, err := b.Wait(ctx, "", 1); err != nil {
+		t.Fatal(err)
+	}
+	if !r.Stats().Leader {
+		t.Fatal("relay does not report leadership")
+	}
+	var n int
+	if err := e.pool.QueryRow(ctx, `SELECT count(pg_terminate_backend(l.pid)) FROM pg_locks l
+		JOIN pg_stat_activity a ON a.pid = l.pid WHERE l.locktype = 'advisory' AND a.application_name = $1`,
+		e.table.Schema).Scan(&n); err != nil {
+		t.Fatal(err)
+	}
+	if n != 1 {
+		t.Fatalf("terminated %d leadership sessions, want 1", n)
+	}
+	writeOne(t, e, "b")
+	if _, err := b.Wait(ctx, "", 2); err != nil {
+		t.Fatal(err)
+	}
 }

@@ -47,17 +47,14 @@ func UniqueName(prefix string) string { return testenv.UniqueName(prefix) }
 
 func msg(topic, key string, i int) broker.Message {
 	return broker.Message{
-		ID:      uuid.Must(uuid.NewV7()).String(),
-		Topic:   topic,
-		Key:     key,
-		Payload: []byte(fmt.Sprintf(`{"key":%q,"n":%d}`, key, i)),
-		Headers: map[string]string{"id": "", "eventType": "Tested", "aggregateId": key},
+		ID:            uuid.Must(uuid.NewV7()).String(),
+		Topic:         topic,
+		Key:           key,
+		EventType:     "Tested",
+		AggregateType: "test",
+		AggregateID:   key,
+		Payload:       []byte(fmt.Sprintf(`{"key":%q,"n":%d}`, key, i)),
 	}
-}
-
-func withID(m broker.Message) broker.Message {
-	m.Headers["id"] = m.ID
-	return m
 }
 
 func requireOK(t *testing.T, res []broker.Result, n int) {
@@ -93,7 +90,7 @@ func testOrderPerKey(t *testing.T, h *Harness) {
 		var batch []broker.Message
 		for i := 0; i < perKey; i++ {
 			for k := 0; k < keys; k++ {
-				batch = append(batch, withID(msg(topic, fmt.Sprintf("key-%d", k), b*perKey+i)))
+				batch = append(batch, msg(topic, fmt.Sprintf("key-%d", k), b*perKey+i))
 			}
 		}
 		requireOK(t, h.Publisher.Publish(ctx, batch), len(batch))
@@ -123,9 +120,9 @@ func testOrderPerKey(t *testing.T, h *Harness) {
 func testHeadersAndPayload(t *testing.T, h *Harness) {
 	ctx := ctxT(t, 30*time.Second)
 	topic := h.Topic(t)
-	m := withID(msg(topic, "k1", 0))
+	m := msg(topic, "k1", 0)
 	m.Payload = []byte("{\"bin\":\"\\u00ff\"}\x00\xff raw bytes")
-	m.Headers["correlationId"] = "corr-1"
+	m.Headers = map[string]string{"correlationId": "corr-1", "id": "spoofed"}
 	requireOK(t, h.Publisher.Publish(ctx, []broker.Message{m}), 1)
 	got, err := h.Read(ctx, topic, 1)
 	if err != nil {
@@ -142,10 +139,13 @@ func testHeadersAndPayload(t *testing.T, h *Harness) {
 		t.Errorf("key = %q, want %q", g.Key, m.Key)
 	}
 	if h.Publisher.Features().Headers {
-		for k, v := range m.Headers {
+		m.EachHeader(func(k, v string) {
 			if g.Headers[k] != v {
 				t.Errorf("header %q = %q, want %q", k, g.Headers[k], v)
 			}
+		})
+		if g.Headers["id"] != m.ID {
+			t.Errorf("an event header overrode the wire-format id: %q", g.Headers["id"])
 		}
 	}
 }
@@ -156,7 +156,7 @@ func testDedup(t *testing.T, h *Harness) {
 	}
 	ctx := ctxT(t, 30*time.Second)
 	topic := h.Topic(t)
-	a, b := withID(msg(topic, "k", 0)), withID(msg(topic, "k", 1))
+	a, b := msg(topic, "k", 0), msg(topic, "k", 1)
 	requireOK(t, h.Publisher.Publish(ctx, []broker.Message{a, a}), 2)
 	requireOK(t, h.Publisher.Publish(ctx, []broker.Message{a, b}), 2)
 	got, err := h.Read(ctx, topic, 2)
@@ -181,9 +181,9 @@ func testOversized(t *testing.T, h *Harness) {
 	}
 	ctx := ctxT(t, 30*time.Second)
 	topic := h.Topic(t)
-	big := withID(msg(topic, "big", 0))
+	big := msg(topic, "big", 0)
 	big.Payload = bytes.Repeat([]byte("x"), max+1)
-	small := withID(msg(topic, "small", 0))
+	small := msg(topic, "small", 0)
 	res := h.Publisher.Publish(ctx, []broker.Message{big, small})
 	if len(res) != 2 {
 		t.Fatalf("got %d results", len(res))
@@ -204,7 +204,7 @@ func testCanceled(t *testing.T, h *Harness) {
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel()
 	topic := h.Topic(t)
-	res := h.Publisher.Publish(ctx, []broker.Message{withID(msg(topic, "k", 0)), withID(msg(topic, "k", 1))})
+	res := h.Publisher.Publish(ctx, []broker.Message{msg(topic, "k", 0), msg(topic, "k", 1)})
 	if len(res) != 2 {
 		t.Fatalf("got %d results", len(res))
 	}
@@ -224,10 +224,10 @@ func testRestart(t *testing.T, h *Harness) {
 	}
 	ctx := ctxT(t, 60*time.Second)
 	topic := h.Topic(t)
-	first := withID(msg(topic, "k", 0))
+	first := msg(topic, "k", 0)
 	requireOK(t, h.Publisher.Publish(ctx, []broker.Message{first}), 1)
 	h.Restart(t)
-	second := withID(msg(topic, "k", 1))
+	second := msg(topic, "k", 1)
 	// The publisher must come back on its own; the relay retries like this.
 	var last error
 	for attempt := 0; attempt < 100; attempt++ {

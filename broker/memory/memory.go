@@ -7,7 +7,6 @@ package memory
 import (
 	"context"
 	"fmt"
-	"maps"
 	"sync"
 
 	"github.com/outboxd/outbox/broker"
@@ -54,7 +53,10 @@ func (b *Broker) Publish(ctx context.Context, msgs []broker.Message) []broker.Re
 			b.dups++ // acknowledged, not stored: what a broker with dedup does
 		default:
 			b.seen[m.ID] = true
-			m.Headers = maps.Clone(m.Headers)
+			// Store what a consumer would see: every wire header.
+			h := make(map[string]string, m.HeaderCount())
+			m.EachHeader(func(k, v string) { h[k] = v })
+			m.Headers = h
 			m.Payload = append([]byte(nil), m.Payload...)
 			b.msgs = append(b.msgs, m)
 		}

@@ -208,15 +208,15 @@ func (p *Publisher) Publish(ctx context.Context, msgs []broker.Message) []broker
 			stop = err
 			continue
 		}
-		nm := nats.NewMsg(m.Topic)
-		nm.Data = m.Payload
+		hdr := make(nats.Header, m.HeaderCount()+2)
 		size := len(m.Payload)
-		for k, v := range m.Headers {
-			nm.Header.Set(k, v)
+		m.EachHeader(func(k, v string) {
+			hdr[k] = []string{v}
 			size += len(k) + len(v) + 4
-		}
-		nm.Header.Set(jetstream.MsgIDHeader, m.ID)
-		nm.Header.Set(HeaderKey, m.Key)
+		})
+		hdr[jetstream.MsgIDHeader] = []string{m.ID}
+		hdr[HeaderKey] = []string{m.Key}
+		nm := &nats.Msg{Subject: m.Topic, Data: m.Payload, Header: hdr}
 		if size > maxPayload {
 			res[i].Err = broker.Permanent(fmt.Errorf("message of %d bytes exceeds the NATS max_payload of %d", size, maxPayload))
 			continue

@@ -6,6 +6,7 @@ import (
 	"io"
 	"log/slog"
 	"os"
+	"runtime/debug"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -35,6 +36,12 @@ func runRelay(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	logFormat := fs.String("log-format", "text", "text or json")
 	if err := parse(fs, args); err != nil {
 		return err
+	}
+	if os.Getenv("GOGC") == "" {
+		// The relay's live heap is small and churns fast (one batch of rows and
+		// messages at a time): collecting less often saves about a quarter of its
+		// CPU at 200k-event backlogs, for ~15 MiB more RSS (docs/benchmarks.md).
+		debug.SetGCPercent(400)
 	}
 	if *mode != "poll" {
 		return usageErr("--mode %q: only poll is built so far", *mode)

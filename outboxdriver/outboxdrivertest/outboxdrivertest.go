@@ -44,6 +44,7 @@ func Run[TTx any](t *testing.T, newHarness NewFunc[TTx]) {
 		{"MissingTable", testMissingTable[TTx]},
 		{"CommitVisibleRollbackNot", testCommitRollback[TTx]},
 		{"ClaimInWriteOrder", testClaimOrder[TTx]},
+		{"LargeWrite", testLargeWrite[TTx]},
 		{"ClaimSkipsLocked", testSkipLocked[TTx]},
 		{"LateCommitNotSkipped", testLateCommit[TTx]},
 		{"CompleteMarksAndDeletes", testComplete[TTx]},
@@ -214,6 +215,31 @@ func testClaimOrder[TTx any](t *testing.T, h *Harness[TTx]) {
 	got := ids(drain(t, store(t, h)))
 	if fmt.Sprint(got) != fmt.Sprint(want) {
 		t.Fatalf("claim order\n got %v\nwant %v", got, want)
+	}
+}
+
+// testLargeWrite writes more events in one call than a small-write statement holds,
+// with headers on some, and reads them all back in order.
+func testLargeWrite[TTx any](t *testing.T, h *Harness[TTx]) {
+	evs := make([]outbox.Event, 1200)
+	for i := range evs {
+		evs[i] = event(fmt.Sprint(i%7), i)
+		if i%3 == 0 {
+			evs[i].Headers = map[string]string{"correlationId": fmt.Sprint("c-", i)}
+		}
+	}
+	want := writeCommitted(t, h, evs...)
+	rows := drain(t, store(t, h))
+	if fmt.Sprint(ids(rows)) != fmt.Sprint(want) {
+		t.Fatalf("read back %d rows out of order or incomplete (wrote %d)", len(rows), len(want))
+	}
+	for i, r := range rows {
+		if string(r.Payload) != fmt.Sprintf(`{"n": %d}`, i) {
+			t.Fatalf("row %d payload %s", i, r.Payload)
+		}
+		if (i%3 == 0) != (r.Headers["correlationId"] == fmt.Sprint("c-", i)) {
+			t.Fatalf("row %d headers %v", i, r.Headers)
+		}
 	}
 }
 

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"hash/fnv"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -24,6 +25,8 @@ type Statements struct {
 	channelRaw string
 	lockKey    int64
 
+	insertPrefix    string
+	insertValues    []string // insertValues[n] inserts n rows with VALUES, for small n
 	insert, claim, markPublished, deletePublished, recordFailure, status string
 }
 
@@ -45,8 +48,23 @@ func NewStatements(t outboxdriver.Table) (*Statements, error) {
 	if t.Payload == outboxdriver.PayloadBytes {
 		payloadArg, payloadExpr = "$5::bytea[]", "u.p"
 	}
-	// One statement for any number of events: the arrays are unnested server-side, so
-	// the statement text (and its prepared plan) is the same for 1 or 10,000 rows.
+	// Small writes (the common case: a few events per business transaction) use a
+	// multi-row VALUES statement, prepared once per row count; it is what a hand-written
+	// INSERT costs. Larger ones unnest arrays server-side, so one statement text (and
+	// one prepared plan) serves any number of rows.
+	s.insertPrefix = `INSERT INTO ` + q + ` (id, aggregatetype, aggregateid, type, payload, headers) VALUES `
+	s.insertValues = make([]string, maxValuesRows+1)
+	for n := 1; n <= maxValuesRows; n++ {
+		var b strings.Builder
+		b.WriteString(s.insertPrefix)
+		for i := 0; i < n; i++ {
+			if i > 0 {
+				b.WriteByte(',')
+			}
+			fmt.Fprintf(&b, "($%d,$%d,$%d,$%d,$%d,$%d)", i*6+1, i*6+2, i*6+3, i*6+4, i*6+5, i*6+6)
+		}
+		s.insertValues[n] = b.String()
+	}
 	s.insert = `INSERT INTO ` + q + ` (id, aggregatetype, aggregateid, type, payload, headers)
 SELECT u.id::uuid, u.at, u.aid, u.t, ` + payloadExpr + `, u.h::jsonb
 FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], ` + payloadArg + `, $6::text[]) AS u(id, at, aid, t, p, h)`
@@ -88,6 +106,9 @@ func InterpretError(err error) error {
 	return err
 }
 
+// maxValuesRows is the most rows inserted with a VALUES statement.
+const maxValuesRows = 32
+
 // Executor runs writer statements on q.
 type Executor struct {
 	S *Statements
@@ -100,16 +121,29 @@ func (e Executor) InsertEvents(ctx context.Context, p *outboxdriver.InsertParams
 	if n == 0 {
 		return nil
 	}
+	if n <= maxValuesRows {
+		args := make([]any, 0, n*6)
+		bytesPayload := e.S.table.Payload == outboxdriver.PayloadBytes
+		for _, ev := range p.Events {
+			var payload any = string(ev.Payload)
+			if bytesPayload {
+				payload = nonNil(ev.Payload)
+			}
+			var headers any
+			if ev.Headers != nil {
+				headers = string(ev.Headers)
+			}
+			args = append(args, ev.ID, ev.AggregateType, ev.AggregateID, ev.Type, payload, headers)
+		}
+		return InterpretError(e.Q.Exec(ctx, e.S.insertValues[n], args...))
+	}
 	ids, ats, aids, types := make([]string, n), make([]string, n), make([]string, n), make([]string, n)
 	headers := make([]*string, n)
 	var payload any
 	if e.S.table.Payload == outboxdriver.PayloadBytes {
 		ps := make([][]byte, n)
 		for i := range p.Events {
-			ps[i] = p.Events[i].Payload
-			if ps[i] == nil {
-				ps[i] = []byte{}
-			}
+			ps[i] = nonNil(p.Events[i].Payload)
 		}
 		payload = ps
 	} else {
@@ -127,6 +161,14 @@ func (e Executor) InsertEvents(ctx context.Context, p *outboxdriver.InsertParams
 		}
 	}
 	return InterpretError(e.Q.Exec(ctx, e.S.insert, ids, ats, aids, types, payload, headers))
+}
+
+// nonNil keeps an empty payload empty rather than NULL.
+func nonNil(b []byte) []byte {
+	if b == nil {
+		return []byte{}
+	}
+	return b
 }
 
 // Notify implements outboxdriver.Executor.

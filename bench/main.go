@@ -1,0 +1,352 @@
+// Command bench measures the outbox against the machine's PostgreSQL and NATS:
+//
+//	go run ./bench drain   [-events 200000] [-batch 1000] [-delete]   relay throughput and RSS
+//	go run ./bench produce [-tx 20000] [-conns 8] [-per-tx 1]           writer vs hand-written INSERT
+//	go run ./bench notify  [-seconds 5] [-conns 16]                     what NOTIFY costs producers
+//
+// Each run works in a schema and stream of its own and removes them afterwards. The
+// results are recorded in docs/benchmarks.md.
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/outboxd/outbox"
+	"github.com/outboxd/outbox/internal/testenv"
+	"github.com/outboxd/outbox/outboxdriver"
+	"github.com/outboxd/outbox/outboxdriver/outboxpgx"
+)
+
+func main() {
+	if len(os.Args) < 2 {
+		fmt.Fprintln(os.Stderr, "usage: bench drain|produce|notify [flags]")
+		os.Exit(2)
+	}
+	dbURL := env("TEST_DATABASE_URL", testenv.DatabaseURLDefault)
+	natsURL := env("TEST_NATS_URL", testenv.NATSURLDefault)
+	var err error
+	switch os.Args[1] {
+	case "drain":
+		err = drain(dbURL, natsURL, os.Args[2:])
+	case "produce":
+		err = produce(dbURL, os.Args[2:])
+	case "notify":
+		err = notify(dbURL, os.Args[2:])
+	default:
+		err = fmt.Errorf("unknown benchmark %q", os.Args[1])
+	}
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "bench:", err)
+		os.Exit(1)
+	}
+}
+
+func env(k, def string) string {
+	if v := os.Getenv(k); v != "" {
+		return v
+	}
+	return def
+}
+
+// scratch creates a schema with a migrated outbox table and returns a pool and a drop func.
+func scratch(ctx context.Context, dbURL string, conns int32) (*pgxpool.Pool, outboxdriver.Table, func(), error) {
+	cfg, err := pgxpool.ParseConfig(dbURL)
+	if err != nil {
+		return nil, outboxdriver.Table{}, nil, err
+	}
+	cfg.MaxConns = conns
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		return nil, outboxdriver.Table{}, nil, err
+	}
+	schema := testenv.UniqueName("bench_")
+	if _, err := pool.Exec(ctx, "CREATE SCHEMA "+schema); err != nil {
+		pool.Close()
+		return nil, outboxdriver.Table{}, nil, err
+	}
+	table := outboxdriver.Table{Schema: schema, Name: "outbox"}
+	m, _ := outboxpgx.New(pool, &table).Migrator()
+	if _, err := m.Migrate(ctx); err != nil {
+		pool.Close()
+		return nil, table, nil, err
+	}
+	drop := func() {
+		_, _ = pool.Exec(context.Background(), "DROP SCHEMA "+schema+" CASCADE")
+		pool.Close()
+	}
+	return pool, table, drop, nil
+}
+
+func payload(i int) []byte {
+	// about 200 bytes, like a small business event
+	return []byte(fmt.Sprintf(`{"eventVersion":1,"orderId":"order-%08d","customerId":"customer-%04d","totalCents":%d,"currency":"EUR","lines":[{"sku":"SKU-%05d","qty":%d}],"note":"%s"}`,
+		i, i%1000, 1000+i%9000, i%50000, 1+i%5, strings.Repeat("x", 40)))
+}
+
+func drain(dbURL, natsURL string, args []string) error {
+	fs := flag.NewFlagSet("drain", flag.ExitOnError)
+	events := fs.Int("events", 200_000, "backlog size")
+	batch := fs.Int("batch", 1000, "relay batch size")
+	del := fs.Bool("delete", false, "relay deletes rows instead of marking them")
+	_ = fs.Parse(args)
+	ctx := context.Background()
+
+	pool, table, drop, err := scratch(ctx, dbURL, 8)
+	if err != nil {
+		return err
+	}
+	defer drop()
+	w, _ := outbox.NewWriter(outboxpgx.New(pool, &table), &outbox.Config{NotifyInterval: -1})
+	fmt.Printf("writing a backlog of %d events (~%d-byte payloads)...\n", *events, len(payload(0)))
+	for i := 0; i < *events; i += 1000 {
+		evs := make([]outbox.Event, 0, 1000)
+		for j := i; j < min(i+1000, *events); j++ {
+			evs = append(evs, outbox.Event{AggregateType: "order", AggregateID: fmt.Sprintf("customer-%04d", j%1000), Type: "OrderPlaced", Payload: payload(j)})
+		}
+		if err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error { return w.WriteTx(ctx, tx, evs...) }); err != nil {
+			return err
+		}
+	}
+	if _, err := pool.Exec(ctx, "VACUUM ANALYZE "+pgx.Identifier{table.Schema, table.Name}.Sanitize()); err != nil {
+		return err
+	}
+
+	nc, err := nats.Connect(natsURL)
+	if err != nil {
+		return err
+	}
+	defer nc.Close()
+	js, _ := jetstream.New(nc)
+	prefix := testenv.UniqueName("bench")
+	if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: prefix, Subjects: []string{prefix + ".>"}, Storage: jetstream.FileStorage}); err != nil {
+		return err
+	}
+	defer func() { _ = js.DeleteStream(context.Background(), prefix) }()
+
+	bin := filepath.Join(os.TempDir(), "outbox-bench-relay")
+	if out, err := exec.Command("go", "build", "-o", bin, "./cmd/outbox").CombinedOutput(); err != nil {
+		return fmt.Errorf("build relay: %v\n%s", err, out)
+	}
+	rargs := []string{"relay", "--db", dbURL, "--broker", natsURL, "--table", table.Schema + "." + table.Name,
+		"--topic-template", prefix + ".${aggregatetype}", "--batch-size", strconv.Itoa(*batch), "--log-level", env("BENCH_RELAY_LOG", "warn")}
+	if *del {
+		rargs = append(rargs, "--delete")
+	}
+	cmd := exec.Command(bin, rargs...)
+	cmd.Stderr = os.Stderr
+	start := time.Now()
+	if err := cmd.Start(); err != nil {
+		return err
+	}
+	defer func() { _ = cmd.Process.Kill(); _ = cmd.Wait() }()
+	// Watch the stream, not the table: counting a 200,000-row backlog every few
+	// milliseconds would steal the CPU the relay is being measured on.
+	var peakRSS int64
+	var stored uint64
+	for stored < uint64(*events) {
+		info, err := js.Stream(ctx, prefix)
+		if err != nil {
+			return err
+		}
+		stored = info.CachedInfo().State.Msgs
+		peakRSS = max(peakRSS, hwm(cmd.Process.Pid))
+		if time.Since(start) > 10*time.Minute {
+			return fmt.Errorf("stream holds %d of %d after 10 minutes", stored, *events)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	elapsed := time.Since(start)
+	q := "SELECT count(*) FROM " + pgx.Identifier{table.Schema, table.Name}.Sanitize() + " WHERE published_at IS NULL"
+	for {
+		var left int64
+		if err := pool.QueryRow(ctx, q).Scan(&left); err != nil {
+			return err
+		}
+		if left == 0 {
+			break
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	marked := time.Since(start)
+	peakRSS = max(peakRSS, hwm(cmd.Process.Pid))
+	cpu := cpuSeconds(cmd.Process.Pid)
+	fmt.Printf("drained %d events in %v (all marked after %v): %.0f events/s (batch %d, delete=%v); stream holds %d; relay peak RSS %.1f MiB, relay CPU %.1fs\n",
+		*events, elapsed.Round(time.Millisecond), marked.Round(time.Millisecond), float64(*events)/elapsed.Seconds(), *batch, *del, stored, float64(peakRSS)/1024, cpu)
+	return nil
+}
+
+// cpuSeconds is a process's user+system CPU time so far.
+func cpuSeconds(pid int) float64 {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return 0
+	}
+	// the fields after the command name, which ends with ')'
+	s := string(b)
+	f := strings.Fields(s[strings.LastIndexByte(s, ')')+2:])
+	ut, _ := strconv.ParseFloat(f[11], 64)
+	st, _ := strconv.ParseFloat(f[12], 64)
+	return (ut + st) / 100 // clock ticks at 100 Hz
+}
+
+// hwm is a process's peak resident set in KiB (VmHWM), 0 if unknown.
+func hwm(pid int) int64 {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		return 0
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if strings.HasPrefix(line, "VmHWM:") {
+			f := strings.Fields(line)
+			n, _ := strconv.ParseInt(f[1], 10, 64)
+			return n
+		}
+	}
+	return 0
+}
+
+func produce(dbURL string, args []string) error {
+	fs := flag.NewFlagSet("produce", flag.ExitOnError)
+	txs := fs.Int("tx", 20_000, "transactions per variant")
+	conns := fs.Int("conns", 8, "concurrent producers")
+	perTx := fs.Int("per-tx", 1, "events per transaction")
+	rounds := fs.Int("rounds", 3, "alternating rounds per variant")
+	notifyOn := fs.Bool("notify", true, "the writer sends its (debounced) wake-up notifications, as by default")
+	_ = fs.Parse(args)
+	ctx := context.Background()
+	pool, table, drop, err := scratch(ctx, dbURL, int32(*conns))
+	if err != nil {
+		return err
+	}
+	defer drop()
+	wcfg := &outbox.Config{}
+	if !*notifyOn {
+		wcfg.NotifyInterval = -1
+	}
+	w, _ := outbox.NewWriter(outboxpgx.New(pool, &table), wcfg)
+	qt := pgx.Identifier{table.Schema, table.Name}.Sanitize()
+	var hand strings.Builder
+	hand.WriteString("INSERT INTO " + qt + " (id, aggregatetype, aggregateid, type, payload) VALUES ")
+	for i := 0; i < *perTx; i++ {
+		if i > 0 {
+			hand.WriteString(",")
+		}
+		fmt.Fprintf(&hand, "($%d,$%d,$%d,$%d,$%d)", i*5+1, i*5+2, i*5+3, i*5+4, i*5+5)
+	}
+	handSQL := hand.String()
+
+	run := func(name string, body func(tx pgx.Tx, evs []outbox.Event) error) (time.Duration, error) {
+		var next atomic.Int64
+		var wg sync.WaitGroup
+		errs := make(chan error, *conns)
+		start := time.Now()
+		for c := 0; c < *conns; c++ {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				for {
+					i := int(next.Add(1))
+					if i > *txs {
+						return
+					}
+					evs := make([]outbox.Event, *perTx)
+					for j := range evs {
+						evs[j] = outbox.Event{AggregateType: "order", AggregateID: fmt.Sprintf("customer-%04d", i%1000), Type: "OrderPlaced", Payload: payload(i)}
+					}
+					if err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error { return body(tx, evs) }); err != nil {
+						errs <- fmt.Errorf("%s: %w", name, err)
+						return
+					}
+				}
+			}()
+		}
+		wg.Wait()
+		close(errs)
+		return time.Since(start), <-errs
+	}
+	writer := func(tx pgx.Tx, evs []outbox.Event) error { return w.WriteTx(ctx, tx, evs...) }
+	handWritten := func(tx pgx.Tx, evs []outbox.Event) error {
+		args := make([]any, 0, len(evs)*5)
+		for _, e := range evs {
+			args = append(args, uuid.Must(uuid.NewV7()).String(), e.AggregateType, e.AggregateID, e.Type, string(e.Payload))
+		}
+		_, err := tx.Exec(ctx, handSQL, args...)
+		return err
+	}
+	var tw, th time.Duration
+	for r := 0; r < *rounds; r++ {
+		d, err := run("hand-written INSERT", handWritten)
+		if err != nil {
+			return err
+		}
+		th += d
+		d2, err := run("writer", writer)
+		if err != nil {
+			return err
+		}
+		tw += d2
+		fmt.Printf("round %d: hand-written %.0f tx/s, writer %.0f tx/s\n", r+1, float64(*txs)/d.Seconds(), float64(*txs)/d2.Seconds())
+	}
+	fmt.Printf("notify=%v, %d conns, %d event(s)/tx, %d tx x %d rounds: hand-written INSERT %.0f tx/s, writer %.0f tx/s: writer is %+.1f%% slower\n",
+		*notifyOn, *conns, *perTx, *txs, *rounds, float64(*txs**rounds)/th.Seconds(), float64(*txs**rounds)/tw.Seconds(), (tw.Seconds()/th.Seconds()-1)*100)
+	return nil
+}
+
+func notify(dbURL string, args []string) error {
+	fs := flag.NewFlagSet("notify", flag.ExitOnError)
+	seconds := fs.Int("seconds", 5, "seconds per variant")
+	conns := fs.Int("conns", 16, "concurrent producers")
+	_ = fs.Parse(args)
+	ctx := context.Background()
+	pool, table, drop, err := scratch(ctx, dbURL, int32(*conns))
+	if err != nil {
+		return err
+	}
+	defer drop()
+	variants := []struct {
+		name     string
+		interval time.Duration
+	}{
+		{"no NOTIFY", -1},
+		{"NOTIFY in every transaction", time.Nanosecond},
+		{"debounced NOTIFY (default, 50ms)", outbox.NotifyIntervalDefault},
+	}
+	for round := 0; round < 2*len(variants); round++ {
+		v := variants[round%len(variants)]
+		w, _ := outbox.NewWriter(outboxpgx.New(pool, &table), &outbox.Config{NotifyInterval: v.interval})
+		var n atomic.Int64
+		deadline := time.Now().Add(time.Duration(*seconds) * time.Second)
+		var wg sync.WaitGroup
+		for c := 0; c < *conns; c++ {
+			wg.Add(1)
+			go func(c int) {
+				defer wg.Done()
+				for i := 0; time.Now().Before(deadline); i++ {
+					ev := outbox.Event{AggregateType: "order", AggregateID: strconv.Itoa(c), Type: "T", Payload: payload(i)}
+					if err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error { return w.WriteTx(ctx, tx, ev) }); err == nil {
+						n.Add(1)
+					}
+				}
+			}(c)
+		}
+		wg.Wait()
+		fmt.Printf("%-36s %6.0f commits/s (%d producers)\n", v.name, float64(n.Load())/float64(*seconds), *conns)
+	}
+	return nil
+}
