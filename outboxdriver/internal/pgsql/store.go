@@ -25,8 +25,8 @@ type Statements struct {
 	channelRaw string
 	lockKey    int64
 
-	insertPrefix    string
-	insertValues    []string // insertValues[n] inserts n rows with VALUES, for small n
+	insertPrefix                                                         string
+	insertValues                                                         []string // insertValues[n] inserts n rows with VALUES, for small n
 	insert, claim, markPublished, deletePublished, recordFailure, status string
 }
 
