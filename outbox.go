@@ -21,6 +21,7 @@ package outbox
 import (
 	"errors"
 	"fmt"
+	"time"
 )
 
 // Event is one fact a service tells the rest of the system about.
@@ -40,6 +41,10 @@ type Event struct {
 	// Headers travel as broker headers. Names reserved by the wire format (see
 	// ReservedHeader) are refused.
 	Headers map[string]string
+	// NotBefore delays the event: the relay publishes it no earlier than this. Zero
+	// means as soon as the transaction commits. A delayed event does not hold back
+	// later events of its aggregate: it is ordered by the time it becomes due.
+	NotBefore time.Time
 }
 
 // Header names of the wire format. The relay sets the first four on every message;

@@ -174,6 +174,7 @@ func (w *Writer[TTx]) prepare(i int, ev *Event, row *outboxdriver.InsertEvent) e
 		}
 	}
 	row.ID, row.AggregateType, row.AggregateID, row.Type, row.Payload = ev.ID, ev.AggregateType, ev.AggregateID, ev.Type, ev.Payload
+	row.AvailableAt = ev.NotBefore
 	if len(ev.Headers) > 0 {
 		if len(ev.Headers) > w.cfg.MaxHeaders {
 			return bad("Headers", "%d headers, at most %d allowed", len(ev.Headers), w.cfg.MaxHeaders)

@@ -114,6 +114,11 @@ var (
 	// ErrUnavailable: the broker could not be reached. Not the message's fault: it
 	// costs no attempt, and the relay backs off the whole publisher.
 	ErrUnavailable = errors.New("broker unavailable")
+	// ErrHeldBack: the message was not sent because an earlier message of its key in
+	// the same batch was refused; sending it would break the key's order. It costs no
+	// attempt. Publishers that learn of a refusal before sending the rest of the batch
+	// hold the key's later messages back this way.
+	ErrHeldBack = errors.New("held back behind a refused message of the same key")
 )
 
 // Permanent wraps err as a permanent failure.
@@ -127,6 +132,31 @@ func IsPermanent(err error) bool { return errors.Is(err, ErrPermanent) }
 
 // IsUnavailable reports whether the failure is the broker's, not the message's.
 func IsUnavailable(err error) bool { return errors.Is(err, ErrUnavailable) }
+
+// IsHeldBack reports whether the message was held back behind a refused one.
+func IsHeldBack(err error) bool { return errors.Is(err, ErrHeldBack) }
+
+// KeyHold tracks, within one Publish call, the keys whose earlier message was refused.
+// The zero value is ready to use.
+type KeyHold struct{ refused map[string]error }
+
+// Refuse records that key's message was refused with err.
+func (h *KeyHold) Refuse(key string, err error) {
+	if h.refused == nil {
+		h.refused = map[string]error{}
+	}
+	if _, ok := h.refused[key]; !ok {
+		h.refused[key] = err
+	}
+}
+
+// Held returns the error for a later message of key, or nil if the key is not held.
+func (h *KeyHold) Held(key string) error {
+	if err, ok := h.refused[key]; ok {
+		return fmt.Errorf("%w (%v)", ErrHeldBack, err)
+	}
+	return nil
+}
 
 // FailAll returns n results that all carry err.
 func FailAll(n int, err error) []Result {

@@ -73,7 +73,8 @@ type InsertEvent struct {
 	AggregateID   string
 	Type          string
 	Payload       []byte
-	Headers       []byte // JSON object text, nil for none
+	Headers       []byte    // JSON object text, nil for none
+	AvailableAt   time.Time // zero: now; later: a delayed event
 }
 
 // Row is one outbox row as the relay reads it.
@@ -105,6 +106,32 @@ type Store interface {
 	Listen(ctx context.Context) (Listener, error)
 	// Status reports the backlog.
 	Status(ctx context.Context) (*Status, error)
+	// ListDead returns dead letters matching the filter, oldest first.
+	ListDead(ctx context.Context, f *DeadFilter) ([]DeadLetter, error)
+	// ReplayDead moves matching dead letters back into the outbox with their
+	// original write position (so they go out before the later events of their
+	// aggregate) and zero attempts, releasing their keys. It returns how many moved.
+	ReplayDead(ctx context.Context, f *DeadFilter) (int, error)
+	// PurgeDead deletes matching dead letters, releasing their keys.
+	PurgeDead(ctx context.Context, f *DeadFilter) (int, error)
+}
+
+// DeadFilter selects dead letters. Empty fields match everything.
+type DeadFilter struct {
+	IDs           []string
+	AggregateType string
+	AggregateID   string
+	Type          string
+	OlderThan     time.Duration // dead for at least this long
+	Limit         int           // 0: no limit
+}
+
+// DeadLetter is an event moved out of the outbox because it could not be published.
+type DeadLetter struct {
+	Row
+	Error    string
+	DeadAt   time.Time
+	HoldsKey bool // later events of its aggregate wait until it is replayed or purged
 }
 
 // ClaimParams configure a claim.
@@ -136,9 +163,15 @@ type CompleteParams struct {
 type Failure struct {
 	ID    string
 	Error string
-	// CountAttempt is false when the broker was unreachable: such a failure does
-	// not count against the event (it is not the event's fault).
+	// CountAttempt is false when the broker was unreachable (or the message was held
+	// back behind another): such a failure does not count against the event.
 	CountAttempt bool
+	// RetryAt, when set, is the earliest time of the next attempt.
+	RetryAt time.Time
+	// Dead moves the row to the dead letters, atomically with the rest.
+	Dead bool
+	// HoldKey makes a dead letter hold back the later events of its aggregate.
+	HoldKey bool
 }
 
 // Leadership is a held single-active-relay lock.
@@ -163,6 +196,8 @@ type Status struct {
 	OldestAge   time.Duration // age of the oldest unpublished row, 0 when none
 	Published   int64         // published rows still kept (not yet cleaned up)
 	Failing     int64         // unpublished rows with at least one failed attempt
+	Dead        int64         // dead letters
+	HeldKeys    int64         // aggregates whose events wait behind a dead letter
 }
 
 // Migrator creates and upgrades the schema.

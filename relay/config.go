@@ -18,6 +18,9 @@ const (
 	BackoffMinDefault     = 100 * time.Millisecond
 	BackoffMaxDefault     = 30 * time.Second
 	DrainTimeoutDefault   = 30 * time.Second
+	MaxAttemptsDefault    = 10
+	RetryMinDefault       = time.Second
+	RetryMaxDefault       = 5 * time.Minute
 	MaxMarksInFlightLimit = 2
 )
 
@@ -51,6 +54,17 @@ type Config struct {
 	BackoffMin, BackoffMax time.Duration
 	// DrainTimeout bounds how long shutdown waits for in-flight work.
 	DrainTimeout time.Duration
+	// MaxAttempts is how many times the broker may refuse an event before it moves to
+	// the dead letters. A permanent refusal (too large, invalid) moves it at once;
+	// an unreachable broker never counts. Default MaxAttemptsDefault.
+	MaxAttempts int
+	// RetryMin and RetryMax bound the per-event backoff (exponential, with jitter)
+	// between attempts of a refused event. Defaults RetryMinDefault, RetryMaxDefault.
+	RetryMin, RetryMax time.Duration
+	// FlowPastDeadLetters lets the later events of a dead letter's aggregate go on.
+	// By default they wait (the aggregate is quarantined) until the dead letter is
+	// replayed or purged, so the aggregate's order is kept.
+	FlowPastDeadLetters bool
 	// Logger receives the relay's logs. Default: slog.Default().
 	Logger *slog.Logger
 	// Failpoint, for fault-injection tests only, is called at the named points
@@ -78,6 +92,11 @@ func (c *Config) withDefaults() (Config, *broker.Template, error) {
 	def(&out.BackoffMin, BackoffMinDefault)
 	def(&out.BackoffMax, BackoffMaxDefault)
 	def(&out.DrainTimeout, DrainTimeoutDefault)
+	def(&out.RetryMin, RetryMinDefault)
+	def(&out.RetryMax, RetryMaxDefault)
+	if out.MaxAttempts == 0 {
+		out.MaxAttempts = MaxAttemptsDefault
+	}
 	if out.TopicTemplate == "" {
 		out.TopicTemplate = broker.TopicTemplateDefault
 	}
@@ -92,6 +111,10 @@ func (c *Config) withDefaults() (Config, *broker.Template, error) {
 		return out, nil, fmt.Errorf("relay: BatchSize must be 1..100000, got %d", out.BatchSize)
 	case out.PollInterval < 0, out.NotifyLinger < 0, out.LeaderRetry < 0, out.LeaderCheck < 0, out.DrainTimeout < 0:
 		return out, nil, fmt.Errorf("relay: durations must not be negative")
+	case out.MaxAttempts < 1:
+		return out, nil, fmt.Errorf("relay: MaxAttempts must be at least 1, got %d", out.MaxAttempts)
+	case out.RetryMin <= 0 || out.RetryMax < out.RetryMin:
+		return out, nil, fmt.Errorf("relay: need 0 < RetryMin <= RetryMax, got %v and %v", out.RetryMin, out.RetryMax)
 	case out.BackoffMin <= 0 || out.BackoffMax < out.BackoffMin:
 		return out, nil, fmt.Errorf("relay: need 0 < BackoffMin <= BackoffMax, got %v and %v", out.BackoffMin, out.BackoffMax)
 	}

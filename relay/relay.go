@@ -35,8 +35,8 @@ type Relay struct {
 }
 
 type stats struct {
-	published, failed, batches, claims atomic.Int64
-	leader                             atomic.Bool
+	published, failed, batches, claims, dead atomic.Int64
+	leader                                   atomic.Bool
 }
 
 // Stats are counters since the relay was built.
@@ -44,6 +44,7 @@ type Stats struct {
 	Published int64 // messages the broker acknowledged
 	Failed    int64 // messages the broker did not take (each attempt)
 	Batches   int64 // batches published
+	Dead      int64 // events this relay moved to the dead letters
 	Leader    bool  // whether this relay is the active one now
 }
 
@@ -72,6 +73,7 @@ func (r *Relay) Stats() Stats {
 		Published: r.stats.published.Load(),
 		Failed:    r.stats.failed.Load(),
 		Batches:   r.stats.batches.Load(),
+		Dead:      r.stats.dead.Load(),
 		Leader:    r.stats.leader.Load(),
 	}
 }
@@ -274,31 +276,88 @@ func (r *Relay) lead(ctx context.Context, lead outboxdriver.Leadership) error {
 			continue
 		}
 		// A failure: drop the prefetched batch (it may hold later events of a failed
-		// key), let the marks land, and back off before claiming again.
+		// key) and let the marks land, so the next claim sees the failing rows and
+		// leaves their aggregates' later events alone.
 		r.releasePending(work, next)
 		next = nil
 		markWG.Wait()
+		if !unavailable {
+			// Only messages were refused: each waits for its own retry time; every
+			// other aggregate goes on at once.
+			bo.reset()
+			r.log.Warn("relay: broker refused messages", "failed", failed, "of", len(rows), "first_error", firstErr(results))
+			continue
+		}
+		// The broker is unreachable: back off the whole publisher. No attempt is spent.
 		d := bo.next()
-		r.log.Warn("relay: publish failed; backing off", "failed", failed, "of", len(rows),
-			"broker_unavailable", unavailable, "first_error", firstErr(results), "retry_in", d)
+		r.log.Warn("relay: broker unavailable; backing off", "failed", failed, "of", len(rows),
+			"first_error", firstErr(results), "retry_in", d)
 		r.waitFor(ctx, nil, d)
 	}
 }
 
-// outcome turns the broker's results into what to write back.
+// outcome turns the broker's results into what to write back: published ids, and for
+// each failure whether it counts an attempt, when to retry, or whether the event is
+// dead (refused permanently, or out of attempts).
 func (r *Relay) outcome(rows []outboxdriver.Row, results []broker.Result) (p *outboxdriver.CompleteParams, failed int, unavailable bool) {
 	p = &outboxdriver.CompleteParams{Delete: r.cfg.Delete, Published: make([]string, 0, len(rows))}
+	now := time.Now()
+	var failedKeys map[string]bool
 	for i, res := range results {
+		row := &rows[i]
+		key := row.AggregateType + "\x00" + row.AggregateID
 		if res.Err == nil {
-			p.Published = append(p.Published, rows[i].ID)
+			p.Published = append(p.Published, row.ID)
+			if failedKeys[key] {
+				// The broker took a later message of a key after refusing an earlier
+				// one it had already been sent with; the publisher could not hold it.
+				r.log.Warn("relay: a later event was published after an earlier event of its aggregate failed",
+					"aggregatetype", row.AggregateType, "aggregateid", row.AggregateID, "id", row.ID)
+			}
 			continue
 		}
 		failed++
-		u := broker.IsUnavailable(res.Err) || errors.Is(res.Err, context.Canceled) || errors.Is(res.Err, context.DeadlineExceeded)
-		unavailable = unavailable || u
-		p.Failed = append(p.Failed, outboxdriver.Failure{ID: rows[i].ID, Error: truncate(res.Err.Error(), 1000), CountAttempt: !u})
+		if failedKeys == nil {
+			failedKeys = map[string]bool{}
+		}
+		failedKeys[key] = true
+		f := outboxdriver.Failure{ID: row.ID, Error: truncate(res.Err.Error(), 1000)}
+		switch {
+		case broker.IsUnavailable(res.Err), errors.Is(res.Err, context.Canceled), errors.Is(res.Err, context.DeadlineExceeded):
+			unavailable = true // not the event's fault
+		case broker.IsHeldBack(res.Err):
+			// waits behind its key's failing event; not its own failure
+		case broker.IsPermanent(res.Err):
+			f.CountAttempt, f.Dead, f.HoldKey = true, true, !r.cfg.FlowPastDeadLetters
+		default:
+			f.CountAttempt = true
+			attempts := row.Attempts + 1
+			if attempts >= r.cfg.MaxAttempts {
+				f.Dead, f.HoldKey = true, !r.cfg.FlowPastDeadLetters
+				f.Error = fmt.Sprintf("gave up after %d attempts: %s", attempts, f.Error)
+			} else {
+				f.RetryAt = now.Add(r.retryDelay(attempts))
+			}
+		}
+		if f.Dead {
+			r.stats.dead.Add(1)
+			r.log.Error("relay: event moved to the dead letters", "id", row.ID, "aggregatetype", row.AggregateType,
+				"aggregateid", row.AggregateID, "holds_key", f.HoldKey, "err", f.Error)
+		}
+		p.Failed = append(p.Failed, f)
 	}
 	return p, failed, unavailable
+}
+
+// retryDelay is the wait before attempt n+1 of an event refused n times: exponential
+// from RetryMin, capped at RetryMax, with jitter (between half and all of it).
+func (r *Relay) retryDelay(n int) time.Duration {
+	d := r.cfg.RetryMin
+	for i := 1; i < n && d < r.cfg.RetryMax; i++ {
+		d *= 2
+	}
+	d = min(d, r.cfg.RetryMax)
+	return d/2 + rand.N(d/2+1)
 }
 
 func firstErr(results []broker.Result) error {

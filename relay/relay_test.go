@@ -379,10 +379,16 @@ func terminate(t *testing.T, e *env, prefix string) int {
 	return n
 }
 
+// writeOne writes one event with a writer that notifies on every write (no debounce),
+// so tests about wake-ups do not depend on timing.
 func writeOne(t *testing.T, e *env, agg string) string {
 	t.Helper()
+	w, err := outbox.NewWriter(e.drv, &outbox.Config{NotifyInterval: time.Nanosecond})
+	if err != nil {
+		t.Fatal(err)
+	}
 	evs := []outbox.Event{{AggregateType: "order", AggregateID: agg, Type: "T", Payload: []byte(`{}`)}}
-	if err := e.w.Write(context.Background(), evs...); err != nil {
+	if err := w.Write(context.Background(), evs...); err != nil {
 		t.Fatal(err)
 	}
 	return evs[0].ID

@@ -184,15 +184,19 @@ func testOversized(t *testing.T, h *Harness) {
 	big := msg(topic, "big", 0)
 	big.Payload = bytes.Repeat([]byte("x"), max+1)
 	small := msg(topic, "small", 0)
-	res := h.Publisher.Publish(ctx, []broker.Message{big, small})
-	if len(res) != 2 {
+	after := msg(topic, "big", 1) // the refused message's key: must not overtake it
+	res := h.Publisher.Publish(ctx, []broker.Message{big, small, after})
+	if len(res) != 3 {
 		t.Fatalf("got %d results", len(res))
 	}
 	if !broker.IsPermanent(res[0].Err) {
 		t.Fatalf("oversized message: err = %v, want a permanent failure", res[0].Err)
 	}
 	if res[1].Err != nil {
-		t.Fatalf("the other message failed too: %v", res[1].Err)
+		t.Fatalf("the other key's message failed too: %v", res[1].Err)
+	}
+	if !broker.IsHeldBack(res[2].Err) {
+		t.Fatalf("a later message of the refused key: err = %v, want it held back", res[2].Err)
 	}
 	got, err := h.Read(ctx, topic, 1)
 	if err != nil || got[0].ID != small.ID {

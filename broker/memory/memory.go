@@ -24,6 +24,7 @@ type Broker struct {
 	dups     int
 	down     bool
 	maxBytes int
+	refuse   map[string]bool // key -> permanent
 }
 
 // New returns an empty broker. maxMessageBytes <= 0 means MaxMessageBytesDefault.
@@ -31,7 +32,7 @@ func New(maxMessageBytes int) *Broker {
 	if maxMessageBytes <= 0 {
 		maxMessageBytes = MaxMessageBytesDefault
 	}
-	return &Broker{changed: make(chan struct{}), seen: map[string]bool{}, maxBytes: maxMessageBytes}
+	return &Broker{changed: make(chan struct{}), seen: map[string]bool{}, maxBytes: maxMessageBytes, refuse: map[string]bool{}}
 }
 
 var _ broker.Publisher = (*Broker)(nil)
@@ -41,14 +42,25 @@ func (b *Broker) Publish(ctx context.Context, msgs []broker.Message) []broker.Re
 	res := make([]broker.Result, len(msgs))
 	b.mu.Lock()
 	defer b.mu.Unlock()
+	var hold broker.KeyHold
 	for i, m := range msgs {
+		permanent, refused := b.refuse[m.Key]
 		switch {
 		case ctx.Err() != nil:
 			res[i].Err = ctx.Err()
 		case b.down:
 			res[i].Err = broker.Unavailable(fmt.Errorf("memory broker is down"))
+		case hold.Held(m.Key) != nil:
+			res[i].Err = hold.Held(m.Key)
 		case len(m.Payload) > b.maxBytes:
 			res[i].Err = broker.Permanent(fmt.Errorf("payload of %d bytes exceeds the limit of %d", len(m.Payload), b.maxBytes))
+			hold.Refuse(m.Key, res[i].Err)
+		case refused:
+			res[i].Err = fmt.Errorf("memory broker refuses key %q", m.Key)
+			if permanent {
+				res[i].Err = broker.Permanent(res[i].Err)
+			}
+			hold.Refuse(m.Key, res[i].Err)
 		case b.seen[m.ID]:
 			b.dups++ // acknowledged, not stored: what a broker with dedup does
 		default:
@@ -78,6 +90,21 @@ func (b *Broker) Close() error { return nil }
 func (b *Broker) SetDown(down bool) {
 	b.mu.Lock()
 	b.down = down
+	b.mu.Unlock()
+}
+
+// Refuse makes the broker refuse every message of key, permanently (as invalid) or
+// not (as a failure worth retrying); RefuseNone lifts it.
+func (b *Broker) Refuse(key string, permanent bool) {
+	b.mu.Lock()
+	b.refuse[key] = permanent
+	b.mu.Unlock()
+}
+
+// RefuseNone stops refusing key.
+func (b *Broker) RefuseNone(key string) {
+	b.mu.Lock()
+	delete(b.refuse, key)
 	b.mu.Unlock()
 }
 

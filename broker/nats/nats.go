@@ -83,7 +83,7 @@ type Publisher struct {
 	opts []jetstream.PublishOpt
 
 	mu      sync.Mutex
-	covered map[string]bool // subjects known to be covered by a stream
+	covered map[string]int // subject -> its stream's max message size (-1: none), once checked
 }
 
 var (
@@ -103,7 +103,7 @@ func New(js jetstream.JetStream, cfg *Config) (*Publisher, error) {
 		// No client-side retry on "no responders": a retried message could land after
 		// a later message of its key. The relay retries the batch in order instead.
 		opts:    []jetstream.PublishOpt{jetstream.WithRetryAttempts(0)},
-		covered: map[string]bool{},
+		covered: map[string]int{},
 	}, nil
 }
 
@@ -158,7 +158,9 @@ func (p *Publisher) Features() broker.Features {
 // Close implements broker.Publisher.
 func (p *Publisher) Close() error {
 	if p.own {
-		p.js.CleanupPublisher()
+		// Not js.CleanupPublisher: called right after a first publish it can leave
+		// nats.go's reconnect watcher blocked on a nil channel (a goroutine leak).
+		// Closing the connection ends the watcher and every pending ack.
 		p.nc.Close()
 	}
 	return nil
@@ -195,6 +197,7 @@ func (p *Publisher) Publish(ctx context.Context, msgs []broker.Message) []broker
 	futures := make([]jetstream.PubAckFuture, len(msgs))
 	maxPayload := int(p.nc.MaxPayload())
 	var stop error
+	var hold broker.KeyHold
 	for i, m := range msgs {
 		if stop == nil {
 			stop = ctx.Err()
@@ -203,7 +206,12 @@ func (p *Publisher) Publish(ctx context.Context, msgs []broker.Message) []broker
 			res[i].Err = stop
 			continue
 		}
-		if err := p.ensureStream(ctx, m.Topic); err != nil {
+		if err := hold.Held(m.Key); err != nil {
+			res[i].Err = err
+			continue
+		}
+		streamMax, err := p.ensureStream(ctx, m.Topic)
+		if err != nil {
 			res[i].Err = err
 			stop = err
 			continue
@@ -217,14 +225,24 @@ func (p *Publisher) Publish(ctx context.Context, msgs []broker.Message) []broker
 		hdr[jetstream.MsgIDHeader] = []string{m.ID}
 		hdr[HeaderKey] = []string{m.Key}
 		nm := &nats.Msg{Subject: m.Topic, Data: m.Payload, Header: hdr}
+		// Refuse what the server would refuse, before sending: the key's later
+		// messages can then be held back instead of overtaking this one.
 		if size > maxPayload {
 			res[i].Err = broker.Permanent(fmt.Errorf("message of %d bytes exceeds the NATS max_payload of %d", size, maxPayload))
+			hold.Refuse(m.Key, res[i].Err)
+			continue
+		}
+		if streamMax > 0 && len(m.Payload) > streamMax {
+			res[i].Err = broker.Permanent(fmt.Errorf("payload of %d bytes exceeds the stream's max_msg_size of %d", len(m.Payload), streamMax))
+			hold.Refuse(m.Key, res[i].Err)
 			continue
 		}
 		f, err := p.js.PublishMsgAsync(nm, p.opts...)
 		if err != nil {
 			res[i].Err = classify(err)
-			if !broker.IsPermanent(res[i].Err) {
+			if broker.IsPermanent(res[i].Err) {
+				hold.Refuse(m.Key, res[i].Err)
+			} else {
 				stop = res[i].Err
 			}
 			continue
@@ -246,15 +264,16 @@ func (p *Publisher) Publish(ctx context.Context, msgs []broker.Message) []broker
 	return res
 }
 
-// ensureStream checks once per subject that a stream covers it.
-func (p *Publisher) ensureStream(ctx context.Context, subject string) error {
+// ensureStream checks once per subject that a stream covers it, and returns that
+// stream's max message size (-1 for none).
+func (p *Publisher) ensureStream(ctx context.Context, subject string) (int, error) {
 	p.mu.Lock()
-	ok := p.covered[subject]
+	max, ok := p.covered[subject]
 	p.mu.Unlock()
 	if ok {
-		return nil
+		return max, nil
 	}
-	_, err := p.js.StreamNameBySubject(ctx, subject)
+	name, err := p.js.StreamNameBySubject(ctx, subject)
 	if errors.Is(err, jetstream.ErrStreamNotFound) && p.cfg.CreateStream {
 		_, err = p.js.CreateOrUpdateStream(ctx, jetstream.StreamConfig{
 			Name:     p.cfg.StreamName,
@@ -262,20 +281,25 @@ func (p *Publisher) ensureStream(ctx context.Context, subject string) error {
 			Storage:  jetstream.FileStorage,
 		})
 		if err == nil {
-			_, err = p.js.StreamNameBySubject(ctx, subject)
+			name, err = p.js.StreamNameBySubject(ctx, subject)
 		}
 	}
 	switch {
 	case errors.Is(err, jetstream.ErrStreamNotFound):
 		// Not the message's fault: it must wait for an operator, not go dead-letter.
-		return broker.Unavailable(fmt.Errorf("subject %q: %w", subject, ErrNoStream))
+		return 0, broker.Unavailable(fmt.Errorf("subject %q: %w", subject, ErrNoStream))
 	case err != nil:
-		return classify(err)
+		return 0, classify(err)
 	}
+	st, err := p.js.Stream(ctx, name)
+	if err != nil {
+		return 0, classify(err)
+	}
+	max = int(st.CachedInfo().Config.MaxMsgSize)
 	p.mu.Lock()
-	p.covered[subject] = true
+	p.covered[subject] = max
 	p.mu.Unlock()
-	return nil
+	return max, nil
 }
 
 // classify maps NATS errors to the broker package's classes.

@@ -116,3 +116,36 @@ func TestEscapeToken(t *testing.T) {
 		}
 	}
 }
+
+// TestStreamMaxMsgSize: a payload over the stream's max_msg_size is refused
+// permanently before it is sent, and the key's later message is held back.
+func TestStreamMaxMsgSize(t *testing.T) {
+	url := testenv.NATSURL(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	prefix := testenv.UniqueName("maxsize")
+	nc, err := natsgo.Connect(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	js, _ := jetstream.New(nc)
+	if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: prefix, Subjects: []string{prefix + ".>"}, MaxMsgSize: 100}); err != nil {
+		t.Fatal(err)
+	}
+	defer js.DeleteStream(context.Background(), prefix)
+	pub, err := nats.Dial(ctx, url, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pub.Close()
+	topic := prefix + ".order"
+	res := pub.Publish(ctx, []broker.Message{
+		{ID: "a1", Topic: topic, Key: "a", Payload: []byte(strings.Repeat("x", 101))},
+		{ID: "b1", Topic: topic, Key: "b", Payload: []byte("{}")},
+		{ID: "a2", Topic: topic, Key: "a", Payload: []byte("{}")},
+	})
+	if !broker.IsPermanent(res[0].Err) || res[1].Err != nil || !broker.IsHeldBack(res[2].Err) {
+		t.Fatalf("results = %v, %v, %v; want permanent, ok, held back", res[0].Err, res[1].Err, res[2].Err)
+	}
+}

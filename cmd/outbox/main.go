@@ -38,7 +38,8 @@ func commands() []command {
 	return []command{
 		{"migrate", "create or upgrade the outbox schema (--print shows the SQL)", runMigrate},
 		{"relay", "publish committed events to a broker", runRelay},
-		{"status", "show the backlog and the age of the oldest unpublished event", runStatus},
+		{"status", "show the backlog, the age of the oldest unpublished event and the dead letters", runStatus},
+		{"dlq", "list, show, replay or purge dead letters", runDLQ},
 		{"demo", "run the whole pattern on SQLite and an in-process NATS server", runDemo},
 	}
 }
@@ -96,20 +97,24 @@ func newFlags(name string, stderr io.Writer) *flag.FlagSet {
 	return fs
 }
 
-// parse applies OUTBOX_* environment variables, then the command line.
-func parse(fs *flag.FlagSet, args []string) error {
+// applyEnv sets every flag not given on the command line from its OUTBOX_* variable.
+func applyEnv(fs *flag.FlagSet) error {
+	set := map[string]bool{}
+	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
 	var envErr error
 	fs.VisitAll(func(f *flag.Flag) {
 		key := "OUTBOX_" + strings.ToUpper(strings.ReplaceAll(f.Name, "-", "_"))
-		if v, ok := os.LookupEnv(key); ok && envErr == nil {
+		if v, ok := os.LookupEnv(key); ok && envErr == nil && !set[f.Name] {
 			if err := f.Value.Set(v); err != nil {
 				envErr = usageErr("%s=%q: %v", key, v, err)
 			}
 		}
 	})
-	if envErr != nil {
-		return envErr
-	}
+	return envErr
+}
+
+// parse reads the command line, then OUTBOX_* variables for the flags it did not set.
+func parse(fs *flag.FlagSet, args []string) error {
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return err
@@ -119,7 +124,7 @@ func parse(fs *flag.FlagSet, args []string) error {
 	if fs.NArg() > 0 {
 		return usageErr("unexpected arguments: %s", strings.Join(fs.Args(), " "))
 	}
-	return nil
+	return applyEnv(fs)
 }
 
 // sortedKeys is for stable output.

@@ -117,7 +117,7 @@ func TestEnvironmentVariables(t *testing.T) {
 	url := testenv.DatabaseURL(t)
 	schema := testenv.Schema(t, url)
 	stdout, stderr, code := runCLI(t, []string{"OUTBOX_DB=" + url, "OUTBOX_TABLE=" + schema + ".events"}, "migrate")
-	if code != 0 || !strings.Contains(stdout, "applied migrations [1]") {
+	if code != 0 || !strings.Contains(stdout, "applied migrations [1 2]") {
 		t.Fatalf("migrate via env: code %d, %s %s", code, stdout, stderr)
 	}
 	stdout, _, code = runCLI(t, []string{"OUTBOX_DB=" + url, "OUTBOX_TABLE=" + schema + ".events"}, "migrate")
@@ -446,5 +446,57 @@ func TestDemo(t *testing.T) {
 	// NATS server died with the demo).
 	if strings.Contains(string(out), "panic") {
 		t.Fatalf("panic in demo output:\n%s", out)
+	}
+}
+
+func TestDLQCommands(t *testing.T) {
+	url := testenv.DatabaseURL(t)
+	pool := testenv.Pool(t, url)
+	table := migrateSchema(t, url, testenv.Schema(t, url), "outbox")
+	ids := writeEvents(t, pool, table, 2, 4) // agg-0: 0, 2; agg-1: 1, 3
+	store, _ := outboxpgx.New(pool, &table).Store()
+	ctx := context.Background()
+	c, err := store.Claim(ctx, &outboxdriver.ClaimParams{Limit: 10})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// agg-0's first event dies and holds its aggregate; the rest stay unpublished.
+	first := ids["agg-0"][0]
+	if err := c.Complete(ctx, &outboxdriver.CompleteParams{Failed: []outboxdriver.Failure{
+		{ID: first, Error: "message too large", CountAttempt: true, Dead: true, HoldKey: true}}}); err != nil {
+		t.Fatal(err)
+	}
+	tbl := table.Schema + "." + table.Name
+	out, stderr, code := runCLI(t, nil, "dlq", "list", "--db", url, "--table", tbl)
+	if code != 0 || !strings.Contains(out, first) || !strings.Contains(out, "message too large") {
+		t.Fatalf("dlq list: %d %s %s", code, out, stderr)
+	}
+	out, _, code = runCLI(t, nil, "dlq", "list", "--db", url, "--table", tbl, "--aggregate-id", "agg-1", "--json")
+	if code != 0 || strings.TrimSpace(out) != "[]" {
+		t.Fatalf("dlq list filtered: %d %q", code, out)
+	}
+	out, _, code = runCLI(t, nil, "dlq", "show", first, "--db", url, "--table", tbl)
+	if code != 0 || !strings.Contains(out, `"holds_key": true`) || !strings.Contains(out, `"payload": {`) {
+		t.Fatalf("dlq show: %d %s", code, out)
+	}
+	out, _, code = runCLI(t, nil, "status", "--db", url, "--table", tbl)
+	if code != 0 || !strings.Contains(out, "dead letters:          1 (holding 1 aggregates") {
+		t.Fatalf("status: %d %s", code, out)
+	}
+	_, stderr, code = runCLI(t, nil, "dlq", "purge", "--db", url, "--table", tbl)
+	if code != 2 || !strings.Contains(stderr, "--all") {
+		t.Fatalf("purge without a filter: %d %s", code, stderr)
+	}
+	out, _, code = runCLI(t, nil, "dlq", "replay", first, "--db", url, "--table", tbl)
+	if code != 0 || !strings.Contains(out, "replayed 1") {
+		t.Fatalf("dlq replay: %d %s", code, out)
+	}
+	c, err = store.Claim(ctx, &outboxdriver.ClaimParams{Limit: 10})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Release(ctx)
+	if got := c.Rows(); len(got) != 4 || got[0].ID != first {
+		t.Fatalf("after replay the first claimed row is %v, want the replayed event first of 4", got)
 	}
 }

@@ -29,6 +29,10 @@ func runRelay(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	batch := fs.Int("batch-size", relay.BatchSizeDefault, "most events claimed and published at once")
 	poll := fs.Duration("poll-interval", relay.PollIntervalDefault, "how often to look for events when no notification arrives")
 	del := fs.Bool("delete", false, "delete rows once published instead of marking them")
+	maxAttempts := fs.Int("max-attempts", relay.MaxAttemptsDefault, "refusals before an event moves to the dead letters (a permanent refusal moves it at once)")
+	retryMin := fs.Duration("retry-min", relay.RetryMinDefault, "first wait before retrying a refused event (doubling, with jitter)")
+	retryMax := fs.Duration("retry-max", relay.RetryMaxDefault, "longest wait between attempts of a refused event")
+	flowPast := fs.Bool("flow-past-dead-letters", false, "let later events of a dead letter's aggregate go on (default: they wait for a replay or purge)")
 	topic := fs.String("topic-template", broker.TopicTemplateDefault, "topic (NATS subject) template")
 	createStream := fs.Bool("nats-create-stream", false, "create the JetStream stream OUTBOX over outbox.event.> when no stream covers a subject")
 	leaseTTL := fs.Duration("lease-ttl", outboxsqlite.LeaseTTLDefault, "SQLite only: how long leadership lasts unrenewed; a standby takes over this long after the active relay dies")
@@ -55,15 +59,22 @@ func runRelay(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		return err
 	}
 	cfg := &relay.Config{
-		BatchSize:     *batch,
-		PollInterval:  *poll,
-		Delete:        *del,
-		TopicTemplate: *topic,
-		Logger:        logger,
-		Failpoint:     failpointFromEnv(),
+		BatchSize:           *batch,
+		PollInterval:        *poll,
+		Delete:              *del,
+		MaxAttempts:         *maxAttempts,
+		RetryMin:            *retryMin,
+		RetryMax:            *retryMax,
+		FlowPastDeadLetters: *flowPast,
+		TopicTemplate:       *topic,
+		Logger:              logger,
+		Failpoint:           failpointFromEnv(),
 	}
 	if _, err := relay.New(nopStore{}, nopPublisher{}, cfg); err != nil {
 		return usageErr("%v", err) // bad flags, before connecting anywhere
+	}
+	if err := checkBrokerURL(*brokerURL); err != nil {
+		return err
 	}
 	db, err := openDB(ctx, *dsn, table, dbOptions{leaseTTL: *leaseTTL})
 	if err != nil {
@@ -107,21 +118,29 @@ func newLogger(w io.Writer, level, format string) (*slog.Logger, error) {
 	return nil, usageErr("--log-format %q: want text or json", format)
 }
 
-// openBroker connects the publisher for a --broker URL.
-func openBroker(ctx context.Context, rawURL string, natsCfg *nats.Config) (broker.Publisher, error) {
+// checkBrokerURL refuses a --broker the relay cannot use, before anything connects.
+func checkBrokerURL(rawURL string) error {
 	if rawURL == "" {
-		return nil, usageErr("--broker is required (nats://host:4222)")
+		return usageErr("--broker is required (nats://host:4222)")
 	}
 	scheme, _, _ := strings.Cut(rawURL, ":")
 	switch scheme {
 	case "nats", "tls":
-		cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-		defer cancel()
-		return nats.Dial(cctx, rawURL, natsCfg)
+		return nil
 	case "kafka", "amqp", "amqps", "redis", "rediss", "mqtt", "mqtts", "http", "https", "stdout":
-		return nil, usageErr("--broker %s: this publisher is not built yet (NATS is)", scheme)
+		return usageErr("--broker %s: this publisher is not built yet (NATS is)", scheme)
 	}
-	return nil, usageErr("--broker %q: unknown scheme (want nats://)", redact(rawURL))
+	return usageErr("--broker %q: unknown scheme (want nats://)", redact(rawURL))
+}
+
+// openBroker connects the publisher for a --broker URL.
+func openBroker(ctx context.Context, rawURL string, natsCfg *nats.Config) (broker.Publisher, error) {
+	if err := checkBrokerURL(rawURL); err != nil {
+		return nil, err
+	}
+	cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	return nats.Dial(cctx, rawURL, natsCfg)
 }
 
 // failpointFromEnv reads OUTBOX_FAILPOINT, for crash tests and the demo only. With

@@ -47,5 +47,6 @@ func runStatus(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	fmt.Fprintf(stdout, "oldest unpublished:    %s\n", st.OldestAge.Round(time.Millisecond))
 	fmt.Fprintf(stdout, "failing (attempts>0):  %d\n", st.Failing)
 	fmt.Fprintf(stdout, "published, kept:       %d\n", st.Published)
+	fmt.Fprintf(stdout, "dead letters:          %d (holding %d aggregates; see `outbox dlq list`)\n", st.Dead, st.HeldKeys)
 	return nil
 }

@@ -75,6 +75,7 @@ type Driver struct {
 	err   error
 	q     string // quoted table
 	qLead string // quoted leader table
+	qDead string // quoted dead-letter table
 
 	// In-process wake-ups: SQLite has no LISTEN/NOTIFY, but a writer and a relay
 	// sharing this driver still wake each other.
@@ -108,6 +109,7 @@ func New(db *sql.DB, opts *Options) *Driver {
 	}
 	d.q = quote(t.Name)
 	d.qLead = quote(t.Name + "_leader")
+	d.qDead = quote(t.Name + "_dead")
 	return d
 }
 
@@ -197,13 +199,17 @@ func (e executor) InsertEvents(ctx context.Context, p *outboxdriver.InsertParams
 	for start := 0; start < len(p.Events); start += insertChunk {
 		evs := p.Events[start:min(start+insertChunk, len(p.Events))]
 		var b strings.Builder
-		b.WriteString("INSERT INTO " + e.d.q + " (id, aggregatetype, aggregateid, type, payload, headers) VALUES ")
-		args := make([]any, 0, len(evs)*6)
+		b.WriteString("INSERT INTO " + e.d.q + " (id, aggregatetype, aggregateid, type, payload, headers, available_at) VALUES ")
+		args := make([]any, 0, len(evs)*7)
 		for i, ev := range evs {
 			if i > 0 {
 				b.WriteByte(',')
 			}
-			b.WriteString("(?,?,?,?,?,?)")
+			b.WriteString("(?,?,?,?,?,?,?)")
+			var avail int64
+			if !ev.AvailableAt.IsZero() {
+				avail = ev.AvailableAt.UnixMilli()
+			}
 			var headers any
 			if ev.Headers != nil {
 				headers = string(ev.Headers)
@@ -212,7 +218,7 @@ func (e executor) InsertEvents(ctx context.Context, p *outboxdriver.InsertParams
 			if payload == nil {
 				payload = []byte{}
 			}
-			args = append(args, ev.ID, ev.AggregateType, ev.AggregateID, ev.Type, payload, headers)
+			args = append(args, ev.ID, ev.AggregateType, ev.AggregateID, ev.Type, payload, headers, avail)
 		}
 		if _, err := e.q.ExecContext(ctx, b.String(), args...); err != nil {
 			return interpretError(err)
@@ -246,9 +252,14 @@ func (d *Driver) Claim(ctx context.Context, p *outboxdriver.ClaimParams) (outbox
 		where.WriteString(" AND seq NOT BETWEEN ? AND ?")
 		args = append(args, r[0], r[1])
 	}
-	args = append(args, p.Limit)
+	args = append([]any{nowMillis()}, append(args, p.Limit)...)
+	// Due rows, not behind a failing row of their aggregate, not held by a dead letter.
 	rows, err := d.db.QueryContext(ctx, `SELECT seq, id, aggregatetype, aggregateid, type, payload, payload IS NULL, headers, tracingspancontext, created_at, attempts
-FROM `+d.q+` WHERE published_at IS NULL`+where.String()+` ORDER BY seq LIMIT ?`, args...)
+FROM `+d.q+` AS o WHERE published_at IS NULL AND available_at <= ?
+  AND NOT EXISTS (SELECT 1 FROM `+d.q+` AS f WHERE f.published_at IS NULL AND f.attempts > 0
+                  AND f.aggregatetype = o.aggregatetype AND f.aggregateid = o.aggregateid AND f.seq < o.seq)
+  AND NOT EXISTS (SELECT 1 FROM `+d.qDead+` AS d WHERE d.holds_key
+                  AND d.aggregatetype = o.aggregatetype AND d.aggregateid = o.aggregateid)`+where.String()+` ORDER BY seq LIMIT ?`, args...)
 	if err != nil {
 		return nil, interpretError(err)
 	}
@@ -330,7 +341,24 @@ func (c *claim) Complete(ctx context.Context, p *outboxdriver.CompleteParams) er
 		if f.CountAttempt {
 			n = 1
 		}
-		if _, err := tx.ExecContext(ctx, `UPDATE `+c.d.q+` SET attempts = attempts + ?, last_error = ? WHERE id = ?`, n, f.Error, f.ID); err != nil {
+		if f.Dead {
+			if _, err := tx.ExecContext(ctx, `INSERT INTO `+c.d.qDead+` (id, aggregatetype, aggregateid, type, payload, headers,
+  tracingspancontext, seq, created_at, attempts, error, dead_at, holds_key)
+SELECT id, aggregatetype, aggregateid, type, payload, headers, tracingspancontext, seq, created_at, attempts + ?, ?, ?, ?
+FROM `+c.d.q+` WHERE id = ?`, n, f.Error, nowMillis(), f.HoldKey, f.ID); err != nil {
+				return interpretError(err)
+			}
+			if _, err := tx.ExecContext(ctx, `DELETE FROM `+c.d.q+` WHERE id = ?`, f.ID); err != nil {
+				return interpretError(err)
+			}
+			continue
+		}
+		var retry any
+		if !f.RetryAt.IsZero() {
+			retry = f.RetryAt.UnixMilli()
+		}
+		if _, err := tx.ExecContext(ctx, `UPDATE `+c.d.q+` SET attempts = attempts + ?, last_error = ?,
+  available_at = coalesce(?, available_at) WHERE id = ?`, n, f.Error, retry, f.ID); err != nil {
 			return interpretError(err)
 		}
 	}
@@ -432,8 +460,10 @@ func (d *Driver) Status(ctx context.Context) (*outboxdriver.Status, error) {
   count(*) FILTER (WHERE published_at IS NULL),
   min(created_at) FILTER (WHERE published_at IS NULL),
   count(*) FILTER (WHERE published_at IS NOT NULL),
-  count(*) FILTER (WHERE published_at IS NULL AND attempts > 0)
-FROM `+d.q).Scan(&st.Unpublished, &oldest, &st.Published, &st.Failing)
+  count(*) FILTER (WHERE published_at IS NULL AND attempts > 0),
+  (SELECT count(*) FROM `+d.qDead+`),
+  (SELECT count(*) FROM (SELECT DISTINCT aggregatetype, aggregateid FROM `+d.qDead+` WHERE holds_key))
+FROM `+d.q).Scan(&st.Unpublished, &oldest, &st.Published, &st.Failing, &st.Dead, &st.HeldKeys)
 	if err != nil {
 		return nil, interpretError(err)
 	}
@@ -450,6 +480,9 @@ func (m migrator) migrations() ([]migrations.Migration, error) {
 		"Table":            m.d.q,
 		"UnpublishedIndex": quote(m.d.table.Name + "_unpublished_idx"),
 		"LeaderTable":      m.d.qLead,
+		"FailingIndex":     quote(m.d.table.Name + "_failing_idx"),
+		"DeadTable":        m.d.qDead,
+		"DeadHoldIndex":    quote(m.d.table.Name + "_dead_holds_idx"),
 	})
 }
 

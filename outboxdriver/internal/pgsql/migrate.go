@@ -21,6 +21,9 @@ func (s *Statements) Migrations() ([]migrations.Migration, error) {
 		"Table":            s.qualified,
 		"PayloadType":      map[bool]string{true: "bytea", false: "jsonb"}[t.Payload == outboxdriver.PayloadBytes],
 		"UnpublishedIndex": pgx.Identifier{t.Name + "_unpublished_idx"}.Sanitize(),
+		"FailingIndex":     pgx.Identifier{t.Name + "_failing_idx"}.Sanitize(),
+		"DeadTable":        s.dead,
+		"DeadHoldIndex":    pgx.Identifier{t.Name + "_dead_holds_idx"}.Sanitize(),
 	})
 }
 

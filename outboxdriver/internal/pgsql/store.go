@@ -25,9 +25,10 @@ type Statements struct {
 	channelRaw string
 	lockKey    int64
 
-	insertPrefix                                                         string
-	insertValues                                                         []string // insertValues[n] inserts n rows with VALUES, for small n
-	insert, claim, markPublished, deletePublished, recordFailure, status string
+	insertValues []string // insertValues[n] inserts n rows with VALUES, for small n
+	dead         string   // quoted dead-letter table
+
+	insert, claim, markPublished, deletePublished, recordFailure, moveDead, status string
 }
 
 // NewStatements validates t and builds its statements.
@@ -52,32 +53,51 @@ func NewStatements(t outboxdriver.Table) (*Statements, error) {
 	// multi-row VALUES statement, prepared once per row count; it is what a hand-written
 	// INSERT costs. Larger ones unnest arrays server-side, so one statement text (and
 	// one prepared plan) serves any number of rows.
-	s.insertPrefix = `INSERT INTO ` + q + ` (id, aggregatetype, aggregateid, type, payload, headers) VALUES `
+	s.dead = pgx.Identifier{t.Schema, t.Name + "_dead"}.Sanitize()
 	s.insertValues = make([]string, maxValuesRows+1)
 	for n := 1; n <= maxValuesRows; n++ {
 		var b strings.Builder
-		b.WriteString(s.insertPrefix)
+		b.WriteString(`INSERT INTO ` + q + ` (id, aggregatetype, aggregateid, type, payload, headers, available_at) VALUES `)
 		for i := 0; i < n; i++ {
 			if i > 0 {
 				b.WriteByte(',')
 			}
-			fmt.Fprintf(&b, "($%d,$%d,$%d,$%d,$%d,$%d)", i*6+1, i*6+2, i*6+3, i*6+4, i*6+5, i*6+6)
+			p := i * insertCols
+			fmt.Fprintf(&b, "($%d,$%d,$%d,$%d,$%d,$%d,coalesce($%d::timestamptz, now()))", p+1, p+2, p+3, p+4, p+5, p+6, p+7)
 		}
 		s.insertValues[n] = b.String()
 	}
-	s.insert = `INSERT INTO ` + q + ` (id, aggregatetype, aggregateid, type, payload, headers)
-SELECT u.id::uuid, u.at, u.aid, u.t, ` + payloadExpr + `, u.h::jsonb
-FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], ` + payloadArg + `, $6::text[]) AS u(id, at, aid, t, p, h)`
-	s.claim = `SELECT seq, id::text, aggregatetype, aggregateid, type, payload, headers::text, tracingspancontext, created_at, attempts
-FROM ` + q + ` WHERE published_at IS NULL ORDER BY seq LIMIT $1 FOR UPDATE SKIP LOCKED`
+	s.insert = `INSERT INTO ` + q + ` (id, aggregatetype, aggregateid, type, payload, headers, available_at)
+SELECT u.id::uuid, u.at, u.aid, u.t, ` + payloadExpr + `, u.h::jsonb, coalesce(u.av, now())
+FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], ` + payloadArg + `, $6::text[], $7::timestamptz[]) AS u(id, at, aid, t, p, h, av)`
+	// A row is claimed when it is due, no earlier row of its aggregate is failing
+	// (waiting for a retry), and no dead letter holds its aggregate: a failing event
+	// blocks only its own aggregate, in order.
+	s.claim = `SELECT o.seq, o.id::text, o.aggregatetype, o.aggregateid, o.type, o.payload, o.headers::text, o.tracingspancontext, o.created_at, o.attempts
+FROM ` + q + ` AS o
+WHERE o.published_at IS NULL AND o.available_at <= now()
+  AND NOT EXISTS (SELECT 1 FROM ` + q + ` AS f WHERE f.published_at IS NULL AND f.attempts > 0
+                  AND f.aggregatetype = o.aggregatetype AND f.aggregateid = o.aggregateid AND f.seq < o.seq)
+  AND NOT EXISTS (SELECT 1 FROM ` + s.dead + ` AS d WHERE d.holds_key
+                  AND d.aggregatetype = o.aggregatetype AND d.aggregateid = o.aggregateid)
+ORDER BY o.seq LIMIT $1 FOR UPDATE OF o SKIP LOCKED`
 	s.markPublished = `UPDATE ` + q + ` SET published_at = now(), last_error = NULL WHERE id = ANY($1::uuid[])`
 	s.deletePublished = `DELETE FROM ` + q + ` WHERE id = ANY($1::uuid[])`
-	s.recordFailure = `UPDATE ` + q + ` AS o SET attempts = o.attempts + f.n, last_error = f.err
-FROM unnest($1::uuid[], $2::text[], $3::int[]) AS f(id, err, n) WHERE o.id = f.id`
+	s.recordFailure = `UPDATE ` + q + ` AS o SET attempts = o.attempts + f.n, last_error = f.err,
+       available_at = coalesce(f.retry, o.available_at)
+FROM unnest($1::uuid[], $2::text[], $3::int[], $4::timestamptz[]) AS f(id, err, n, retry) WHERE o.id = f.id`
+	s.moveDead = `WITH f AS (SELECT * FROM unnest($1::uuid[], $2::text[], $3::int[], $4::bool[]) AS f(id, err, n, hold)),
+moved AS (DELETE FROM ` + q + ` AS o USING f WHERE o.id = f.id
+          RETURNING o.id, o.aggregatetype, o.aggregateid, o.type, o.payload, o.headers, o.tracingspancontext,
+                    o.seq, o.created_at, o.attempts + f.n AS attempts, f.err, f.hold)
+INSERT INTO ` + s.dead + ` (id, aggregatetype, aggregateid, type, payload, headers, tracingspancontext, seq, created_at, attempts, error, holds_key)
+SELECT * FROM moved`
 	s.status = `SELECT count(*) FILTER (WHERE published_at IS NULL),
        coalesce(extract(epoch FROM now() - min(created_at) FILTER (WHERE published_at IS NULL)), 0)::float8,
        count(*) FILTER (WHERE published_at IS NOT NULL),
-       count(*) FILTER (WHERE published_at IS NULL AND attempts > 0)
+       count(*) FILTER (WHERE published_at IS NULL AND attempts > 0),
+       (SELECT count(*) FROM ` + s.dead + `),
+       (SELECT count(DISTINCT (aggregatetype, aggregateid)) FROM ` + s.dead + ` WHERE holds_key)
 FROM ` + q
 	return s, nil
 }
@@ -109,6 +129,17 @@ func InterpretError(err error) error {
 // maxValuesRows is the most rows inserted with a VALUES statement.
 const maxValuesRows = 32
 
+// insertCols is the number of parameters per row of the VALUES insert.
+const insertCols = 7
+
+// availableAt is the parameter for an event's available_at: NULL means now().
+func availableAt(t time.Time) *time.Time {
+	if t.IsZero() {
+		return nil
+	}
+	return &t
+}
+
 // Executor runs writer statements on q.
 type Executor struct {
 	S *Statements
@@ -122,7 +153,7 @@ func (e Executor) InsertEvents(ctx context.Context, p *outboxdriver.InsertParams
 		return nil
 	}
 	if n <= maxValuesRows {
-		args := make([]any, 0, n*6)
+		args := make([]any, 0, n*insertCols)
 		bytesPayload := e.S.table.Payload == outboxdriver.PayloadBytes
 		for _, ev := range p.Events {
 			var payload any = string(ev.Payload)
@@ -133,12 +164,13 @@ func (e Executor) InsertEvents(ctx context.Context, p *outboxdriver.InsertParams
 			if ev.Headers != nil {
 				headers = string(ev.Headers)
 			}
-			args = append(args, ev.ID, ev.AggregateType, ev.AggregateID, ev.Type, payload, headers)
+			args = append(args, ev.ID, ev.AggregateType, ev.AggregateID, ev.Type, payload, headers, availableAt(ev.AvailableAt))
 		}
 		return InterpretError(e.Q.Exec(ctx, e.S.insertValues[n], args...))
 	}
 	ids, ats, aids, types := make([]string, n), make([]string, n), make([]string, n), make([]string, n)
 	headers := make([]*string, n)
+	avail := make([]*time.Time, n)
 	var payload any
 	if e.S.table.Payload == outboxdriver.PayloadBytes {
 		ps := make([][]byte, n)
@@ -159,8 +191,9 @@ func (e Executor) InsertEvents(ctx context.Context, p *outboxdriver.InsertParams
 			h := string(ev.Headers)
 			headers[i] = &h
 		}
+		avail[i] = availableAt(ev.AvailableAt)
 	}
-	return InterpretError(e.Q.Exec(ctx, e.S.insert, ids, ats, aids, types, payload, headers))
+	return InterpretError(e.Q.Exec(ctx, e.S.insert, ids, ats, aids, types, payload, headers, avail))
 }
 
 // nonNil keeps an empty payload empty rather than NULL.
@@ -266,19 +299,47 @@ func (c *claim) Complete(ctx context.Context, p *outboxdriver.CompleteParams) er
 		}
 	}
 	if len(p.Failed) > 0 {
-		ids, errs, ns := make([]string, len(p.Failed)), make([]string, len(p.Failed)), make([]int32, len(p.Failed))
-		for i, f := range p.Failed {
-			ids[i], errs[i] = f.ID, f.Error
-			if f.CountAttempt {
-				ns[i] = 1
-			}
-		}
-		if err := tx.Exec(ctx, c.s.S.recordFailure, ids, errs, ns); err != nil {
+		if err := c.recordFailures(ctx, tx, p.Failed); err != nil {
 			_ = tx.Rollback(context.WithoutCancel(ctx))
 			return InterpretError(err)
 		}
 	}
 	return InterpretError(tx.Commit(ctx))
+}
+
+// recordFailures counts attempts and schedules retries, and moves dead rows to the
+// dead letters, in the claim's transaction.
+func (c *claim) recordFailures(ctx context.Context, tx Tx, failed []outboxdriver.Failure) error {
+	var (
+		ids, errs   []string
+		ns          []int32
+		retries     []*time.Time
+		dids, derrs []string
+		dns         []int32
+		holds       []bool
+	)
+	for _, f := range failed {
+		n := int32(0)
+		if f.CountAttempt {
+			n = 1
+		}
+		if f.Dead {
+			dids, derrs, dns, holds = append(dids, f.ID), append(derrs, f.Error), append(dns, n), append(holds, f.HoldKey)
+			continue
+		}
+		ids, errs, ns, retries = append(ids, f.ID), append(errs, f.Error), append(ns, n), append(retries, availableAt(f.RetryAt))
+	}
+	if len(ids) > 0 {
+		if err := tx.Exec(ctx, c.s.S.recordFailure, ids, errs, ns, retries); err != nil {
+			return err
+		}
+	}
+	if len(dids) > 0 {
+		if err := tx.Exec(ctx, c.s.S.moveDead, dids, derrs, dns, holds); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 func (c *claim) Release(ctx context.Context) error {
@@ -354,7 +415,7 @@ func (s *Store) Listen(ctx context.Context) (outboxdriver.Listener, error) {
 func (s *Store) Status(ctx context.Context) (*outboxdriver.Status, error) {
 	st := &outboxdriver.Status{Table: s.S.table.String()}
 	var ageSec float64
-	if err := QueryRow(ctx, s.DB, s.S.status, nil, &st.Unpublished, &ageSec, &st.Published, &st.Failing); err != nil {
+	if err := QueryRow(ctx, s.DB, s.S.status, nil, &st.Unpublished, &ageSec, &st.Published, &st.Failing, &st.Dead, &st.HeldKeys); err != nil {
 		return nil, InterpretError(err)
 	}
 	st.OldestAge = time.Duration(ageSec * float64(time.Second))

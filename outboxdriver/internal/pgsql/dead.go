@@ -1,0 +1,90 @@
+package pgsql
+
+import (
+	"context"
+	"encoding/json"
+	"strconv"
+
+	"github.com/outboxd/outbox/outboxdriver"
+)
+
+// deadWhere renders a DeadFilter as a WHERE clause with its arguments.
+func deadWhere(f *outboxdriver.DeadFilter) (string, []any) {
+	if f == nil {
+		f = &outboxdriver.DeadFilter{}
+	}
+	ids := f.IDs
+	if ids == nil {
+		ids = []string{}
+	}
+	where := ` WHERE (cardinality($1::uuid[]) = 0 OR id = ANY($1::uuid[]))
+  AND ($2 = '' OR aggregatetype = $2) AND ($3 = '' OR aggregateid = $3) AND ($4 = '' OR type = $4)
+  AND dead_at <= now() - make_interval(secs => $5::float8)`
+	args := []any{ids, f.AggregateType, f.AggregateID, f.Type, f.OlderThan.Seconds()}
+	return where, args
+}
+
+func limit(f *outboxdriver.DeadFilter) string {
+	if f == nil || f.Limit <= 0 {
+		return ""
+	}
+	return " LIMIT " + strconv.Itoa(f.Limit)
+}
+
+// ListDead implements outboxdriver.Store.
+func (s *Store) ListDead(ctx context.Context, f *outboxdriver.DeadFilter) ([]outboxdriver.DeadLetter, error) {
+	where, args := deadWhere(f)
+	rows, err := s.DB.Query(ctx, `SELECT seq, id::text, aggregatetype, aggregateid, type, payload, headers::text,
+       tracingspancontext, created_at, attempts, error, dead_at, holds_key
+FROM `+s.S.dead+where+` ORDER BY dead_at, seq`+limit(f), args...)
+	if err != nil {
+		return nil, InterpretError(err)
+	}
+	defer rows.Close()
+	var out []outboxdriver.DeadLetter
+	for rows.Next() {
+		var (
+			d              outboxdriver.DeadLetter
+			payload        []byte
+			headers, trace *string
+		)
+		if err := rows.Scan(&d.Seq, &d.ID, &d.AggregateType, &d.AggregateID, &d.Type, &payload, &headers, &trace,
+			&d.CreatedAt, &d.Attempts, &d.Error, &d.DeadAt, &d.HoldsKey); err != nil {
+			return nil, InterpretError(err)
+		}
+		d.Payload, d.PayloadNull = payload, payload == nil
+		if headers != nil {
+			_ = json.Unmarshal([]byte(*headers), &d.Headers)
+		}
+		if trace != nil {
+			d.TraceContext = *trace
+		}
+		out = append(out, d)
+	}
+	return out, InterpretError(rows.Err())
+}
+
+// ReplayDead implements outboxdriver.Store: one statement moves the rows back with
+// their original seq (OVERRIDING SYSTEM VALUE), so they precede the later events of
+// their aggregate.
+func (s *Store) ReplayDead(ctx context.Context, f *outboxdriver.DeadFilter) (int, error) {
+	where, args := deadWhere(f)
+	var n int
+	err := QueryRow(ctx, s.DB, `WITH picked AS (SELECT id FROM `+s.S.dead+where+` ORDER BY seq`+limit(f)+`),
+moved AS (DELETE FROM `+s.S.dead+` AS d USING picked WHERE d.id = picked.id
+          RETURNING d.id, d.aggregatetype, d.aggregateid, d.type, d.payload, d.headers, d.tracingspancontext, d.seq, d.created_at),
+ins AS (INSERT INTO `+s.S.qualified+` (id, aggregatetype, aggregateid, type, payload, headers, tracingspancontext, seq, created_at)
+        OVERRIDING SYSTEM VALUE SELECT * FROM moved RETURNING 1)
+SELECT count(*) FROM ins`, args, &n)
+	return n, InterpretError(err)
+}
+
+// PurgeDead implements outboxdriver.Store.
+func (s *Store) PurgeDead(ctx context.Context, f *outboxdriver.DeadFilter) (int, error) {
+	where, args := deadWhere(f)
+	var n int
+	err := QueryRow(ctx, s.DB, `WITH picked AS (SELECT id FROM `+s.S.dead+where+` ORDER BY seq`+limit(f)+`),
+del AS (DELETE FROM `+s.S.dead+` AS d USING picked WHERE d.id = picked.id RETURNING 1)
+SELECT count(*) FROM del`, args, &n)
+	return n, InterpretError(err)
+}
