@@ -1,0 +1,237 @@
+// Package webhook delivers outbox events as HTTP POSTs signed per the Standard
+// Webhooks convention: headers webhook-id (the event id, the receiver's dedup key),
+// webhook-timestamp (Unix seconds) and webhook-signature ("v1," + base64 of
+// HMAC-SHA256 over "id.timestamp.body" with the shared secret). The body is the payload;
+// the wire-format headers travel as HTTP headers, the key as Outbox-Key and the topic
+// as Outbox-Topic.
+//
+// Messages of one key are posted one after another (the next only after a 2xx), keys
+// in parallel. A 2xx acknowledges; 429, 502, 503 and 504 and network errors mean the
+// endpoint is unavailable (no attempt spent); 408 and other 5xx are refusals worth
+// retrying; any other status is a permanent refusal.
+package webhook
+
+import (
+	"bytes"
+	"context"
+	"crypto/hmac"
+	"crypto/sha256"
+	"encoding/base64"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/outboxd/outbox/broker"
+)
+
+// Defaults.
+const (
+	TimeoutDefault     = 10 * time.Second
+	ConcurrencyDefault = 16
+)
+
+// Header names.
+const (
+	HeaderID        = "webhook-id"
+	HeaderTimestamp = "webhook-timestamp"
+	HeaderSignature = "webhook-signature"
+	HeaderKey       = "Outbox-Key"
+	HeaderTopic     = "Outbox-Topic"
+)
+
+// Config configures a Publisher.
+type Config struct {
+	// URL receives every event.
+	URL string
+	// Secret signs the requests: "whsec_" followed by base64, as Standard Webhooks
+	// secrets are written, or raw bytes without that prefix. Required.
+	Secret string
+	// Client sends the requests. Default: a client with Timeout.
+	Client *http.Client
+	// Timeout bounds each request when Client is nil. Default TimeoutDefault.
+	Timeout time.Duration
+	// Concurrency is how many keys are posted at once. Default ConcurrencyDefault.
+	Concurrency int
+	// MaxMessageBytes, if set, refuses larger payloads before sending them.
+	MaxMessageBytes int
+	// Now is the clock for timestamps (tests). Default time.Now.
+	Now func() time.Time
+}
+
+// Publisher posts events. Build it with New.
+type Publisher struct {
+	cfg    Config
+	secret []byte
+}
+
+// New validates cfg and returns a publisher.
+func New(cfg Config) (*Publisher, error) {
+	if cfg.URL == "" || !(strings.HasPrefix(cfg.URL, "http://") || strings.HasPrefix(cfg.URL, "https://")) {
+		return nil, fmt.Errorf("webhook: URL %q must be http:// or https://", cfg.URL)
+	}
+	secret, err := DecodeSecret(cfg.Secret)
+	if err != nil {
+		return nil, err
+	}
+	if cfg.Timeout <= 0 {
+		cfg.Timeout = TimeoutDefault
+	}
+	if cfg.Client == nil {
+		cfg.Client = &http.Client{Timeout: cfg.Timeout}
+	}
+	if cfg.Concurrency <= 0 {
+		cfg.Concurrency = ConcurrencyDefault
+	}
+	if cfg.Now == nil {
+		cfg.Now = time.Now
+	}
+	return &Publisher{cfg: cfg, secret: secret}, nil
+}
+
+// DecodeSecret reads a "whsec_<base64>" secret, or takes any other string as raw bytes.
+func DecodeSecret(s string) ([]byte, error) {
+	if s == "" {
+		return nil, errors.New("webhook: a signing secret is required")
+	}
+	if rest, ok := strings.CutPrefix(s, "whsec_"); ok {
+		b, err := base64.StdEncoding.DecodeString(rest)
+		if err != nil {
+			return nil, fmt.Errorf("webhook: secret after whsec_ is not base64: %w", err)
+		}
+		return b, nil
+	}
+	return []byte(s), nil
+}
+
+// Sign returns the webhook-signature value for a request.
+func Sign(secret []byte, id string, ts int64, body []byte) string {
+	mac := hmac.New(sha256.New, secret)
+	fmt.Fprintf(mac, "%s.%d.", id, ts)
+	mac.Write(body)
+	return "v1," + base64.StdEncoding.EncodeToString(mac.Sum(nil))
+}
+
+// Verify checks a request's signature, for receivers (and tests). It accepts any of
+// the space-separated v1 signatures and a timestamp within tolerance of now.
+func Verify(secret []byte, h http.Header, body []byte, now time.Time, tolerance time.Duration) error {
+	ts, err := strconv.ParseInt(h.Get(HeaderTimestamp), 10, 64)
+	if err != nil {
+		return errors.New("webhook: bad timestamp")
+	}
+	if d := now.Sub(time.Unix(ts, 0)); d > tolerance || d < -tolerance {
+		return errors.New("webhook: timestamp outside the tolerance")
+	}
+	want := Sign(secret, h.Get(HeaderID), ts, body)
+	for _, sig := range strings.Fields(h.Get(HeaderSignature)) {
+		if hmac.Equal([]byte(sig), []byte(want)) {
+			return nil
+		}
+	}
+	return errors.New("webhook: no valid signature")
+}
+
+var _ broker.Publisher = (*Publisher)(nil)
+
+// Publish implements broker.Publisher.
+func (p *Publisher) Publish(ctx context.Context, msgs []broker.Message) []broker.Result {
+	res := make([]broker.Result, len(msgs))
+	byKey := map[string][]int{}
+	var keys []string
+	for i, m := range msgs {
+		if _, ok := byKey[m.Key]; !ok {
+			keys = append(keys, m.Key)
+		}
+		byKey[m.Key] = append(byKey[m.Key], i)
+	}
+	sem := make(chan struct{}, p.cfg.Concurrency)
+	var wg sync.WaitGroup
+	for _, k := range keys {
+		wg.Add(1)
+		sem <- struct{}{}
+		go func(idx []int) {
+			defer wg.Done()
+			defer func() { <-sem }()
+			var failed error
+			for _, i := range idx {
+				if failed != nil {
+					if broker.IsUnavailable(failed) {
+						res[i].Err = failed
+					} else {
+						res[i].Err = fmt.Errorf("%w (%v)", broker.ErrHeldBack, failed)
+					}
+					continue
+				}
+				if res[i].Err = p.post(ctx, &msgs[i]); res[i].Err != nil {
+					failed = res[i].Err
+				}
+			}
+		}(byKey[k])
+	}
+	wg.Wait()
+	return res
+}
+
+func (p *Publisher) post(ctx context.Context, m *broker.Message) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	if p.cfg.MaxMessageBytes > 0 && len(m.Payload) > p.cfg.MaxMessageBytes {
+		return broker.Permanent(fmt.Errorf("payload of %d bytes exceeds the limit of %d", len(m.Payload), p.cfg.MaxMessageBytes))
+	}
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, p.cfg.URL, bytes.NewReader(m.Payload))
+	if err != nil {
+		return broker.Permanent(err)
+	}
+	ts := p.cfg.Now().Unix()
+	ct := "application/octet-stream"
+	if json.Valid(m.Payload) {
+		ct = "application/json"
+	}
+	m.EachHeader(func(k, v string) { req.Header.Set(k, v) })
+	req.Header.Set("Content-Type", ct)
+	req.Header.Set(HeaderID, m.ID)
+	req.Header.Set(HeaderTimestamp, strconv.FormatInt(ts, 10))
+	req.Header.Set(HeaderSignature, Sign(p.secret, m.ID, ts, m.Payload))
+	req.Header.Set(HeaderKey, m.Key)
+	req.Header.Set(HeaderTopic, m.Topic)
+	resp, err := p.cfg.Client.Do(req)
+	if err != nil {
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		return broker.Unavailable(fmt.Errorf("webhook: %w", err))
+	}
+	_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 64<<10))
+	_ = resp.Body.Close()
+	return classifyStatus(resp.StatusCode)
+}
+
+func classifyStatus(code int) error {
+	err := fmt.Errorf("webhook: endpoint answered %d %s", code, http.StatusText(code))
+	switch {
+	case code >= 200 && code < 300:
+		return nil
+	case code == http.StatusTooManyRequests, code == http.StatusBadGateway, code == http.StatusServiceUnavailable, code == http.StatusGatewayTimeout:
+		return broker.Unavailable(err)
+	case code == http.StatusRequestTimeout, code >= 500:
+		return err // worth retrying; counts an attempt
+	}
+	return broker.Permanent(err)
+}
+
+// Features implements broker.Publisher. Dedup is the receiver's job (by webhook-id).
+func (p *Publisher) Features() broker.Features {
+	return broker.Features{PerKeyOrdering: true, Headers: true, MaxMessageBytes: p.cfg.MaxMessageBytes}
+}
+
+// Close implements broker.Publisher.
+func (p *Publisher) Close() error {
+	p.cfg.Client.CloseIdleConnections()
+	return nil
+}

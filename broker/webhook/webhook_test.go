@@ -1,0 +1,194 @@
+package webhook_test
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"sync"
+	"testing"
+	"time"
+
+	"go.uber.org/goleak"
+
+	"github.com/outboxd/outbox/broker"
+	"github.com/outboxd/outbox/broker/brokertest"
+	"github.com/outboxd/outbox/broker/webhook"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+const secret = "whsec_c2VjcmV0LWZvci10ZXN0cw==" // "secret-for-tests"
+
+// receiver is a real HTTP endpoint on loopback that checks signatures and keeps what
+// it accepted. It can be stopped and started again on the same address.
+type receiver struct {
+	t    *testing.T
+	addr string
+	srv  *http.Server
+	done chan struct{}
+
+	mu     sync.Mutex
+	got    []broker.Message
+	status int // forced status, 0 for normal behaviour
+}
+
+func newReceiver(t *testing.T) *receiver {
+	r := &receiver{t: t, addr: "127.0.0.1:0"}
+	r.start()
+	t.Cleanup(r.stop)
+	return r
+}
+
+func (r *receiver) start() {
+	ln, err := net.Listen("tcp", r.addr)
+	if err != nil {
+		r.t.Fatal(err)
+	}
+	r.addr = ln.Addr().String()
+	r.srv = &http.Server{Handler: http.HandlerFunc(r.serve)}
+	r.done = make(chan struct{})
+	go func() { defer close(r.done); _ = r.srv.Serve(ln) }()
+}
+
+func (r *receiver) stop() {
+	_ = r.srv.Close()
+	<-r.done
+}
+
+func (r *receiver) url() string { return "http://" + r.addr + "/hook" }
+
+func (r *receiver) serve(w http.ResponseWriter, req *http.Request) {
+	body, _ := io.ReadAll(req.Body)
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.status != 0 {
+		w.WriteHeader(r.status)
+		return
+	}
+	key, _ := webhook.DecodeSecret(secret)
+	if err := webhook.Verify(key, req.Header, body, time.Now(), 5*time.Minute); err != nil {
+		http.Error(w, err.Error(), http.StatusUnauthorized)
+		return
+	}
+	if len(body) > 4096 {
+		w.WriteHeader(http.StatusRequestEntityTooLarge)
+		return
+	}
+	h := map[string]string{}
+	for k := range req.Header {
+		h[k] = req.Header.Get(k)
+	}
+	// HTTP canonicalises header names; give the wire-format names back.
+	for _, n := range []string{"id", "eventType", "aggregateType", "aggregateId", "correlationId"} {
+		if v := req.Header.Get(n); v != "" {
+			h[n] = v
+		}
+	}
+	r.got = append(r.got, broker.Message{ID: req.Header.Get(webhook.HeaderID), Topic: req.Header.Get(webhook.HeaderTopic),
+		Key: req.Header.Get(webhook.HeaderKey), Payload: body, Headers: h})
+	w.WriteHeader(http.StatusNoContent)
+}
+
+func (r *receiver) read(ctx context.Context, topic string, n int) ([]broker.Message, error) {
+	for {
+		r.mu.Lock()
+		var got []broker.Message
+		for _, m := range r.got {
+			if m.Topic == topic {
+				got = append(got, m)
+			}
+		}
+		r.mu.Unlock()
+		if len(got) >= n {
+			return got[:n], nil
+		}
+		select {
+		case <-ctx.Done():
+			return got, fmt.Errorf("have %d of %d: %w", len(got), n, ctx.Err())
+		case <-time.After(5 * time.Millisecond):
+		}
+	}
+}
+
+func TestConformance(t *testing.T) {
+	brokertest.Run(t, func(t *testing.T) *brokertest.Harness {
+		r := newReceiver(t)
+		pub, err := webhook.New(webhook.Config{URL: r.url(), Secret: secret, MaxMessageBytes: 4096, Timeout: 2 * time.Second})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = pub.Close() })
+		return &brokertest.Harness{
+			Publisher: pub,
+			Topic:     func(*testing.T) string { return brokertest.UniqueName("outbox.event.t") },
+			Read:      r.read,
+			Restart: func(*testing.T) {
+				pub.Close() // drop kept-alive connections, as a server restart would
+				r.stop()
+				r.start()
+			},
+		}
+	})
+}
+
+func TestStatusClasses(t *testing.T) {
+	r := newReceiver(t)
+	pub, err := webhook.New(webhook.Config{URL: r.url(), Secret: secret})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pub.Close()
+	for _, tc := range []struct {
+		status                  int
+		unavailable, permanent bool
+	}{
+		{503, true, false}, {429, true, false}, {502, true, false},
+		{500, false, false}, {408, false, false},
+		{400, false, true}, {401, false, true}, {404, false, true}, {413, false, true},
+	} {
+		r.mu.Lock()
+		r.status = tc.status
+		r.mu.Unlock()
+		res := pub.Publish(context.Background(), []broker.Message{
+			{ID: "a", Topic: "t", Key: "k", Payload: []byte("{}")},
+			{ID: "b", Topic: "t", Key: "k", Payload: []byte("{}")},
+		})
+		err := res[0].Err
+		if err == nil || broker.IsUnavailable(err) != tc.unavailable || broker.IsPermanent(err) != tc.permanent {
+			t.Errorf("status %d: err = %v; want unavailable=%v permanent=%v", tc.status, err, tc.unavailable, tc.permanent)
+		}
+		if tc.unavailable != broker.IsUnavailable(res[1].Err) || (!tc.unavailable && !broker.IsHeldBack(res[1].Err)) {
+			t.Errorf("status %d: the key's next message: %v", tc.status, res[1].Err)
+		}
+	}
+	// The endpoint is gone: unavailable.
+	r.stop()
+	res := pub.Publish(context.Background(), []broker.Message{{ID: "c", Topic: "t", Key: "k", Payload: []byte("{}")}})
+	if !broker.IsUnavailable(res[0].Err) {
+		t.Errorf("closed endpoint: %v", res[0].Err)
+	}
+	r.start()
+}
+
+func TestBadConfig(t *testing.T) {
+	for _, cfg := range []webhook.Config{
+		{URL: "ftp://x", Secret: "s"},
+		{URL: "http://127.0.0.1:1/x"},
+		{URL: "http://127.0.0.1:1/x", Secret: "whsec_%%%"},
+	} {
+		if _, err := webhook.New(cfg); err == nil {
+			t.Errorf("config %+v accepted", cfg)
+		}
+	}
+}
+
+// TestSignatureVector checks Sign against the Standard Webhooks reference example.
+func TestSignatureVector(t *testing.T) {
+	key, _ := webhook.DecodeSecret("whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw")
+	got := webhook.Sign(key, "msg_p5jXN8AQM9LWM0D4loKWxJek", 1614265330, []byte(`{"test": 2432232314}`))
+	if want := "v1,g0hM9SsE+OTPJTGt/tmIKtSyZlE3uFJELVlNIOLJ1OE="; got != want {
+		t.Fatalf("signature %s, want %s", got, want)
+	}
+}
