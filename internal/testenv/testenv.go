@@ -7,6 +7,7 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"net"
 	"os"
 	"testing"
 	"time"
@@ -109,4 +110,31 @@ func UniqueName(prefix string) string {
 	b := make([]byte, 6)
 	_, _ = rand.Read(b)
 	return prefix + hex.EncodeToString(b)
+}
+
+// ServiceURL returns the URL in env (or def) after checking that addr accepts TCP
+// connections; a closed port is a missing service.
+func ServiceURL(t testing.TB, env, def, addr, name string) string {
+	t.Helper()
+	url := os.Getenv(env)
+	if url == "" {
+		url = def
+	}
+	c, err := net.DialTimeout("tcp", addr, 3*time.Second)
+	if err != nil {
+		Missing(t, "%s at %s: %v", name, addr, err)
+	}
+	_ = c.Close()
+	return url
+}
+
+// FreePort returns a TCP port on loopback that was free a moment ago.
+func FreePort(t testing.TB) int {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	return ln.Addr().(*net.TCPAddr).Port
 }

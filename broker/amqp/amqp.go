@@ -1,0 +1,236 @@
+// Package amqp publishes outbox events to RabbitMQ (AMQP 0-9-1) through a topic
+// exchange: routing key = topic, message_id = event id, persistent delivery, the
+// wire-format headers as message headers (and the key as outbox-key), publisher
+// confirms, and mandatory publishing so an event no queue would receive is a failure,
+// not a silent drop.
+//
+// The publisher reconnects by itself: a closed connection or channel is reopened on
+// the next Publish.
+package amqp
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/url"
+	"sync"
+	"time"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/outboxd/outbox/broker"
+)
+
+// Defaults.
+const (
+	ExchangeDefault = "outbox"
+	HeaderKey       = "outbox-key"
+)
+
+// ErrUnroutable means no queue is bound for the message's routing key.
+var ErrUnroutable = errors.New("unroutable: no queue is bound for the routing key")
+
+// Config configures a Publisher.
+type Config struct {
+	// URL is the amqp:// or amqps:// URL.
+	URL string
+	// Exchange is the topic exchange, declared durable unless NoDeclare. Default
+	// ExchangeDefault.
+	Exchange string
+	// NoDeclare uses an exchange someone else declared.
+	NoDeclare bool
+	// MaxMessageBytes, if positive, refuses larger payloads before sending them (set
+	// it to the server's max_message_size: a larger body closes the channel).
+	MaxMessageBytes int
+	// ConnectionName shows in the RabbitMQ management UI. Default "outbox-relay".
+	ConnectionName string
+	// DialTimeout bounds connecting. Default 10s.
+	DialTimeout time.Duration
+}
+
+// Publisher publishes to RabbitMQ. Build it with New.
+type Publisher struct {
+	cfg Config
+
+	mu      sync.Mutex
+	conn    *amqp.Connection
+	ch      *amqp.Channel
+	returns chan amqp.Return
+}
+
+// New validates cfg and connects once, so a bad URL or an unreachable server is
+// reported at once.
+func New(ctx context.Context, cfg Config) (*Publisher, error) {
+	if cfg.Exchange == "" {
+		cfg.Exchange = ExchangeDefault
+	}
+	if cfg.ConnectionName == "" {
+		cfg.ConnectionName = "outbox-relay"
+	}
+	if cfg.DialTimeout <= 0 {
+		cfg.DialTimeout = 10 * time.Second
+	}
+	if _, err := amqp.ParseURI(cfg.URL); err != nil {
+		return nil, fmt.Errorf("AMQP URL %s: %w", redact(cfg.URL), err)
+	}
+	p := &Publisher{cfg: cfg}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if err := p.ensure(); err != nil {
+		return nil, err
+	}
+	return p, nil
+}
+
+func redact(raw string) string {
+	u, err := url.Parse(raw)
+	if err != nil || u.User == nil {
+		return raw
+	}
+	if _, ok := u.User.Password(); ok {
+		u.User = url.UserPassword(u.User.Username(), "xxx")
+	}
+	return u.String()
+}
+
+// ensure opens the connection and the confirming channel if needed. p.mu is held.
+func (p *Publisher) ensure() error {
+	if p.conn == nil || p.conn.IsClosed() {
+		props := amqp.NewConnectionProperties()
+		props.SetClientConnectionName(p.cfg.ConnectionName)
+		conn, err := amqp.DialConfig(p.cfg.URL, amqp.Config{Properties: props, Dial: amqp.DefaultDial(p.cfg.DialTimeout)})
+		if err != nil {
+			return broker.Unavailable(fmt.Errorf("connect to RabbitMQ at %s: %w", redact(p.cfg.URL), err))
+		}
+		p.conn, p.ch = conn, nil
+	}
+	if p.ch == nil || p.ch.IsClosed() {
+		ch, err := p.conn.Channel()
+		if err != nil {
+			return broker.Unavailable(fmt.Errorf("RabbitMQ channel: %w", err))
+		}
+		if err := ch.Confirm(false); err != nil {
+			_ = ch.Close()
+			return broker.Unavailable(fmt.Errorf("RabbitMQ confirms: %w", err))
+		}
+		if !p.cfg.NoDeclare {
+			if err := ch.ExchangeDeclare(p.cfg.Exchange, "topic", true, false, false, false, nil); err != nil {
+				_ = ch.Close()
+				return fmt.Errorf("declare exchange %q: %w", p.cfg.Exchange, err)
+			}
+		}
+		p.returns = ch.NotifyReturn(make(chan amqp.Return, 4096))
+		p.ch = ch
+	}
+	return nil
+}
+
+var _ broker.Publisher = (*Publisher)(nil)
+
+// Publish implements broker.Publisher.
+func (p *Publisher) Publish(ctx context.Context, msgs []broker.Message) []broker.Result {
+	res := make([]broker.Result, len(msgs))
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if err := p.ensure(); err != nil {
+		return broker.FailAll(len(msgs), err)
+	}
+	var hold broker.KeyHold
+	confirms := make([]*amqp.DeferredConfirmation, len(msgs))
+	var stop error
+	for i := range msgs {
+		m := &msgs[i]
+		if stop == nil {
+			stop = ctx.Err()
+		}
+		if stop != nil {
+			res[i].Err = stop
+			continue
+		}
+		if err := hold.Held(m.Key); err != nil {
+			res[i].Err = err
+			continue
+		}
+		if p.cfg.MaxMessageBytes > 0 && len(m.Payload) > p.cfg.MaxMessageBytes {
+			res[i].Err = broker.Permanent(fmt.Errorf("payload of %d bytes exceeds the limit of %d", len(m.Payload), p.cfg.MaxMessageBytes))
+			hold.Refuse(m.Key, res[i].Err)
+			continue
+		}
+		headers := amqp.Table{HeaderKey: m.Key}
+		m.EachHeader(func(k, v string) { headers[k] = v })
+		ct := "application/octet-stream"
+		if json.Valid(m.Payload) {
+			ct = "application/json"
+		}
+		dc, err := p.ch.PublishWithDeferredConfirmWithContext(ctx, p.cfg.Exchange, m.Topic, true, false, amqp.Publishing{
+			MessageId:    m.ID,
+			DeliveryMode: amqp.Persistent,
+			ContentType:  ct,
+			Type:         m.EventType,
+			Timestamp:    time.Now(),
+			Headers:      headers,
+			Body:         m.Payload,
+		})
+		if err != nil {
+			res[i].Err = classify(ctx, err)
+			stop = res[i].Err
+			continue
+		}
+		confirms[i] = dc
+	}
+	for i, dc := range confirms {
+		if dc == nil {
+			continue
+		}
+		ack, err := dc.WaitContext(ctx)
+		switch {
+		case err != nil:
+			res[i].Err = classify(ctx, err)
+		case !ack:
+			res[i].Err = broker.Unavailable(errors.New("RabbitMQ nacked the message (queue full or internal error)"))
+		}
+	}
+	// A mandatory message no queue took comes back before its ack.
+	for {
+		select {
+		case r := <-p.returns:
+			for i := range msgs {
+				if msgs[i].ID == r.MessageId && res[i].Err == nil {
+					res[i].Err = broker.Unavailable(fmt.Errorf("%w %q (%s)", ErrUnroutable, r.RoutingKey, r.ReplyText))
+				}
+			}
+			continue
+		default:
+		}
+		break
+	}
+	return res
+}
+
+func classify(ctx context.Context, err error) error {
+	if ctx.Err() != nil {
+		return ctx.Err()
+	}
+	var ae *amqp.Error
+	if errors.As(err, &ae) && ae.Code == amqp.PreconditionFailed {
+		return broker.Permanent(err) // e.g. a body over max_message_size
+	}
+	return broker.Unavailable(err)
+}
+
+// Features implements broker.Publisher. RabbitMQ has no dedup: consumers dedup by
+// message_id (the inbox does).
+func (p *Publisher) Features() broker.Features {
+	return broker.Features{PerKeyOrdering: true, Headers: true, MaxMessageBytes: p.cfg.MaxMessageBytes}
+}
+
+// Close implements broker.Publisher.
+func (p *Publisher) Close() error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.conn != nil && !p.conn.IsClosed() {
+		return p.conn.Close()
+	}
+	return nil
+}

@@ -1,0 +1,134 @@
+package redis_test
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"os/exec"
+	"strconv"
+	"testing"
+	"time"
+
+	goredis "github.com/redis/go-redis/v9"
+	"go.uber.org/goleak"
+
+	"github.com/outboxd/outbox/broker"
+	"github.com/outboxd/outbox/broker/brokertest"
+	"github.com/outboxd/outbox/broker/redis"
+	"github.com/outboxd/outbox/internal/testenv"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+func read(ctx context.Context, c *goredis.Client, topic string, n int) ([]broker.Message, error) {
+	for {
+		entries, err := c.XRangeN(ctx, topic, "-", "+", int64(n)).Result()
+		if err == nil && len(entries) >= n {
+			out := make([]broker.Message, 0, n)
+			for _, e := range entries {
+				var h map[string]string
+				_ = json.Unmarshal([]byte(e.Values["headers"].(string)), &h)
+				out = append(out, broker.Message{ID: e.Values["id"].(string), Topic: topic, Key: e.Values["key"].(string),
+					Payload: []byte(e.Values["payload"].(string)), Headers: h})
+			}
+			return out, nil
+		}
+		select {
+		case <-ctx.Done():
+			return nil, fmt.Errorf("read %s: %v: %w", topic, err, ctx.Err())
+		case <-time.After(10 * time.Millisecond):
+		}
+	}
+}
+
+func harness(t *testing.T, url string, restart func(*testing.T)) *brokertest.Harness {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	pub, err := redis.Dial(ctx, url, &redis.Config{MaxMessageBytes: 4096, MaxLen: 100000})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = pub.Close() })
+	opts, _ := goredis.ParseURL(url)
+	c := goredis.NewClient(opts)
+	t.Cleanup(func() { _ = c.Close() })
+	var topics []string
+	t.Cleanup(func() {
+		if len(topics) > 0 {
+			c.Del(context.Background(), topics...)
+		}
+	})
+	return &brokertest.Harness{
+		Publisher: pub,
+		Topic: func(*testing.T) string {
+			topics = append(topics, testenv.UniqueName("outbox.event.t"))
+			return topics[len(topics)-1]
+		},
+		Read:    func(ctx context.Context, topic string, n int) ([]broker.Message, error) { return read(ctx, c, topic, n) },
+		Restart: restart,
+	}
+}
+
+func TestConformanceMachine(t *testing.T) {
+	url := testenv.ServiceURL(t, "TEST_REDIS_URL", "redis://127.0.0.1:6379/0", "127.0.0.1:6379", "Redis")
+	brokertest.Run(t, func(t *testing.T) *brokertest.Harness { return harness(t, url, nil) })
+}
+
+// TestConformanceRestart runs a redis-server of its own (append-only file, so data
+// survives) that it stops and starts again.
+func TestConformanceRestart(t *testing.T) {
+	bin, err := exec.LookPath("redis-server")
+	if err != nil {
+		testenv.Missing(t, "redis-server binary: %v", err)
+	}
+	port := strconv.Itoa(testenv.FreePort(t))
+	dir := t.TempDir()
+	var cmd *exec.Cmd
+	start := func(t *testing.T) {
+		cmd = exec.Command(bin, "--port", port, "--bind", "127.0.0.1", "--dir", dir, "--appendonly", "yes",
+			"--appendfsync", "always", "--save", "")
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		c := goredis.NewClient(&goredis.Options{Addr: "127.0.0.1:" + port})
+		defer c.Close()
+		for i := 0; c.Ping(context.Background()).Err() != nil; i++ {
+			if i > 200 {
+				t.Fatal("redis-server did not start")
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+	}
+	stop := func() {
+		_ = cmd.Process.Kill()
+		_ = cmd.Wait()
+	}
+	start(t)
+	t.Cleanup(stop)
+	brokertest.Run(t, func(t *testing.T) *brokertest.Harness {
+		return harness(t, "redis://127.0.0.1:"+port+"/0", func(t *testing.T) { stop(); start(t) })
+	})
+}
+
+func TestWrongType(t *testing.T) {
+	url := testenv.ServiceURL(t, "TEST_REDIS_URL", "redis://127.0.0.1:6379/0", "127.0.0.1:6379", "Redis")
+	ctx := context.Background()
+	pub, err := redis.Dial(ctx, url, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pub.Close()
+	opts, _ := goredis.ParseURL(url)
+	c := goredis.NewClient(opts)
+	defer c.Close()
+	key := testenv.UniqueName("notastream")
+	c.Set(ctx, key, "x", time.Minute)
+	defer c.Del(ctx, key)
+	res := pub.Publish(ctx, []broker.Message{{ID: "a", Topic: key, Key: "k", Payload: []byte("{}")}})
+	if !broker.IsPermanent(res[0].Err) {
+		t.Fatalf("XADD to a string key: %v, want permanent", res[0].Err)
+	}
+	if _, err := redis.Dial(ctx, "redis://127.0.0.1:1/0", nil); err == nil {
+		t.Fatal("dial to a closed port succeeded")
+	}
+}
