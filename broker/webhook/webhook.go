@@ -24,7 +24,6 @@ import (
 	"net/http"
 	"strconv"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/outboxd/outbox/broker"
@@ -140,41 +139,7 @@ var _ broker.Publisher = (*Publisher)(nil)
 
 // Publish implements broker.Publisher.
 func (p *Publisher) Publish(ctx context.Context, msgs []broker.Message) []broker.Result {
-	res := make([]broker.Result, len(msgs))
-	byKey := map[string][]int{}
-	var keys []string
-	for i, m := range msgs {
-		if _, ok := byKey[m.Key]; !ok {
-			keys = append(keys, m.Key)
-		}
-		byKey[m.Key] = append(byKey[m.Key], i)
-	}
-	sem := make(chan struct{}, p.cfg.Concurrency)
-	var wg sync.WaitGroup
-	for _, k := range keys {
-		wg.Add(1)
-		sem <- struct{}{}
-		go func(idx []int) {
-			defer wg.Done()
-			defer func() { <-sem }()
-			var failed error
-			for _, i := range idx {
-				if failed != nil {
-					if broker.IsUnavailable(failed) {
-						res[i].Err = failed
-					} else {
-						res[i].Err = fmt.Errorf("%w (%v)", broker.ErrHeldBack, failed)
-					}
-					continue
-				}
-				if res[i].Err = p.post(ctx, &msgs[i]); res[i].Err != nil {
-					failed = res[i].Err
-				}
-			}
-		}(byKey[k])
-	}
-	wg.Wait()
-	return res
+	return broker.PerKey(ctx, msgs, p.cfg.Concurrency, func(ctx context.Context, i int) error { return p.post(ctx, &msgs[i]) })
 }
 
 func (p *Publisher) post(ctx context.Context, m *broker.Message) error {

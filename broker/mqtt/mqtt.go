@@ -1,0 +1,259 @@
+// Package mqtt publishes outbox events over MQTT 5 (Eclipse Paho) at QoS 1: each
+// message waits for the broker's PUBACK. The wire-format headers travel as user
+// properties, the key as the user property outbox-key. Topics use '/' separators
+// (the relay's default template for MQTT is outbox/event/${aggregatetype}); values put
+// into a topic are escaped so they can never add levels or wildcards.
+//
+// MQTT has no dedup: consumers dedup by the id property (the inbox does). The
+// publisher reconnects by itself on the next Publish after a lost connection.
+package mqtt
+
+import (
+	"context"
+	"crypto/rand"
+	"crypto/tls"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"net"
+	"net/url"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/eclipse/paho.golang/paho"
+
+	"github.com/outboxd/outbox/broker"
+)
+
+// Defaults.
+const (
+	TopicTemplateDefault = "outbox/event/${aggregatetype}"
+	ConcurrencyDefault   = 16
+	HeaderKey            = "outbox-key"
+)
+
+// Config configures a Publisher.
+type Config struct {
+	// URL is mqtt://[user:pass@]host:1883 or mqtts://...
+	URL string
+	// ClientID identifies the session. Default "outbox-relay-" plus random hex.
+	ClientID string
+	// Concurrency is how many keys are published at once. Default ConcurrencyDefault.
+	Concurrency int
+	// MaxMessageBytes, if positive, refuses larger payloads before sending them. The
+	// broker's own maximum packet size, when it announces one, applies too.
+	MaxMessageBytes int
+	// Timeout bounds connecting and each PUBACK. Default 10s.
+	Timeout time.Duration
+	// TLS configures mqtts:// connections. Default: the system roots.
+	TLS *tls.Config
+}
+
+// Publisher publishes over MQTT. Build it with New.
+type Publisher struct {
+	cfg  Config
+	addr string
+	user *url.Userinfo
+	tls  bool
+
+	mu     sync.Mutex
+	client *paho.Client
+	maxPkt int
+}
+
+// New validates cfg and connects once, so a bad URL or an unreachable broker is
+// reported at once.
+func New(ctx context.Context, cfg Config) (*Publisher, error) {
+	u, err := url.Parse(cfg.URL)
+	if err != nil || (u.Scheme != "mqtt" && u.Scheme != "mqtts" && u.Scheme != "tcp") || u.Host == "" {
+		return nil, fmt.Errorf("MQTT URL %q: want mqtt://host:1883 or mqtts://host:8883", redact(cfg.URL))
+	}
+	p := &Publisher{cfg: cfg, addr: u.Host, user: u.User, tls: u.Scheme == "mqtts"}
+	if !strings.Contains(u.Host, ":") {
+		p.addr += map[bool]string{true: ":8883", false: ":1883"}[p.tls]
+	}
+	if p.cfg.ClientID == "" {
+		b := make([]byte, 6)
+		_, _ = rand.Read(b)
+		p.cfg.ClientID = "outbox-relay-" + hex.EncodeToString(b)
+	}
+	if p.cfg.Concurrency <= 0 {
+		p.cfg.Concurrency = ConcurrencyDefault
+	}
+	if p.cfg.Timeout <= 0 {
+		p.cfg.Timeout = 10 * time.Second
+	}
+	if _, err := p.connected(ctx); err != nil {
+		return nil, err
+	}
+	return p, nil
+}
+
+func redact(raw string) string {
+	if u, err := url.Parse(raw); err == nil && u.User != nil {
+		if _, ok := u.User.Password(); ok {
+			u.User = url.UserPassword(u.User.Username(), "xxx")
+			return u.String()
+		}
+	}
+	return raw
+}
+
+// connected returns a live client, connecting if there is none.
+func (p *Publisher) connected(ctx context.Context) (*paho.Client, error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.client != nil {
+		select {
+		case <-p.client.Done():
+			p.client = nil
+		default:
+			return p.client, nil
+		}
+	}
+	ctx, cancel := context.WithTimeout(ctx, p.cfg.Timeout)
+	defer cancel()
+	var d net.Dialer
+	conn, err := d.DialContext(ctx, "tcp", p.addr)
+	if err == nil && p.tls {
+		tc := tls.Client(conn, p.tlsConfig())
+		if err = tc.HandshakeContext(ctx); err == nil {
+			conn = tc
+		}
+	}
+	if err != nil {
+		return nil, broker.Unavailable(fmt.Errorf("connect to MQTT broker at %s: %w", p.addr, err))
+	}
+	c := paho.NewClient(paho.ClientConfig{Conn: conn, PacketTimeout: p.cfg.Timeout})
+	cp := &paho.Connect{ClientID: p.cfg.ClientID, CleanStart: true, KeepAlive: 30}
+	if p.user != nil {
+		cp.Username, cp.UsernameFlag = p.user.Username(), true
+		if pw, ok := p.user.Password(); ok {
+			cp.Password, cp.PasswordFlag = []byte(pw), true
+		}
+	}
+	ca, err := c.Connect(ctx, cp)
+	if err != nil {
+		_ = conn.Close()
+		if ca != nil && ca.ReasonCode >= 0x80 {
+			return nil, fmt.Errorf("MQTT broker at %s refused the connection: reason 0x%02x %s", p.addr, ca.ReasonCode, ca.Properties.ReasonString)
+		}
+		return nil, broker.Unavailable(fmt.Errorf("connect to MQTT broker at %s: %w", p.addr, err))
+	}
+	p.maxPkt = 0
+	if ca.Properties != nil && ca.Properties.MaximumPacketSize != nil {
+		p.maxPkt = int(*ca.Properties.MaximumPacketSize)
+	}
+	p.client = c
+	return c, nil
+}
+
+func (p *Publisher) tlsConfig() *tls.Config {
+	if p.cfg.TLS != nil {
+		return p.cfg.TLS
+	}
+	host, _, _ := net.SplitHostPort(p.addr)
+	return &tls.Config{ServerName: host, MinVersion: tls.VersionTLS12}
+}
+
+var (
+	_ broker.Publisher    = (*Publisher)(nil)
+	_ broker.TopicEscaper = (*Publisher)(nil)
+)
+
+// Publish implements broker.Publisher.
+func (p *Publisher) Publish(ctx context.Context, msgs []broker.Message) []broker.Result {
+	c, err := p.connected(ctx)
+	if err != nil {
+		return broker.FailAll(len(msgs), err)
+	}
+	return broker.PerKey(ctx, msgs, p.cfg.Concurrency, func(ctx context.Context, i int) error {
+		return p.publish(ctx, c, &msgs[i])
+	})
+}
+
+func (p *Publisher) publish(ctx context.Context, c *paho.Client, m *broker.Message) error {
+	if p.cfg.MaxMessageBytes > 0 && len(m.Payload) > p.cfg.MaxMessageBytes {
+		return broker.Permanent(fmt.Errorf("payload of %d bytes exceeds the limit of %d", len(m.Payload), p.cfg.MaxMessageBytes))
+	}
+	props := &paho.PublishProperties{User: paho.UserProperties{{Key: HeaderKey, Value: m.Key}}}
+	size := len(m.Payload) + len(m.Topic) + len(m.Key)
+	m.EachHeader(func(k, v string) {
+		props.User = append(props.User, paho.UserProperty{Key: k, Value: v})
+		size += len(k) + len(v) + 5
+	})
+	if p.maxPkt > 0 && size+64 > p.maxPkt {
+		return broker.Permanent(fmt.Errorf("message of about %d bytes exceeds the broker's maximum packet size of %d", size, p.maxPkt))
+	}
+	pctx, cancel := context.WithTimeout(ctx, p.cfg.Timeout)
+	defer cancel()
+	pr, err := c.Publish(pctx, &paho.Publish{QoS: 1, Topic: m.Topic, Payload: m.Payload, Properties: props})
+	if pr != nil && pr.ReasonCode >= 0x80 {
+		return classifyReason(pr.ReasonCode, pr.Properties)
+	}
+	if err != nil {
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		return broker.Unavailable(fmt.Errorf("MQTT publish: %w", err))
+	}
+	return nil
+}
+
+// classifyReason maps a PUBACK reason code (MQTT 5, section 3.4.2.1).
+func classifyReason(code byte, props *paho.PublishResponseProperties) error {
+	reason := ""
+	if props != nil {
+		reason = props.ReasonString
+	}
+	err := fmt.Errorf("MQTT broker refused the message: reason 0x%02x %s", code, reason)
+	switch code {
+	case 0x97: // quota exceeded
+		return broker.Unavailable(err)
+	case 0x80: // unspecified error
+		return err
+	}
+	return broker.Permanent(err) // not authorized, topic name invalid, payload format invalid, ...
+}
+
+// EscapeTopicToken implements broker.TopicEscaper: '/', '+', '#', '%', NUL and control
+// characters become %XX, an empty value "_".
+func (p *Publisher) EscapeTopicToken(s string) string { return EscapeToken(s) }
+
+// EscapeToken is EscapeTopicToken without a publisher.
+func EscapeToken(s string) string {
+	if s == "" {
+		return "_"
+	}
+	var b strings.Builder
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		if c == '/' || c == '+' || c == '#' || c == '%' || c < ' ' || c == 0x7f {
+			fmt.Fprintf(&b, "%%%02X", c)
+			continue
+		}
+		b.WriteByte(c)
+	}
+	return b.String()
+}
+
+// Features implements broker.Publisher.
+func (p *Publisher) Features() broker.Features {
+	return broker.Features{PerKeyOrdering: true, Headers: true, MaxMessageBytes: p.cfg.MaxMessageBytes}
+}
+
+// Close implements broker.Publisher.
+func (p *Publisher) Close() error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.client == nil {
+		return nil
+	}
+	err := p.client.Disconnect(&paho.Disconnect{ReasonCode: 0})
+	p.client = nil
+	if errors.Is(err, net.ErrClosed) {
+		return nil
+	}
+	return err
+}
