@@ -1,0 +1,248 @@
+// Package kafka publishes outbox events to Kafka with franz-go, as Debezium's Outbox
+// Event Router does: topic outbox.event.<aggregatetype>, key = aggregate id, value =
+// payload, header id = event id plus the other wire-format headers.
+//
+// The producer is idempotent with acks=all (franz-go's default), so retries inside the
+// client never duplicate or reorder a partition. Keys go to partitions with the Java
+// client's partitioner (murmur2), so a key lands on the same partition as with Kafka
+// Connect. A batch is produced asynchronously, all records in flight at once.
+package kafka
+
+import (
+	"context"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"net/url"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kerr"
+	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/sasl/plain"
+	"github.com/twmb/franz-go/pkg/sasl/scram"
+
+	"github.com/outboxd/outbox/broker"
+)
+
+// MaxMessageBytesDefault matches Kafka's default message.max.bytes (about 1 MB).
+const MaxMessageBytesDefault = 1_000_000
+
+// Config configures a Publisher.
+type Config struct {
+	// MaxMessageBytes refuses larger records (payload, key and headers) before they
+	// are sent, so a key's later records can be held back. Set it to the topic's
+	// max.message.bytes. Default MaxMessageBytesDefault.
+	MaxMessageBytes int
+}
+
+// Publisher produces to Kafka. Build it with New or Dial.
+type Publisher struct {
+	c   *kgo.Client
+	cfg Config
+	own bool
+}
+
+// New returns a publisher on a client the caller built (and closes). Build it with
+// ClientOptions (or at least keep idempotence and the default partitioner).
+func New(c *kgo.Client, cfg *Config) (*Publisher, error) {
+	if c == nil {
+		return nil, errors.New("kafka publisher: client is nil")
+	}
+	p := &Publisher{c: c}
+	if cfg != nil {
+		p.cfg = *cfg
+	}
+	if p.cfg.MaxMessageBytes <= 0 {
+		p.cfg.MaxMessageBytes = MaxMessageBytesDefault
+	}
+	return p, nil
+}
+
+// ClientOptions are the producer settings the relay relies on: idempotent writes
+// with acks=all and the Java-compatible key partitioner.
+func ClientOptions() []kgo.Opt {
+	return []kgo.Opt{
+		kgo.RequiredAcks(kgo.AllISRAcks()),
+		kgo.RecordPartitioner(kgo.StickyKeyPartitioner(nil)), // nil: murmur2, as the Java client
+		kgo.ProducerBatchMaxBytes(MaxMessageBytesDefault + 1024),
+		kgo.RecordDeliveryTimeout(30 * time.Second),
+	}
+}
+
+// Dial builds a client from kafka://host:9092[,host2:9092][?tls=true&sasl=plain|scram-sha-256|scram-sha-512]
+// (user and password in the URL's user info), checks a broker answers, and returns
+// a publisher that owns the client.
+func Dial(ctx context.Context, rawURL string, cfg *Config, extra ...kgo.Opt) (*Publisher, error) {
+	u, err := url.Parse(rawURL)
+	if err != nil || (u.Scheme != "kafka" && u.Scheme != "kafkas") || u.Host == "" {
+		return nil, fmt.Errorf("Kafka URL %q: want kafka://host:9092[,host:9092][?tls=true&sasl=plain]", redact(rawURL))
+	}
+	opts := append(ClientOptions(), kgo.SeedBrokers(strings.Split(u.Host, ",")...))
+	q := u.Query()
+	if u.Scheme == "kafkas" || q.Get("tls") == "true" {
+		opts = append(opts, kgo.DialTLSConfig(&tls.Config{MinVersion: tls.VersionTLS12}))
+	}
+	if mech := q.Get("sasl"); mech != "" {
+		user := u.User.Username()
+		pass, _ := u.User.Password()
+		switch strings.ToLower(mech) {
+		case "plain":
+			opts = append(opts, kgo.SASL(plain.Auth{User: user, Pass: pass}.AsMechanism()))
+		case "scram-sha-256":
+			opts = append(opts, kgo.SASL(scram.Auth{User: user, Pass: pass}.AsSha256Mechanism()))
+		case "scram-sha-512":
+			opts = append(opts, kgo.SASL(scram.Auth{User: user, Pass: pass}.AsSha512Mechanism()))
+		default:
+			return nil, fmt.Errorf("Kafka URL: unknown sasl %q (want plain, scram-sha-256, scram-sha-512)", mech)
+		}
+	}
+	c, err := kgo.NewClient(append(opts, extra...)...)
+	if err != nil {
+		return nil, fmt.Errorf("kafka client: %w", err)
+	}
+	if err := c.Ping(ctx); err != nil {
+		c.Close()
+		return nil, fmt.Errorf("connect to Kafka at %s: %w", u.Host, err)
+	}
+	p, _ := New(c, cfg)
+	p.own = true
+	return p, nil
+}
+
+func redact(raw string) string {
+	if u, err := url.Parse(raw); err == nil && u.User != nil {
+		if _, ok := u.User.Password(); ok {
+			u.User = url.UserPassword(u.User.Username(), "xxx")
+			return u.String()
+		}
+	}
+	return raw
+}
+
+var _ broker.Publisher = (*Publisher)(nil)
+
+// Record builds the Kafka record for a message: what Debezium's router emits.
+func Record(m *broker.Message) *kgo.Record {
+	r := &kgo.Record{Topic: m.Topic, Key: []byte(m.Key), Value: m.Payload}
+	r.Headers = make([]kgo.RecordHeader, 0, m.HeaderCount())
+	m.EachHeader(func(k, v string) { r.Headers = append(r.Headers, kgo.RecordHeader{Key: k, Value: []byte(v)}) })
+	if m.PayloadNull {
+		r.Value = nil // a tombstone, as Debezium emits for a NULL payload
+	}
+	return r
+}
+
+// Publish implements broker.Publisher. It returns when every record is answered or
+// ctx ends; records still unanswered then fail with ctx's error (their late answers
+// are ignored: the relay publishes them again, which the id header makes harmless).
+func (p *Publisher) Publish(ctx context.Context, msgs []broker.Message) []broker.Result {
+	res := make([]broker.Result, len(msgs))
+	var (
+		hold    broker.KeyHold
+		mu      sync.Mutex
+		pending = map[int]bool{}
+		done    = make(chan struct{})
+		closed  bool
+	)
+	finish := func(i int, err error) {
+		mu.Lock()
+		defer mu.Unlock()
+		if !pending[i] {
+			return
+		}
+		delete(pending, i)
+		res[i].Err = err
+		if len(pending) == 0 && !closed {
+			closed = true
+			close(done)
+		}
+	}
+	var records []int
+	for i := range msgs {
+		m := &msgs[i]
+		if err := ctx.Err(); err != nil {
+			res[i].Err = err
+			continue
+		}
+		if err := hold.Held(m.Key); err != nil {
+			res[i].Err = err
+			continue
+		}
+		if size := recordSize(m); size > p.cfg.MaxMessageBytes {
+			res[i].Err = broker.Permanent(fmt.Errorf("record of %d bytes exceeds the limit of %d", size, p.cfg.MaxMessageBytes))
+			hold.Refuse(m.Key, res[i].Err)
+			continue
+		}
+		pending[i] = true
+		records = append(records, i)
+	}
+	if len(records) == 0 {
+		return res
+	}
+	for _, i := range records {
+		p.c.Produce(ctx, Record(&msgs[i]), func(_ *kgo.Record, err error) {
+			if err != nil {
+				err = classify(ctx, err)
+			}
+			finish(i, err)
+		})
+	}
+	select {
+	case <-done:
+	case <-ctx.Done():
+		mu.Lock()
+		for i := range pending {
+			res[i].Err = ctx.Err()
+		}
+		clear(pending)
+		mu.Unlock()
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	return append([]broker.Result(nil), res...)
+}
+
+func recordSize(m *broker.Message) int {
+	size := len(m.Key) + len(m.Payload) + len(m.Topic)
+	m.EachHeader(func(k, v string) { size += len(k) + len(v) })
+	return size
+}
+
+func classify(ctx context.Context, err error) error {
+	if ctx.Err() != nil {
+		return ctx.Err()
+	}
+	switch {
+	case errors.Is(err, kerr.MessageTooLarge), errors.Is(err, kerr.RecordListTooLarge), errors.Is(err, kerr.InvalidRecord),
+		errors.Is(err, kerr.CorruptMessage), errors.Is(err, kerr.InvalidTopicException),
+		errors.Is(err, kerr.TopicAuthorizationFailed), errors.Is(err, kerr.InvalidRequiredAcks):
+		return broker.Permanent(err)
+	case errors.Is(err, kerr.UnknownTopicOrPartition):
+		return broker.Unavailable(fmt.Errorf("%w (create the topic, or let the broker create topics)", err))
+	case kerr.IsRetriable(err), errors.Is(err, kgo.ErrRecordTimeout), errors.Is(err, kgo.ErrRecordRetries),
+		errors.Is(err, kgo.ErrClientClosed), errors.Is(err, context.DeadlineExceeded):
+		return broker.Unavailable(err)
+	}
+	var ke *kerr.Error
+	if errors.As(err, &ke) {
+		return err // a broker error that is neither: worth retrying, counts an attempt
+	}
+	return broker.Unavailable(err) // connection-level failures
+}
+
+// Features implements broker.Publisher. The idempotent producer drops the duplicates
+// of its own retries; a record sent again after a relay crash is a new record, so
+// consumers dedup by the id header (the inbox does).
+func (p *Publisher) Features() broker.Features {
+	return broker.Features{PerKeyOrdering: true, Headers: true, MaxMessageBytes: p.cfg.MaxMessageBytes}
+}
+
+// Close implements broker.Publisher.
+func (p *Publisher) Close() error {
+	if p.own {
+		p.c.Close()
+	}
+	return nil
+}

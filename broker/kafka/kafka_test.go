@@ -1,0 +1,234 @@
+package kafka_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kerr"
+	"github.com/twmb/franz-go/pkg/kfake"
+	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/kmsg"
+	"go.uber.org/goleak"
+
+	"github.com/outboxd/outbox/broker"
+	"github.com/outboxd/outbox/broker/brokertest"
+	"github.com/outboxd/outbox/broker/kafka"
+	"github.com/outboxd/outbox/internal/testenv"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+// There is no Kafka broker on our machines: kfake is an in-process Kafka that speaks
+// the real protocol, so the publisher's client, partitioner and error handling run
+// exactly as against a broker.
+func newCluster(t *testing.T, opts ...kfake.Opt) *kfake.Cluster {
+	c, err := kfake.NewCluster(append([]kfake.Opt{kfake.NumBrokers(1), kfake.AllowAutoTopicCreation(), kfake.DefaultNumPartitions(3)}, opts...)...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c
+}
+
+// ReadTopic consumes the first n records of topic from the start.
+func readTopic(ctx context.Context, addrs []string, topic string, n int) ([]broker.Message, error) {
+	c, err := kgo.NewClient(kgo.SeedBrokers(addrs...), kgo.ConsumeTopics(topic), kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()))
+	if err != nil {
+		return nil, err
+	}
+	defer c.Close()
+	var out []broker.Message
+	for len(out) < n {
+		fs := c.PollFetches(ctx)
+		if ctx.Err() != nil {
+			return out, fmt.Errorf("have %d of %d: %w", len(out), n, ctx.Err())
+		}
+		fs.EachRecord(func(r *kgo.Record) {
+			h := map[string]string{}
+			for _, x := range r.Headers {
+				h[x.Key] = string(x.Value)
+			}
+			out = append(out, broker.Message{ID: h["id"], Topic: r.Topic, Key: string(r.Key), Payload: r.Value, Headers: h})
+		})
+	}
+	return out[:n], nil
+}
+
+func harness(t *testing.T, addrs func() []string, restart func(*testing.T)) *brokertest.Harness {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	pub, err := kafka.Dial(ctx, "kafka://"+addrs()[0], &kafka.Config{MaxMessageBytes: 4096}, kgo.AllowAutoTopicCreation())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = pub.Close() })
+	return &brokertest.Harness{
+		Publisher: pub,
+		Topic:     func(*testing.T) string { return testenv.UniqueName("outbox.event.t") },
+		Read: func(ctx context.Context, topic string, n int) ([]broker.Message, error) {
+			return readTopic(ctx, addrs(), topic, n)
+		},
+		Restart: restart,
+	}
+}
+
+func TestConformance(t *testing.T) {
+	brokertest.Run(t, func(t *testing.T) *brokertest.Harness {
+		c := newCluster(t)
+		t.Cleanup(c.Close)
+		return harness(t, c.ListenAddrs, nil)
+	})
+}
+
+// TestConformanceRestart restarts kfake on the same port and data folder.
+func TestConformanceRestart(t *testing.T) {
+	brokertest.Run(t, func(t *testing.T) *brokertest.Harness {
+		port, dir := testenv.FreePort(t), t.TempDir()
+		c := newCluster(t, kfake.Ports(port), kfake.DataDir(dir), kfake.SyncWrites())
+		t.Cleanup(func() { c.Close() })
+		return harness(t, func() []string { return c.ListenAddrs() }, func(t *testing.T) {
+			c.Close()
+			c = newCluster(t, kfake.Ports(port), kfake.DataDir(dir), kfake.SyncWrites())
+		})
+	})
+}
+
+// TestInjectedProduceErrors: errors returned by the broker for a produce request are
+// classified; a retriable one is retried inside the client.
+func TestInjectedProduceErrors(t *testing.T) {
+	for _, tc := range []struct {
+		name              string
+		code              int16
+		permanent, ok     bool
+		unavailable, once bool
+	}{
+		// The client retries a retriable error by itself; the record gets through.
+		{"not leader, once", kerr.NotLeaderForPartition.Code, false, true, false, true},
+		// Every produce request fails: the record is not acknowledged within the
+		// call's deadline, a failure that costs the event no attempt.
+		{"not leader, always", kerr.NotLeaderForPartition.Code, false, false, true, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c := newCluster(t, kfake.SeedTopics(1, "orders"))
+			defer c.Close()
+			c.ControlKey(int16(kmsg.Produce), func(kreq kmsg.Request) (kmsg.Response, error, bool) {
+				if !tc.once {
+					c.KeepControl()
+				}
+				req := kreq.(*kmsg.ProduceRequest)
+				resp := req.ResponseKind().(*kmsg.ProduceResponse)
+				for _, rt := range req.Topics {
+					st := kmsg.NewProduceResponseTopic()
+					st.Topic = rt.Topic
+					for _, rp := range rt.Partitions {
+						sp := kmsg.NewProduceResponseTopicPartition()
+						sp.Partition = rp.Partition
+						sp.ErrorCode = tc.code
+						st.Partitions = append(st.Partitions, sp)
+					}
+					resp.Topics = append(resp.Topics, st)
+				}
+				return resp, nil, true
+			})
+			ctx, cancel := context.WithTimeout(context.Background(), 7*time.Second)
+			defer cancel()
+			pub, err := kafka.Dial(ctx, "kafka://"+c.ListenAddrs()[0], nil, kgo.RecordRetries(3))
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer pub.Close()
+			res := pub.Publish(ctx, []broker.Message{{ID: "a", Topic: "orders", Key: "k", Payload: []byte("{}")}})
+			err = res[0].Err
+			t.Logf("%s: %v", tc.name, err)
+			unavailable := broker.IsUnavailable(err) || errors.Is(err, context.DeadlineExceeded)
+			if tc.ok != (err == nil) || tc.permanent != broker.IsPermanent(err) || tc.unavailable != unavailable {
+				t.Fatalf("err = %v; want ok=%v permanent=%v", err, tc.ok, tc.permanent)
+			}
+		})
+	}
+}
+
+// TestPartitionerMatchesJava: a key goes to the partition the Java client (and so
+// Kafka Connect and Debezium) would pick: murmur2(key) mod partitions.
+func TestPartitionerMatchesJava(t *testing.T) {
+	c := newCluster(t, kfake.SeedTopics(6, "orders"))
+	defer c.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	pub, err := kafka.Dial(ctx, "kafka://"+c.ListenAddrs()[0], nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pub.Close()
+	// Expected partitions for 6 partitions, from the Java client's
+	// Utils.toPositive(Utils.murmur2(key.getBytes(UTF_8))) % 6.
+	keys := []string{"1", "42", "customer-7", "order-0001"}
+	var msgs []broker.Message
+	for i, k := range keys {
+		msgs = append(msgs, broker.Message{ID: fmt.Sprint(i), Topic: "orders", Key: k, Payload: []byte("{}")})
+	}
+	for _, r := range pub.Publish(ctx, msgs) {
+		if r.Err != nil {
+			t.Fatal(r.Err)
+		}
+	}
+	cl, _ := kgo.NewClient(kgo.SeedBrokers(c.ListenAddrs()...), kgo.ConsumeTopics("orders"), kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()))
+	defer cl.Close()
+	got := map[string]int32{}
+	for len(got) < len(keys) && ctx.Err() == nil {
+		cl.PollFetches(ctx).EachRecord(func(r *kgo.Record) { got[string(r.Key)] = r.Partition })
+	}
+	for _, k := range keys {
+		if want := javaPartition([]byte(k), 6); got[k] != want {
+			t.Errorf("key %q on partition %d, Java client: %d", k, got[k], want)
+		}
+	}
+}
+
+// javaPartition is Kafka's Utils.murmur2, written out from the Java source so the test
+// does not use the code it checks.
+func javaPartition(data []byte, n int32) int32 {
+	const seed, m, r = uint32(0x9747b28c), uint32(0x5bd1e995), 24
+	length := len(data)
+	h := seed ^ uint32(length)
+	for i := 0; i+4 <= length; i += 4 {
+		k := uint32(data[i]) | uint32(data[i+1])<<8 | uint32(data[i+2])<<16 | uint32(data[i+3])<<24
+		k *= m
+		k ^= k >> r
+		k *= m
+		h *= m
+		h ^= k
+	}
+	tail := length &^ 3
+	switch length % 4 {
+	case 3:
+		h ^= uint32(data[tail+2]) << 16
+		fallthrough
+	case 2:
+		h ^= uint32(data[tail+1]) << 8
+		fallthrough
+	case 1:
+		h ^= uint32(data[tail])
+		h *= m
+	}
+	h ^= h >> 13
+	h *= m
+	h ^= h >> 15
+	return int32(h&0x7fffffff) % n
+}
+
+func TestDialErrors(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	for _, u := range []string{"http://x", "kafka://", "kafka://127.0.0.1:1?sasl=gssapi"} {
+		if _, err := kafka.Dial(ctx, u, nil); err == nil {
+			t.Errorf("%q accepted", u)
+		}
+	}
+	_, err := kafka.Dial(ctx, "kafka://u:hunter2@127.0.0.1:1", nil)
+	if err == nil || errors.Is(err, context.Canceled) {
+		t.Fatalf("closed port: %v", err)
+	}
+}
