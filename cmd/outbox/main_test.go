@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"fmt"
 	"os"
 	"os/exec"
@@ -86,11 +87,12 @@ func TestBadInputGetsOneClearLine(t *testing.T) {
 		{"missing table", []string{"status", "--db", url, "--table", "public.no_such_outbox"}, 1, "does not exist (run `outbox migrate`)"},
 		{"bad payload type", []string{"migrate", "--print", "--payload-type", "xml"}, 2, "--payload-type"},
 		{"no broker", []string{"relay", "--db", url}, 2, "--broker is required"},
-		{"unbuilt broker", []string{"relay", "--db", url, "--broker", "kafka://127.0.0.1:9092"}, 2, "not built yet"},
+		{"unknown broker", []string{"relay", "--db", url, "--broker", "pulsar://127.0.0.1:6650"}, 2, "unknown scheme"},
+		{"webhook without secret", []string{"relay", "--db", url, "--broker", "https://hooks.example.invalid/x"}, 2, "--webhook-secret"},
 		{"unreachable broker", []string{"relay", "--db", url, "--table", schema + ".outbox", "--broker", "nats://u:hunter2@127.0.0.1:1"}, 1, "connect to NATS"},
 		{"bad batch", []string{"relay", "--db", url, "--broker", "nats://127.0.0.1:1", "--batch-size", "-5"}, 2, "BatchSize"},
 		{"bad template", []string{"relay", "--db", url, "--broker", "nats://127.0.0.1:1", "--topic-template", "a.${who}"}, 2, "unknown placeholder"},
-		{"cdc", []string{"relay", "--mode", "cdc"}, 2, "only poll"},
+		{"cdc", []string{"relay", "--mode", "cdc", "--broker", "stdout:"}, 2, "only poll"},
 		{"extra args", []string{"status", "now"}, 2, "unexpected arguments"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -498,5 +500,40 @@ func TestDLQCommands(t *testing.T) {
 	defer c.Release(ctx)
 	if got := c.Rows(); len(got) != 4 || got[0].ID != first {
 		t.Fatalf("after replay the first claimed row is %v, want the replayed event first of 4", got)
+	}
+}
+
+// TestRelayToStdout runs `outbox relay --broker stdout:` and reads its JSON lines.
+func TestRelayToStdout(t *testing.T) {
+	t.Parallel()
+	url := testenv.DatabaseURL(t)
+	pool := testenv.Pool(t, url)
+	table := migrateSchema(t, url, testenv.Schema(t, url), "outbox")
+	want := writeEvents(t, pool, table, 3, 30)
+	p := startRelayProc(t, nil, "--db", url, "--table", table.Schema+"."+table.Name, "--broker", "stdout:", "--log-level", "error")
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		out := p.output()
+		if n := strings.Count(out, "\n"); n >= 30 {
+			var first struct {
+				ID      string            `json:"id"`
+				Topic   string            `json:"topic"`
+				Key     string            `json:"key"`
+				Headers map[string]string `json:"headers"`
+				Payload json.RawMessage   `json:"payload"`
+			}
+			if err := json.Unmarshal([]byte(strings.SplitN(out, "\n", 2)[0]), &first); err != nil {
+				t.Fatalf("not a JSON line: %v\n%s", err, out)
+			}
+			if first.ID != want["agg-0"][0] || first.Topic != "outbox.event.order" || first.Key != "agg-0" ||
+				first.Headers["id"] != first.ID || first.Headers["eventType"] != "Step" || len(first.Payload) == 0 {
+				t.Fatalf("first line = %+v", first)
+			}
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("relay wrote %d lines, want 30:\n%s", strings.Count(out, "\n"), out)
+		}
+		time.Sleep(20 * time.Millisecond)
 	}
 }

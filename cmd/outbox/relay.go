@@ -11,10 +11,9 @@ import (
 	"strings"
 	"sync/atomic"
 	"syscall"
-	"time"
 
 	"github.com/outboxd/outbox/broker"
-	"github.com/outboxd/outbox/broker/nats"
+	"github.com/outboxd/outbox/broker/amqp"
 	"github.com/outboxd/outbox/outboxdriver"
 	"github.com/outboxd/outbox/outboxdriver/outboxsqlite"
 	"github.com/outboxd/outbox/relay"
@@ -23,7 +22,7 @@ import (
 func runRelay(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := newFlags("relay", stderr)
 	dsn := fs.String("db", "", "database URL: postgres://user@host:5432/db or sqlite://PATH")
-	brokerURL := fs.String("broker", "", "broker URL: nats://host:4222")
+	brokerURL := fs.String("broker", "", "broker URL: "+brokerSchemes)
 	tableName := fs.String("table", outboxdriver.DefaultSchema+"."+outboxdriver.DefaultTable, "outbox table, [schema.]name")
 	mode := fs.String("mode", "poll", "poll (claim rows with FOR UPDATE SKIP LOCKED); cdc is not built yet")
 	batch := fs.Int("batch-size", relay.BatchSizeDefault, "most events claimed and published at once")
@@ -33,8 +32,13 @@ func runRelay(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	retryMin := fs.Duration("retry-min", relay.RetryMinDefault, "first wait before retrying a refused event (doubling, with jitter)")
 	retryMax := fs.Duration("retry-max", relay.RetryMaxDefault, "longest wait between attempts of a refused event")
 	flowPast := fs.Bool("flow-past-dead-letters", false, "let later events of a dead letter's aggregate go on (default: they wait for a replay or purge)")
-	topic := fs.String("topic-template", broker.TopicTemplateDefault, "topic (NATS subject) template")
-	createStream := fs.Bool("nats-create-stream", false, "create the JetStream stream OUTBOX over outbox.event.> when no stream covers a subject")
+	topic := fs.String("topic-template", "", "topic template (default outbox.event.${aggregatetype}; outbox/event/${aggregatetype} for MQTT)")
+	var bo brokerOptions
+	fs.BoolVar(&bo.natsCreateStream, "nats-create-stream", false, "NATS: create the JetStream stream OUTBOX over outbox.event.> when no stream covers a subject")
+	fs.StringVar(&bo.webhookSecret, "webhook-secret", "", "webhook: the signing secret (whsec_<base64> or raw)")
+	fs.IntVar(&bo.maxMessageBytes, "max-message-bytes", 0, "refuse larger messages before sending them (0: the publisher's default)")
+	fs.StringVar(&bo.amqpExchange, "amqp-exchange", amqp.ExchangeDefault, "RabbitMQ: the topic exchange")
+	fs.Int64Var(&bo.redisMaxLen, "redis-maxlen", 0, "Redis: trim each stream to about this many entries (0: no trimming)")
 	leaseTTL := fs.Duration("lease-ttl", outboxsqlite.LeaseTTLDefault, "SQLite only: how long leadership lasts unrenewed; a standby takes over this long after the active relay dies")
 	logLevel := fs.String("log-level", "info", "debug, info, warn or error")
 	logFormat := fs.String("log-format", "text", "text or json")
@@ -46,6 +50,13 @@ func runRelay(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		// messages at a time): collecting less often saves about a quarter of its
 		// CPU at 200k-event backlogs, for ~15 MiB more RSS (docs/benchmarks.md).
 		debug.SetGCPercent(400)
+	}
+	scheme, err := brokerScheme(*brokerURL, bo)
+	if err != nil {
+		return err
+	}
+	if *topic == "" {
+		*topic = defaultTopicTemplate(scheme)
 	}
 	if *mode != "poll" {
 		return usageErr("--mode %q: only poll is built so far", *mode)
@@ -73,9 +84,6 @@ func runRelay(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	if _, err := relay.New(nopStore{}, nopPublisher{}, cfg); err != nil {
 		return usageErr("%v", err) // bad flags, before connecting anywhere
 	}
-	if err := checkBrokerURL(*brokerURL); err != nil {
-		return err
-	}
 	db, err := openDB(ctx, *dsn, table, dbOptions{leaseTTL: *leaseTTL})
 	if err != nil {
 		return err
@@ -87,7 +95,7 @@ func runRelay(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	if _, err := db.store.Status(ctx); err != nil {
 		return fmt.Errorf("%s: %w", table, err)
 	}
-	pub, err := openBroker(ctx, *brokerURL, &nats.Config{CreateStream: *createStream})
+	pub, err := openBroker(ctx, *brokerURL, bo)
 	if err != nil {
 		return err
 	}
@@ -116,31 +124,6 @@ func newLogger(w io.Writer, level, format string) (*slog.Logger, error) {
 		return slog.New(slog.NewJSONHandler(w, opts)), nil
 	}
 	return nil, usageErr("--log-format %q: want text or json", format)
-}
-
-// checkBrokerURL refuses a --broker the relay cannot use, before anything connects.
-func checkBrokerURL(rawURL string) error {
-	if rawURL == "" {
-		return usageErr("--broker is required (nats://host:4222)")
-	}
-	scheme, _, _ := strings.Cut(rawURL, ":")
-	switch scheme {
-	case "nats", "tls":
-		return nil
-	case "kafka", "amqp", "amqps", "redis", "rediss", "mqtt", "mqtts", "http", "https", "stdout":
-		return usageErr("--broker %s: this publisher is not built yet (NATS is)", scheme)
-	}
-	return usageErr("--broker %q: unknown scheme (want nats://)", redact(rawURL))
-}
-
-// openBroker connects the publisher for a --broker URL.
-func openBroker(ctx context.Context, rawURL string, natsCfg *nats.Config) (broker.Publisher, error) {
-	if err := checkBrokerURL(rawURL); err != nil {
-		return nil, err
-	}
-	cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-	defer cancel()
-	return nats.Dial(cctx, rawURL, natsCfg)
 }
 
 // failpointFromEnv reads OUTBOX_FAILPOINT, for crash tests and the demo only. With
