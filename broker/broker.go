@@ -10,6 +10,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sort"
+	"strings"
 )
 
 // Wire-format header names, set on every message (see EachHeader).
@@ -39,19 +41,16 @@ type Message struct {
 	PayloadNull bool
 	// Headers are the event's own headers (correlationId, traceparent, ...); may be nil.
 	Headers map[string]string
+	// HeaderOrder, if set, is the order in which Headers go on the wire.
+	HeaderOrder []string
 }
 
-// EachHeader calls fn for every header the message carries on the wire: the event's
-// own headers, then the wire-format ones, which win over an event header of the same
-// name. Publishers render headers with it, so every broker carries the same set.
+// EachHeader calls fn for every header the message carries on the wire, in a fixed
+// order: id, the other wire-format headers the message sets, then the event's own
+// headers (in HeaderOrder, else sorted by name). A wire-format header the message sets
+// wins over an event header of the same name. Publishers render headers with it, so
+// every broker carries the same set.
 func (m *Message) EachHeader(fn func(name, value string)) {
-	for k, v := range m.Headers {
-		switch k {
-		case HeaderID, HeaderEventType, HeaderAggregateType, HeaderAggregateID, HeaderPayloadNull:
-			continue
-		}
-		fn(k, v)
-	}
 	fn(HeaderID, m.ID)
 	if m.EventType != "" {
 		fn(HeaderEventType, m.EventType)
@@ -65,6 +64,41 @@ func (m *Message) EachHeader(fn func(name, value string)) {
 	if m.PayloadNull {
 		fn(HeaderPayloadNull, "true")
 	}
+	if len(m.Headers) == 0 {
+		return
+	}
+	order := m.HeaderOrder
+	if order == nil {
+		order = make([]string, 0, len(m.Headers))
+		for k := range m.Headers {
+			order = append(order, k)
+		}
+		sort.Strings(order)
+	}
+	for _, k := range order {
+		v, ok := m.Headers[k]
+		if !ok || m.setsHeader(k) {
+			continue
+		}
+		fn(k, v)
+	}
+}
+
+// setsHeader reports whether name is a wire-format header this message sets itself.
+func (m *Message) setsHeader(name string) bool {
+	switch name {
+	case HeaderID:
+		return true
+	case HeaderEventType:
+		return m.EventType != ""
+	case HeaderAggregateType:
+		return m.AggregateType != ""
+	case HeaderAggregateID:
+		return m.AggregateID != ""
+	case HeaderPayloadNull:
+		return m.PayloadNull
+	}
+	return false
 }
 
 // HeaderCount is how many headers EachHeader yields at most.
@@ -165,4 +199,26 @@ func FailAll(n int, err error) []Result {
 		rs[i].Err = err
 	}
 	return rs
+}
+
+// TraceHeaders reads the traceparent and tracestate entries of a tracingspancontext
+// column (Java Properties text, as Debezium stores it); nil when there are none.
+func TraceHeaders(tracingSpanContext string) map[string]string {
+	if tracingSpanContext == "" {
+		return nil
+	}
+	var out map[string]string
+	for _, line := range strings.Split(tracingSpanContext, "\n") {
+		k, v, ok := strings.Cut(strings.TrimSpace(line), "=")
+		if !ok {
+			continue
+		}
+		if k = strings.TrimSpace(k); k == "traceparent" || k == "tracestate" {
+			if out == nil {
+				out = map[string]string{}
+			}
+			out[k] = strings.TrimSpace(v)
+		}
+	}
+	return out
 }

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/outboxd/outbox/broker"
+	"github.com/outboxd/outbox/outboxdriver"
 )
 
 // Defaults for Config.
@@ -29,6 +30,12 @@ const (
 	FailpointAfterClaim   = "relay.after-claim"
 	FailpointAfterPublish = "relay.after-publish-before-mark"
 )
+
+// Router makes the broker message for a row. escape (may be nil) is the publisher's
+// escaper for values placed in a topic. An error fails the row permanently.
+type Router interface {
+	Route(row *outboxdriver.Row, escape func(string) string) (broker.Message, error)
+}
 
 // Config configures a Relay. The zero value (or nil) gives the defaults.
 type Config struct {
@@ -67,6 +74,10 @@ type Config struct {
 	FlowPastDeadLetters bool
 	// Logger receives the relay's logs. Default: slog.Default().
 	Logger *slog.Logger
+	// Router, when set, makes the message of each row instead of the default wire
+	// format (debezium.Router emits what Debezium's Outbox Event Router would).
+	// TopicTemplate is then unused.
+	Router Router
 	// Failpoint, for fault-injection tests only, is called at the named points
 	// (FailpointAfterClaim, FailpointAfterPublish).
 	Failpoint func(name string)

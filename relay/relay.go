@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"log/slog"
 	"math/rand/v2"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -241,12 +240,11 @@ func (r *Relay) lead(ctx context.Context, lead outboxdriver.Leadership) error {
 		if full && ctx.Err() == nil {
 			next = r.startClaim(work) // prefetch while this batch is on the wire
 		}
-		msgs := make([]broker.Message, len(rows))
-		for i := range rows {
-			msgs[i] = r.message(&rows[i])
-		}
+		msgs, idx, results := r.route(rows)
 		pubStart := time.Now()
-		results := r.pub.Publish(work, msgs)
+		for j, res := range r.pub.Publish(work, msgs) {
+			results[idx[j]] = res
+		}
 		pubTime := time.Since(pubStart)
 		r.cfg.Failpoint(FailpointAfterPublish)
 		params, failed, unavailable := r.outcome(rows, results)
@@ -444,11 +442,32 @@ func (r *Relay) listen(ctx context.Context, wake chan<- struct{}) {
 	}
 }
 
+// route builds the messages of a batch. A row the router cannot route fails
+// permanently (it goes to the dead letters with the reason) and is not published;
+// idx maps each message to its row.
+func (r *Relay) route(rows []outboxdriver.Row) (msgs []broker.Message, idx []int, results []broker.Result) {
+	msgs, idx = make([]broker.Message, 0, len(rows)), make([]int, 0, len(rows))
+	results = make([]broker.Result, len(rows))
+	for i := range rows {
+		if r.cfg.Router == nil {
+			msgs, idx = append(msgs, r.message(&rows[i])), append(idx, i)
+			continue
+		}
+		m, err := r.cfg.Router.Route(&rows[i], r.esc)
+		if err != nil {
+			results[i].Err = broker.Permanent(err)
+			continue
+		}
+		msgs, idx = append(msgs, m), append(idx, i)
+	}
+	return msgs, idx, results
+}
+
 // message builds the broker message for a row. It allocates a headers map only
 // when the row carries a trace context: this runs for every event.
 func (r *Relay) message(row *outboxdriver.Row) broker.Message {
 	h := row.Headers
-	if tc := parseTraceContext(row.TraceContext); tc != nil {
+	if tc := broker.TraceHeaders(row.TraceContext); tc != nil {
 		h = make(map[string]string, len(row.Headers)+len(tc))
 		for k, v := range row.Headers {
 			h[k] = v
@@ -468,29 +487,6 @@ func (r *Relay) message(row *outboxdriver.Row) broker.Message {
 		PayloadNull:   row.PayloadNull,
 		Headers:       h,
 	}
-}
-
-// parseTraceContext reads the traceparent and tracestate entries of a
-// tracingspancontext column (Java Properties text, as Debezium stores it).
-func parseTraceContext(s string) map[string]string {
-	if s == "" {
-		return nil
-	}
-	var out map[string]string
-	for _, line := range strings.Split(s, "\n") {
-		k, v, ok := strings.Cut(strings.TrimSpace(line), "=")
-		if !ok {
-			continue
-		}
-		k = strings.TrimSpace(k)
-		if k == "traceparent" || k == "tracestate" {
-			if out == nil {
-				out = map[string]string{}
-			}
-			out[k] = strings.TrimSpace(v)
-		}
-	}
-	return out
 }
 
 func sleep(ctx context.Context, d time.Duration) {

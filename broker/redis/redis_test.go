@@ -64,7 +64,9 @@ func harness(t *testing.T, url string, restart func(*testing.T)) *brokertest.Har
 			topics = append(topics, testenv.UniqueName("outbox.event.t"))
 			return topics[len(topics)-1]
 		},
-		Read:    func(ctx context.Context, topic string, n int) ([]broker.Message, error) { return read(ctx, c, topic, n) },
+		Read: func(ctx context.Context, topic string, n int) ([]broker.Message, error) {
+			return read(ctx, c, topic, n)
+		},
 		Restart: restart,
 	}
 }

@@ -141,7 +141,7 @@ func TestStatusClasses(t *testing.T) {
 	}
 	defer pub.Close()
 	for _, tc := range []struct {
-		status                  int
+		status                 int
 		unavailable, permanent bool
 	}{
 		{503, true, false}, {429, true, false}, {502, true, false},

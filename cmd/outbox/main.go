@@ -103,7 +103,7 @@ func applyEnv(fs *flag.FlagSet) error {
 	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
 	var envErr error
 	fs.VisitAll(func(f *flag.Flag) {
-		key := "OUTBOX_" + strings.ToUpper(strings.ReplaceAll(f.Name, "-", "_"))
+		key := envName(f.Name)
 		if v, ok := os.LookupEnv(key); ok && envErr == nil && !set[f.Name] {
 			if err := f.Value.Set(v); err != nil {
 				envErr = usageErr("%s=%q: %v", key, v, err)

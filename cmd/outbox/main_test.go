@@ -537,3 +537,54 @@ func TestRelayToStdout(t *testing.T) {
 		time.Sleep(20 * time.Millisecond)
 	}
 }
+
+// TestRelayConfigFile: a properties file with a Debezium connector's router options
+// (copied with their transforms. prefix) and relay flags drives the relay.
+func TestRelayConfigFile(t *testing.T) {
+	t.Parallel()
+	url := testenv.DatabaseURL(t)
+	pool := testenv.Pool(t, url)
+	table := migrateSchema(t, url, testenv.Schema(t, url), "outbox")
+	writeEvents(t, pool, table, 1, 3)
+	cfg := filepath.Join(t.TempDir(), "relay.properties")
+	err := os.WriteFile(cfg, []byte(`# relay settings
+db=`+url+`
+table: `+table.Schema+`.outbox
+broker=stdout:
+log-level=error
+# copied from the Kafka Connect connector
+transforms.outbox.route.topic.replacement=${routedByValue}.events
+transforms.outbox.table.fields.additional.placement=type:header:eventType
+`), 0o600)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := startRelayProc(t, nil, "--config", cfg) // (its --log-level debug wins over the file's)
+	deadline := time.Now().Add(30 * time.Second)
+	var line string
+	for line == "" {
+		for _, l := range strings.Split(p.output(), "\n") {
+			if strings.HasPrefix(l, "{") {
+				line = l
+				break
+			}
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("relay output:\n%s", p.output())
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if !strings.Contains(line, `"topic":"order.events"`) || !strings.Contains(line, `"eventType":"Step"`) || strings.Contains(line, `"aggregateType"`) {
+		t.Fatalf("first line: %s", line)
+	}
+	_, stderr, code := runCLI(t, nil, "relay", "--config", filepath.Join(t.TempDir(), "missing"))
+	if code != 2 || !strings.Contains(stderr, "--config") {
+		t.Fatalf("missing config: %d %s", code, stderr)
+	}
+	bad := filepath.Join(t.TempDir(), "bad.properties")
+	_ = os.WriteFile(bad, []byte("route.by.field=tenant\n"), 0o600)
+	_, stderr, code = runCLI(t, nil, "relay", "--config", bad, "--broker", "stdout:")
+	if code != 2 || !strings.Contains(stderr, "unknown column") {
+		t.Fatalf("bad router option: %d %s", code, stderr)
+	}
+}

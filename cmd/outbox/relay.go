@@ -14,6 +14,7 @@ import (
 
 	"github.com/outboxd/outbox/broker"
 	"github.com/outboxd/outbox/broker/amqp"
+	"github.com/outboxd/outbox/debezium"
 	"github.com/outboxd/outbox/outboxdriver"
 	"github.com/outboxd/outbox/outboxdriver/outboxsqlite"
 	"github.com/outboxd/outbox/relay"
@@ -40,10 +41,18 @@ func runRelay(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	fs.StringVar(&bo.amqpExchange, "amqp-exchange", amqp.ExchangeDefault, "RabbitMQ: the topic exchange")
 	fs.Int64Var(&bo.redisMaxLen, "redis-maxlen", 0, "Redis: trim each stream to about this many entries (0: no trimming)")
 	leaseTTL := fs.Duration("lease-ttl", outboxsqlite.LeaseTTLDefault, "SQLite only: how long leadership lasts unrenewed; a standby takes over this long after the active relay dies")
+	configPath := fs.String("config", "", "a properties file of flag values and Debezium Outbox Event Router options (route.topic.replacement=..., table.fields.additional.placement=...)")
 	logLevel := fs.String("log-level", "info", "debug, info, warn or error")
 	logFormat := fs.String("log-format", "text", "text or json")
 	if err := parse(fs, args); err != nil {
 		return err
+	}
+	var routerOpts map[string]string
+	if *configPath != "" {
+		var err error
+		if routerOpts, err = applyConfigFile(fs, *configPath); err != nil {
+			return err
+		}
 	}
 	if os.Getenv("GOGC") == "" {
 		// The relay's live heap is small and churns fast (one batch of rows and
@@ -80,6 +89,13 @@ func runRelay(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		TopicTemplate:       *topic,
 		Logger:              logger,
 		Failpoint:           failpointFromEnv(),
+	}
+	if len(routerOpts) > 0 {
+		router, err := debezium.New(routerOpts)
+		if err != nil {
+			return usageErr("--config %s: %v", *configPath, err)
+		}
+		cfg.Router = router
 	}
 	if _, err := relay.New(nopStore{}, nopPublisher{}, cfg); err != nil {
 		return usageErr("%v", err) // bad flags, before connecting anywhere
