@@ -35,3 +35,34 @@ func TestConformance(t *testing.T) {
 		}
 	})
 }
+
+// TestAdoptDebeziumTable: migrating an existing Debezium outbox table (its five
+// columns, rows already in it) adds what the relay needs and keeps the rows.
+func TestAdoptDebeziumTable(t *testing.T) {
+	url := testenv.DatabaseURL(t)
+	pool := testenv.Pool(t, url)
+	schema := testenv.Schema(t, url)
+	ctx := context.Background()
+	qt := pgx.Identifier{schema, "OutboxEvent"}.Sanitize()
+	if _, err := pool.Exec(ctx, `CREATE TABLE `+qt+` (id uuid NOT NULL PRIMARY KEY, aggregatetype varchar(255) NOT NULL,
+		aggregateid varchar(255) NOT NULL, type varchar(255) NOT NULL, payload jsonb);
+		INSERT INTO `+qt+` VALUES ('4d47e190-0402-4048-bc2c-89dd54343cdc', 'Order', '1', 'OrderCreated', '{"id": 1}'),
+		                          ('5d47e190-0402-4048-bc2c-89dd54343cdc', 'Order', '1', 'OrderShipped', '{"id": 1}')`); err != nil {
+		t.Fatal(err)
+	}
+	drv := outboxpgx.New(pool, &outboxdriver.Table{Schema: schema, Name: "OutboxEvent"})
+	m, _ := drv.Migrator()
+	if _, err := m.Migrate(ctx); err != nil {
+		t.Fatalf("migrate an existing Debezium table: %v", err)
+	}
+	store, _ := drv.Store()
+	c, err := store.Claim(ctx, &outboxdriver.ClaimParams{Limit: 10})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Release(ctx)
+	rows := c.Rows()
+	if len(rows) != 2 || rows[0].Type != "OrderCreated" || rows[1].Type != "OrderShipped" || rows[0].Seq >= rows[1].Seq {
+		t.Fatalf("rows after adoption: %+v", rows)
+	}
+}

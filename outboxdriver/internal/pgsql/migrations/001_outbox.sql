@@ -16,6 +16,17 @@ CREATE TABLE IF NOT EXISTS {{.Table}} (
     last_error         text
 );
 
+-- A table that already exists (a Debezium outbox with its five columns) gets the rest;
+-- rows it holds are numbered in physical order.
+ALTER TABLE {{.Table}}
+    ADD COLUMN IF NOT EXISTS headers            jsonb,
+    ADD COLUMN IF NOT EXISTS tracingspancontext text,
+    ADD COLUMN IF NOT EXISTS seq                bigint      GENERATED ALWAYS AS IDENTITY,
+    ADD COLUMN IF NOT EXISTS created_at         timestamptz NOT NULL DEFAULT now(),
+    ADD COLUMN IF NOT EXISTS published_at       timestamptz,
+    ADD COLUMN IF NOT EXISTS attempts           integer     NOT NULL DEFAULT 0,
+    ADD COLUMN IF NOT EXISTS last_error         text;
+
 -- Only unpublished rows are indexed, so the claim query stays small however many
 -- published rows are kept.
 CREATE INDEX IF NOT EXISTS {{.UnpublishedIndex}} ON {{.Table}} (seq) WHERE published_at IS NULL;
