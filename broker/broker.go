@@ -222,3 +222,22 @@ func TraceHeaders(tracingSpanContext string) map[string]string {
 	}
 	return out
 }
+
+// EscapeToken percent-encodes the bytes of s that reserved reports (and '%' itself)
+// as %XX, and turns an empty s into "_". Publishers whose topics have a syntax of their
+// own (NATS subjects, MQTT topics) use it so a value can never change a topic's shape.
+func EscapeToken(s string, reserved func(c byte) bool) string {
+	if s == "" {
+		return "_"
+	}
+	var b strings.Builder
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		if c == '%' || reserved(c) {
+			fmt.Fprintf(&b, "%%%02X", c)
+			continue
+		}
+		b.WriteByte(c)
+	}
+	return b.String()
+}

@@ -13,13 +13,13 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"net/url"
 	"sync"
 	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/outboxd/outbox/broker"
+	"github.com/outboxd/outbox/internal/redact"
 )
 
 // Defaults.
@@ -72,7 +72,7 @@ func New(ctx context.Context, cfg Config) (*Publisher, error) {
 		cfg.DialTimeout = 10 * time.Second
 	}
 	if _, err := amqp.ParseURI(cfg.URL); err != nil {
-		return nil, fmt.Errorf("AMQP URL %s: %w", redact(cfg.URL), err)
+		return nil, fmt.Errorf("AMQP URL %s: %w", redact.URL(cfg.URL), err)
 	}
 	p := &Publisher{cfg: cfg}
 	p.mu.Lock()
@@ -83,17 +83,6 @@ func New(ctx context.Context, cfg Config) (*Publisher, error) {
 	return p, nil
 }
 
-func redact(raw string) string {
-	u, err := url.Parse(raw)
-	if err != nil || u.User == nil {
-		return raw
-	}
-	if _, ok := u.User.Password(); ok {
-		u.User = url.UserPassword(u.User.Username(), "xxx")
-	}
-	return u.String()
-}
-
 // ensure opens the connection and the confirming channel if needed. p.mu is held.
 func (p *Publisher) ensure() error {
 	if p.conn == nil || p.conn.IsClosed() {
@@ -101,7 +90,7 @@ func (p *Publisher) ensure() error {
 		props.SetClientConnectionName(p.cfg.ConnectionName)
 		conn, err := amqp.DialConfig(p.cfg.URL, amqp.Config{Properties: props, Dial: amqp.DefaultDial(p.cfg.DialTimeout)})
 		if err != nil {
-			return broker.Unavailable(fmt.Errorf("connect to RabbitMQ at %s: %w", redact(p.cfg.URL), err))
+			return broker.Unavailable(fmt.Errorf("connect to RabbitMQ at %s: %w", redact.URL(p.cfg.URL), err))
 		}
 		p.conn, p.ch = conn, nil
 	}

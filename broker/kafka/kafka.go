@@ -24,6 +24,7 @@ import (
 	"github.com/twmb/franz-go/pkg/sasl/scram"
 
 	"github.com/outboxd/outbox/broker"
+	"github.com/outboxd/outbox/internal/redact"
 )
 
 // MaxMessageBytesDefault matches Kafka's default message.max.bytes (about 1 MB).
@@ -77,7 +78,7 @@ func ClientOptions() []kgo.Opt {
 func Dial(ctx context.Context, rawURL string, cfg *Config, extra ...kgo.Opt) (*Publisher, error) {
 	u, err := url.Parse(rawURL)
 	if err != nil || (u.Scheme != "kafka" && u.Scheme != "kafkas") || u.Host == "" {
-		return nil, fmt.Errorf("Kafka URL %q: want kafka://host:9092[,host:9092][?tls=true&sasl=plain]", redact(rawURL))
+		return nil, fmt.Errorf("Kafka URL %q: want kafka://host:9092[,host:9092][?tls=true&sasl=plain]", redact.URL(rawURL))
 	}
 	opts := append(ClientOptions(), kgo.SeedBrokers(strings.Split(u.Host, ",")...))
 	q := u.Query()
@@ -109,16 +110,6 @@ func Dial(ctx context.Context, rawURL string, cfg *Config, extra ...kgo.Opt) (*P
 	p, _ := New(c, cfg)
 	p.own = true
 	return p, nil
-}
-
-func redact(raw string) string {
-	if u, err := url.Parse(raw); err == nil && u.User != nil {
-		if _, ok := u.User.Password(); ok {
-			u.User = url.UserPassword(u.User.Username(), "xxx")
-			return u.String()
-		}
-	}
-	return raw
 }
 
 var _ broker.Publisher = (*Publisher)(nil)

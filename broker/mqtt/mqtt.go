@@ -24,6 +24,7 @@ import (
 	"github.com/eclipse/paho.golang/paho"
 
 	"github.com/outboxd/outbox/broker"
+	"github.com/outboxd/outbox/internal/redact"
 )
 
 // Defaults.
@@ -67,7 +68,7 @@ type Publisher struct {
 func New(ctx context.Context, cfg Config) (*Publisher, error) {
 	u, err := url.Parse(cfg.URL)
 	if err != nil || (u.Scheme != "mqtt" && u.Scheme != "mqtts" && u.Scheme != "tcp") || u.Host == "" {
-		return nil, fmt.Errorf("MQTT URL %q: want mqtt://host:1883 or mqtts://host:8883", redact(cfg.URL))
+		return nil, fmt.Errorf("MQTT URL %q: want mqtt://host:1883 or mqtts://host:8883", redact.URL(cfg.URL))
 	}
 	p := &Publisher{cfg: cfg, addr: u.Host, user: u.User, tls: u.Scheme == "mqtts"}
 	if !strings.Contains(u.Host, ":") {
@@ -88,16 +89,6 @@ func New(ctx context.Context, cfg Config) (*Publisher, error) {
 		return nil, err
 	}
 	return p, nil
-}
-
-func redact(raw string) string {
-	if u, err := url.Parse(raw); err == nil && u.User != nil {
-		if _, ok := u.User.Password(); ok {
-			u.User = url.UserPassword(u.User.Username(), "xxx")
-			return u.String()
-		}
-	}
-	return raw
 }
 
 // connected returns a live client, connecting if there is none.
@@ -223,19 +214,7 @@ func (p *Publisher) EscapeTopicToken(s string) string { return EscapeToken(s) }
 
 // EscapeToken is EscapeTopicToken without a publisher.
 func EscapeToken(s string) string {
-	if s == "" {
-		return "_"
-	}
-	var b strings.Builder
-	for i := 0; i < len(s); i++ {
-		c := s[i]
-		if c == '/' || c == '+' || c == '#' || c == '%' || c < ' ' || c == 0x7f {
-			fmt.Fprintf(&b, "%%%02X", c)
-			continue
-		}
-		b.WriteByte(c)
-	}
-	return b.String()
+	return broker.EscapeToken(s, func(c byte) bool { return c == '/' || c == '+' || c == '#' || c < ' ' || c == 0x7f })
 }
 
 // Features implements broker.Publisher.

@@ -15,7 +15,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"strings"
 	"sync"
 	"time"
 
@@ -23,6 +22,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/outboxd/outbox/broker"
+	"github.com/outboxd/outbox/internal/redact"
 )
 
 // Defaults.
@@ -120,7 +120,7 @@ func Dial(ctx context.Context, url string, cfg *Config) (*Publisher, error) {
 		nats.ReconnectBufSize(-1),
 	)
 	if err != nil {
-		return nil, fmt.Errorf("connect to NATS at %s: %w", redact(url), err)
+		return nil, fmt.Errorf("connect to NATS at %s: %w", redact.URL(url), err)
 	}
 	js, err := jetstream.New(nc, jetstream.WithPublishAsyncTimeout(c.AckTimeout), jetstream.WithPublishAsyncMaxPending(c.MaxPending))
 	if err != nil {
@@ -129,7 +129,7 @@ func Dial(ctx context.Context, url string, cfg *Config) (*Publisher, error) {
 	}
 	if _, err := js.AccountInfo(ctx); err != nil {
 		nc.Close()
-		return nil, fmt.Errorf("NATS at %s: JetStream is not available: %w", redact(url), err)
+		return nil, fmt.Errorf("NATS at %s: JetStream is not available: %w", redact.URL(url), err)
 	}
 	p, err := New(js, &c)
 	if err != nil {
@@ -138,16 +138,6 @@ func Dial(ctx context.Context, url string, cfg *Config) (*Publisher, error) {
 	}
 	p.own = true
 	return p, nil
-}
-
-// redact hides a password in a URL.
-func redact(url string) string {
-	if at := strings.LastIndexByte(url, '@'); at >= 0 {
-		if i := strings.Index(url, "://"); i >= 0 && i < at {
-			return url[:i+3] + "***@" + url[at+1:]
-		}
-	}
-	return url
 }
 
 // Features implements broker.Publisher.
@@ -173,19 +163,7 @@ func (p *Publisher) EscapeTopicToken(s string) string { return EscapeToken(s) }
 
 // EscapeToken is EscapeTopicToken without a publisher.
 func EscapeToken(s string) string {
-	if s == "" {
-		return "_"
-	}
-	var b strings.Builder
-	for i := 0; i < len(s); i++ {
-		c := s[i]
-		if c == '.' || c == '*' || c == '>' || c == '%' || c <= ' ' || c == 0x7f {
-			fmt.Fprintf(&b, "%%%02X", c)
-			continue
-		}
-		b.WriteByte(c)
-	}
-	return b.String()
+	return broker.EscapeToken(s, func(c byte) bool { return c == '.' || c == '*' || c == '>' || c <= ' ' || c == 0x7f })
 }
 
 // Publish implements broker.Publisher. Messages are sent in order, asynchronously,

@@ -14,6 +14,7 @@ import (
 	"github.com/outboxd/outbox/broker/redis"
 	"github.com/outboxd/outbox/broker/stdout"
 	"github.com/outboxd/outbox/broker/webhook"
+	"github.com/outboxd/outbox/internal/redact"
 )
 
 // brokerOptions are the publisher settings from flags.
@@ -43,7 +44,7 @@ func brokerScheme(rawURL string, o brokerOptions) (string, error) {
 		}
 		return scheme, nil
 	}
-	return "", usageErr("--broker %q: unknown scheme (want %s)", redact(rawURL), brokerSchemes)
+	return "", usageErr("--broker %q: unknown scheme (want %s)", redact.URL(rawURL), brokerSchemes)
 }
 
 // defaultTopicTemplate is the topic template for a broker when none is given: MQTT

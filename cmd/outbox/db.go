@@ -3,12 +3,12 @@ package main
 import (
 	"context"
 	"fmt"
-	"net/url"
 	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/outboxd/outbox/internal/redact"
 	"github.com/outboxd/outbox/outboxdriver"
 	"github.com/outboxd/outbox/outboxdriver/outboxpgx"
 )
@@ -24,18 +24,6 @@ type database struct {
 // dbOptions are driver settings from flags.
 type dbOptions struct {
 	leaseTTL time.Duration // SQLite relay lease
-}
-
-// redact hides the password of a URL-style DSN, for messages and logs.
-func redact(dsn string) string {
-	u, err := url.Parse(dsn)
-	if err != nil || u.User == nil {
-		return dsn
-	}
-	if pw, has := u.User.Password(); has && pw != "" {
-		return strings.Replace(dsn, ":"+pw+"@", ":***@", 1)
-	}
-	return dsn
 }
 
 func parseTable(name string, payload string) (outboxdriver.Table, error) {
@@ -57,7 +45,7 @@ func openDB(ctx context.Context, dsn string, table outboxdriver.Table, opts dbOp
 		return nil, usageErr("--db is required (postgres://..., sqlite://PATH)")
 	}
 	if !ok {
-		return nil, usageErr("--db %q: want a URL such as postgres://user@host:5432/db or sqlite://PATH", redact(dsn))
+		return nil, usageErr("--db %q: want a URL such as postgres://user@host:5432/db or sqlite://PATH", redact.URL(dsn))
 	}
 	switch scheme {
 	case "postgres", "postgresql":
@@ -67,13 +55,13 @@ func openDB(ctx context.Context, dsn string, table outboxdriver.Table, opts dbOp
 	case "mysql":
 		return nil, usageErr("--db mysql://: the MySQL/MariaDB driver is not built yet")
 	}
-	return nil, usageErr("--db %q: unknown scheme %q (want postgres://, sqlite://)", redact(dsn), scheme)
+	return nil, usageErr("--db %q: unknown scheme %q (want postgres://, sqlite://)", redact.URL(dsn), scheme)
 }
 
 func openPostgres(ctx context.Context, dsn string, table outboxdriver.Table) (*database, error) {
 	cfg, err := pgxpool.ParseConfig(dsn)
 	if err != nil {
-		return nil, usageErr("--db %s: %v", redact(dsn), err)
+		return nil, usageErr("--db %s: %v", redact.URL(dsn), err)
 	}
 	if !strings.Contains(dsn, "pool_max_conns") {
 		// leadership + listener + up to three batches in flight, with room to spare
@@ -81,13 +69,13 @@ func openPostgres(ctx context.Context, dsn string, table outboxdriver.Table) (*d
 	}
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {
-		return nil, fmt.Errorf("database %s: %w", redact(dsn), err)
+		return nil, fmt.Errorf("database %s: %w", redact.URL(dsn), err)
 	}
 	pctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
 	if err := pool.Ping(pctx); err != nil {
 		pool.Close()
-		return nil, fmt.Errorf("cannot reach the database %s: %w", redact(dsn), err)
+		return nil, fmt.Errorf("cannot reach the database %s: %w", redact.URL(dsn), err)
 	}
 	drv := outboxpgx.New(pool, &table)
 	store, err := drv.Store()

@@ -15,6 +15,7 @@ import (
 	"github.com/outboxd/outbox/broker"
 	"github.com/outboxd/outbox/broker/amqp"
 	"github.com/outboxd/outbox/debezium"
+	"github.com/outboxd/outbox/internal/redact"
 	"github.com/outboxd/outbox/outboxdriver"
 	"github.com/outboxd/outbox/outboxdriver/outboxsqlite"
 	"github.com/outboxd/outbox/relay"
@@ -120,7 +121,7 @@ func runRelay(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	if err != nil {
 		return err
 	}
-	logger.Info("relay starting", "db", redact(*dsn), "broker", redact(*brokerURL), "table", table.String())
+	logger.Info("relay starting", "db", redact.URL(*dsn), "broker", redact.URL(*brokerURL), "table", table.String())
 	err = r.Run(ctx)
 	st := r.Stats()
 	logger.Info("relay stopped", "published", st.Published, "failed", st.Failed)
