@@ -11,6 +11,7 @@ import (
 	"errors"
 	"fmt"
 	"sort"
+	"strconv"
 	"strings"
 )
 
@@ -23,6 +24,10 @@ const (
 	// HeaderPayloadNull is "true" on a message whose payload column was NULL (the
 	// body is then empty).
 	HeaderPayloadNull = "outbox-payload-null"
+	// HeaderSeq is the event's write position, increasing in write order within its
+	// aggregate: consumers (the inbox's version guard) skip an event older than one
+	// they already applied.
+	HeaderSeq = "outbox-seq"
 )
 
 // Message is one event as a broker sees it.
@@ -39,6 +44,8 @@ type Message struct {
 	Payload []byte
 	// PayloadNull marks a NULL payload column (sent as an empty body).
 	PayloadNull bool
+	// Seq is the event's write position (0: not sent).
+	Seq int64
 	// Headers are the event's own headers (correlationId, traceparent, ...); may be nil.
 	Headers map[string]string
 	// HeaderOrder, if set, is the order in which Headers go on the wire.
@@ -63,6 +70,9 @@ func (m *Message) EachHeader(fn func(name, value string)) {
 	}
 	if m.PayloadNull {
 		fn(HeaderPayloadNull, "true")
+	}
+	if m.Seq > 0 {
+		fn(HeaderSeq, strconv.FormatInt(m.Seq, 10))
 	}
 	if len(m.Headers) == 0 {
 		return
@@ -97,12 +107,14 @@ func (m *Message) setsHeader(name string) bool {
 		return m.AggregateID != ""
 	case HeaderPayloadNull:
 		return m.PayloadNull
+	case HeaderSeq:
+		return m.Seq > 0
 	}
 	return false
 }
 
 // HeaderCount is how many headers EachHeader yields at most.
-func (m *Message) HeaderCount() int { return len(m.Headers) + 5 }
+func (m *Message) HeaderCount() int { return len(m.Headers) + 6 }
 
 // Result is what happened to one message.
 type Result struct {

@@ -485,6 +485,7 @@ func (r *Relay) message(row *outboxdriver.Row) broker.Message {
 		AggregateID:   row.AggregateID,
 		Payload:       row.Payload,
 		PayloadNull:   row.PayloadNull,
+		Seq:           row.Seq,
 		Headers:       h,
 	}
 }
