@@ -280,7 +280,7 @@ func (ib *Inbox[TTx]) Prune(ctx context.Context, olderThan time.Duration, batch 
 }
 
 type queries struct {
-	schema              []string
+	schema               []string
 	record, guard, prune string
 }
 

@@ -1,0 +1,66 @@
+// Package kafkainbox consumes outbox events from Kafka through an inbox: each record
+// is handled once in the consumer's transaction, and its offset committed only after
+// that transaction committed. Kafka has no per-record redelivery: a failing handler is
+// retried in place (with backoff), so the partition's order holds.
+package kafkainbox
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/outboxd/outbox/inbox"
+)
+
+// Message reads the relay's wire format from a record.
+func Message(r *kgo.Record) inbox.Message {
+	h := make(map[string]string, len(r.Headers))
+	for _, x := range r.Headers {
+		h[x.Key] = string(x.Value)
+	}
+	m := inbox.FromHeaders(h, r.Value)
+	if m.AggregateID == "" {
+		m.AggregateID = string(r.Key)
+	}
+	return m
+}
+
+// Consume polls cl (a group consumer built with kgo.DisableAutoCommit) until ctx ends.
+func Consume[TTx any](ctx context.Context, cl *kgo.Client, ib *inbox.Inbox[TTx], name string,
+	fn func(ctx context.Context, tx TTx, m *inbox.Message) error) error {
+	for ctx.Err() == nil {
+		fs := cl.PollFetches(ctx)
+		if ctx.Err() != nil {
+			return nil
+		}
+		if errs := fs.Errors(); len(errs) > 0 {
+			return fmt.Errorf("kafkainbox: fetch %s/%d: %w", errs[0].Topic, errs[0].Partition, errs[0].Err)
+		}
+		var done []*kgo.Record
+		fs.EachRecord(func(r *kgo.Record) {
+			if ctx.Err() != nil {
+				return
+			}
+			m := Message(r)
+			for backoff := 50 * time.Millisecond; ctx.Err() == nil; backoff = min(2*backoff, 5*time.Second) {
+				_, err := ib.Handle(ctx, name, &m, func(ctx context.Context, tx TTx) error { return fn(ctx, tx, &m) })
+				if err == nil {
+					done = append(done, r)
+					return
+				}
+				select {
+				case <-ctx.Done():
+				case <-time.After(backoff):
+				}
+			}
+		})
+		if len(done) > 0 {
+			if err := cl.CommitRecords(context.WithoutCancel(ctx), done...); err != nil {
+				return fmt.Errorf("kafkainbox: commit: %w", err)
+			}
+		}
+	}
+	return nil
+}

@@ -1,0 +1,76 @@
+package natsinbox_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"go.uber.org/goleak"
+
+	"github.com/outboxd/outbox/broker"
+	natspub "github.com/outboxd/outbox/broker/nats"
+	"github.com/outboxd/outbox/inbox/natsinbox"
+	"github.com/outboxd/outbox/internal/inboxtest"
+	"github.com/outboxd/outbox/internal/testenv"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+// TestEndToEnd: events published by the NATS publisher, one of them delivered twice
+// by the broker and one failing its first handling, are each applied exactly once.
+func TestEndToEnd(t *testing.T) {
+	url := testenv.NATSURL(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	prefix := testenv.UniqueName("inboxtest")
+	nc, err := nats.Connect(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	js, _ := jetstream.New(nc)
+	stream, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: prefix, Subjects: []string{prefix + ".>"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer js.DeleteStream(context.Background(), prefix)
+	pub, err := natspub.Dial(ctx, url, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pub.Close()
+	msgs := []broker.Message{
+		{ID: "e1", Topic: prefix + ".order", Key: "1", EventType: "T", AggregateType: "order", AggregateID: "1", Seq: 1, Payload: []byte(`{}`)},
+		{ID: "e2", Topic: prefix + ".order", Key: "1", EventType: "T", AggregateType: "order", AggregateID: "1", Seq: 2, Payload: []byte(`{}`)},
+		{ID: "e3", Topic: prefix + ".order", Key: "2", EventType: "T", AggregateType: "order", AggregateID: "2", Seq: 3, Payload: []byte(`{}`)},
+	}
+	for _, r := range pub.Publish(ctx, msgs) {
+		if r.Err != nil {
+			t.Fatal(r.Err)
+		}
+	}
+	// A duplicate the broker's dedup does not catch (another Nats-Msg-Id, same event).
+	dup := nats.NewMsg(prefix + ".order")
+	dup.Header.Set("id", "e2")
+	dup.Header.Set("aggregateId", "1")
+	dup.Header.Set("outbox-seq", "2")
+	dup.Header.Set(jetstream.MsgIDHeader, "e2-again")
+	if _, err := js.PublishMsg(ctx, dup); err != nil {
+		t.Fatal(err)
+	}
+	env := inboxtest.New(t, "e3") // the only event of its aggregate: a retry is not stale
+	cons, err := stream.CreateOrUpdateConsumer(ctx, jetstream.ConsumerConfig{Durable: "billing", AckPolicy: jetstream.AckExplicitPolicy})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cctx, stop := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- natsinbox.Consume(cctx, cons, env.IB, "billing", env.Handler) }()
+	env.Wait(t, "e1", "e2", "e3")
+	stop()
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+}

@@ -1,0 +1,76 @@
+// Package redisinbox consumes outbox events from a Redis stream through an inbox,
+// in a consumer group: each entry is handled once in the consumer's transaction and
+// XACKed only after that transaction committed. An entry whose handler failed stays
+// pending and is read again.
+package redisinbox
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	goredis "github.com/redis/go-redis/v9"
+
+	"github.com/outboxd/outbox/inbox"
+)
+
+// Message reads the relay's fields (id, key, type, headers, payload) from an entry.
+func Message(x goredis.XMessage) inbox.Message {
+	str := func(k string) string { s, _ := x.Values[k].(string); return s }
+	var h map[string]string
+	_ = json.Unmarshal([]byte(str("headers")), &h)
+	m := inbox.FromHeaders(h, []byte(str("payload")))
+	if m.ID == "" {
+		m.ID = str("id")
+	}
+	if m.AggregateID == "" {
+		m.AggregateID = str("key")
+	}
+	return m
+}
+
+// Consume reads stream as member consumer of group (created if missing) until ctx
+// ends. Pending entries (a failed handler, a crash before XACK) are retried first.
+func Consume[TTx any](ctx context.Context, c goredis.UniversalClient, stream, group, consumer string, ib *inbox.Inbox[TTx],
+	name string, fn func(ctx context.Context, tx TTx, m *inbox.Message) error) error {
+	if err := c.XGroupCreateMkStream(ctx, stream, group, "0").Err(); err != nil && !strings.HasPrefix(err.Error(), "BUSYGROUP") {
+		return fmt.Errorf("redisinbox: create group: %w", err)
+	}
+	pending := true // first our own pending entries ("0"), then new ones (">")
+	for ctx.Err() == nil {
+		start := ">"
+		if pending {
+			start = "0"
+		}
+		res, err := c.XReadGroup(ctx, &goredis.XReadGroupArgs{Group: group, Consumer: consumer, Streams: []string{stream, start},
+			Count: 100, Block: 500 * time.Millisecond}).Result()
+		if errors.Is(err, goredis.Nil) || ctx.Err() != nil {
+			pending = false
+			continue
+		}
+		if err != nil {
+			return fmt.Errorf("redisinbox: read: %w", err)
+		}
+		failed := false
+		for _, s := range res {
+			for _, x := range s.Messages {
+				m := Message(x)
+				if _, err := ib.Handle(ctx, name, &m, func(ctx context.Context, tx TTx) error { return fn(ctx, tx, &m) }); err != nil {
+					failed = true // stays pending; read again from "0"
+					continue
+				}
+				_ = c.XAck(ctx, stream, group, x.ID).Err()
+			}
+		}
+		// After a failure, go back to the pending entries (after a short pause);
+		// when the pending list is drained, read new entries.
+		if failed {
+			time.Sleep(50 * time.Millisecond)
+		}
+		pending = failed || (pending && len(res) > 0 && len(res[0].Messages) > 0)
+	}
+	return nil
+}

@@ -1,0 +1,108 @@
+// Package inboxtest is the shared scenario of the broker inbox helpers' tests: a
+// SQLite-backed inbox whose handler records every application of an event and fails
+// the first delivery of one chosen event.
+package inboxtest
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"path/filepath"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/outboxd/outbox/inbox"
+	"github.com/outboxd/outbox/outboxdriver/outboxsqlite"
+)
+
+// Env is an inbox and a handler to consume with.
+type Env struct {
+	IB       *inbox.Inbox[*sql.Tx]
+	db       *sql.DB
+	failOnce string
+	mu       sync.Mutex
+	failed   bool
+}
+
+// New returns an Env whose handler fails the first delivery of failOnce.
+func New(t *testing.T, failOnce string) *Env {
+	db, err := outboxsqlite.Open(filepath.Join(t.TempDir(), "consumer.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = db.Close() })
+	if _, err := db.Exec(`CREATE TABLE applied (event_id TEXT NOT NULL, aggregateid TEXT NOT NULL, seq INTEGER NOT NULL)`); err != nil {
+		t.Fatal(err)
+	}
+	ib, err := inbox.NewSQL(db, inbox.SQLite, &inbox.Config{VersionGuard: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := ib.Migrate(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	return &Env{IB: ib, db: db, failOnce: failOnce}
+}
+
+// Handler applies an event, failing failOnce's first delivery.
+func (e *Env) Handler(ctx context.Context, tx *sql.Tx, m *inbox.Message) error {
+	if _, err := tx.ExecContext(ctx, `INSERT INTO applied VALUES (?, ?, ?)`, m.ID, m.AggregateID, m.Seq); err != nil {
+		return err
+	}
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if m.ID == e.failOnce && !e.failed {
+		e.failed = true
+		return errors.New("handler failed on purpose")
+	}
+	return nil
+}
+
+// Wait waits until every id was applied, then checks each was applied exactly once
+// and that the failing event did fail once.
+func (e *Env) Wait(t *testing.T, ids ...string) {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		counts := map[string]int{}
+		rows, err := e.db.Query(`SELECT event_id, count(*) FROM applied GROUP BY event_id`)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for rows.Next() {
+			var id string
+			var n int
+			_ = rows.Scan(&id, &n)
+			counts[id] = n
+		}
+		rows.Close()
+		done := true
+		for _, id := range ids {
+			if counts[id] == 0 {
+				done = false
+			}
+		}
+		if done {
+			for id, n := range counts {
+				if n != 1 {
+					t.Fatalf("event %s applied %d times", id, n)
+				}
+			}
+			if len(counts) != len(ids) {
+				t.Fatalf("applied %v, want exactly %v", counts, ids)
+			}
+			e.mu.Lock()
+			failed := e.failed
+			e.mu.Unlock()
+			if e.failOnce != "" && !failed {
+				t.Fatal("the failing event never failed")
+			}
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("applied %v, want %v", counts, ids)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
