@@ -11,6 +11,8 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/outboxd/outbox/inbox"
+	"github.com/outboxd/outbox/inbox/natsinbox"
 	"github.com/outboxd/outbox/outboxdriver/outboxsqlite"
 )
 
@@ -20,10 +22,11 @@ import (
 const unackedCrash = 25
 
 // billing is the consuming service: it applies each OrderPlaced event once, however
-// often it is delivered, by recording the event id in its inbox in the same
-// transaction as the invoice.
+// often it is delivered, through the inbox package (the event id recorded in the same
+// transaction as the invoice).
 type billing struct {
 	db *sql.DB
+	ib *inbox.Inbox[*sql.Tx]
 	d  *demo
 
 	mu        sync.Mutex
@@ -38,7 +41,6 @@ func newBilling(ctx context.Context, path string, d *demo) (*billing, error) {
 		return nil, err
 	}
 	for _, stmt := range []string{
-		`CREATE TABLE IF NOT EXISTS inbox (consumer TEXT NOT NULL, event_id TEXT NOT NULL, received_at INTEGER NOT NULL, PRIMARY KEY (consumer, event_id))`,
 		`CREATE TABLE IF NOT EXISTS invoices (order_id TEXT PRIMARY KEY, customer_id TEXT NOT NULL, amount_cents INTEGER NOT NULL)`,
 		`CREATE TABLE IF NOT EXISTS customer_progress (customer_id TEXT PRIMARY KEY, last_seq INTEGER NOT NULL)`,
 	} {
@@ -47,7 +49,15 @@ func newBilling(ctx context.Context, path string, d *demo) (*billing, error) {
 			return nil, err
 		}
 	}
-	return &billing{db: db, d: d, seen: map[string]bool{}}, nil
+	ib, err := inbox.NewSQL(db, inbox.SQLite, nil)
+	if err == nil {
+		err = ib.Migrate(ctx)
+	}
+	if err != nil {
+		_ = db.Close()
+		return nil, err
+	}
+	return &billing{db: db, ib: ib, d: d, seen: map[string]bool{}}, nil
 }
 
 func (b *billing) close() { _ = b.db.Close() }
@@ -110,48 +120,39 @@ func (b *billing) unackedCount() int64 {
 	return int64(b.unacked)
 }
 
-// handle applies one event inside one transaction, with the inbox row.
+// handle applies one event through the inbox: once, whatever the deliveries.
 func (b *billing) handle(ctx context.Context, msg jetstream.Msg) error {
-	id := msg.Headers().Get("id")
+	m := natsinbox.Message(msg)
 	var ev orderEvent
-	if err := json.Unmarshal(msg.Data(), &ev); err != nil {
-		return fmt.Errorf("event %s: %w", id, err)
+	if err := json.Unmarshal(m.Payload, &ev); err != nil {
+		return fmt.Errorf("event %s: %w", m.ID, err)
 	}
-	tx, err := b.db.BeginTx(ctx, nil)
+	outcome, err := b.ib.Handle(ctx, consumerName, &m, func(ctx context.Context, tx *sql.Tx) error {
+		var last int
+		err := tx.QueryRowContext(ctx, `SELECT last_seq FROM customer_progress WHERE customer_id = ?`, ev.CustomerID).Scan(&last)
+		if err != nil && !errors.Is(err, sql.ErrNoRows) {
+			return err
+		}
+		if ev.Seq != last+1 {
+			b.d.outOfOrder.Add(1)
+		}
+		if _, err := tx.ExecContext(ctx, `INSERT INTO customer_progress (customer_id, last_seq) VALUES (?, ?)
+			ON CONFLICT (customer_id) DO UPDATE SET last_seq = excluded.last_seq`, ev.CustomerID, ev.Seq); err != nil {
+			return err
+		}
+		_, err = tx.ExecContext(ctx, `INSERT INTO invoices (order_id, customer_id, amount_cents) VALUES (?, ?, ?)`,
+			ev.OrderID, ev.CustomerID, ev.AmountCents)
+		return err
+	})
 	if err != nil {
 		return err
 	}
-	defer func() { _ = tx.Rollback() }()
-	res, err := tx.ExecContext(ctx, `INSERT INTO inbox (consumer, event_id, received_at) VALUES (?, ?, ?) ON CONFLICT DO NOTHING`,
-		consumerName, id, time.Now().UnixMilli())
-	if err != nil {
-		return err
-	}
-	if n, _ := res.RowsAffected(); n == 0 {
-		b.d.redelivered.Add(1) // applied before: nothing else to do
-		return tx.Commit()
-	}
-	var last int
-	err = tx.QueryRowContext(ctx, `SELECT last_seq FROM customer_progress WHERE customer_id = ?`, ev.CustomerID).Scan(&last)
-	if err != nil && !errors.Is(err, sql.ErrNoRows) {
-		return err
-	}
-	if ev.Seq != last+1 {
-		b.d.outOfOrder.Add(1)
-	}
-	if _, err := tx.ExecContext(ctx, `INSERT INTO customer_progress (customer_id, last_seq) VALUES (?, ?)
-		ON CONFLICT (customer_id) DO UPDATE SET last_seq = excluded.last_seq`, ev.CustomerID, ev.Seq); err != nil {
-		return err
-	}
-	if _, err := tx.ExecContext(ctx, `INSERT INTO invoices (order_id, customer_id, amount_cents) VALUES (?, ?, ?)`,
-		ev.OrderID, ev.CustomerID, ev.AmountCents); err != nil {
-		return err
-	}
-	if err := tx.Commit(); err != nil {
-		return err
+	if outcome != inbox.Processed {
+		b.d.redelivered.Add(1) // applied before: nothing else was done
+		return nil
 	}
 	b.mu.Lock()
-	b.seen[id] = true
+	b.seen[m.ID] = true
 	b.mu.Unlock()
 	b.d.consumed.Add(1)
 	b.d.latMu.Lock()
