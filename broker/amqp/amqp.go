@@ -47,6 +47,10 @@ type Config struct {
 	ConnectionName string
 	// DialTimeout bounds connecting. Default 10s.
 	DialTimeout time.Duration
+	// Dial, if set, opens the connection instead of dialing URL: for connections you
+	// build yourself (TLS client certificates, custom SASL). It is called again to
+	// reconnect.
+	Dial func() (*amqp.Connection, error)
 }
 
 // Publisher publishes to RabbitMQ. Build it with New.
@@ -71,8 +75,10 @@ func New(ctx context.Context, cfg Config) (*Publisher, error) {
 	if cfg.DialTimeout <= 0 {
 		cfg.DialTimeout = 10 * time.Second
 	}
-	if _, err := amqp.ParseURI(cfg.URL); err != nil {
-		return nil, fmt.Errorf("AMQP URL %s: %w", redact.URL(cfg.URL), err)
+	if cfg.Dial == nil {
+		if _, err := amqp.ParseURI(cfg.URL); err != nil {
+			return nil, fmt.Errorf("AMQP URL %s: %w", redact.URL(cfg.URL), err)
+		}
 	}
 	p := &Publisher{cfg: cfg}
 	p.mu.Lock()
@@ -83,12 +89,19 @@ func New(ctx context.Context, cfg Config) (*Publisher, error) {
 	return p, nil
 }
 
+func (p *Publisher) dial() (*amqp.Connection, error) {
+	if p.cfg.Dial != nil {
+		return p.cfg.Dial()
+	}
+	props := amqp.NewConnectionProperties()
+	props.SetClientConnectionName(p.cfg.ConnectionName)
+	return amqp.DialConfig(p.cfg.URL, amqp.Config{Properties: props, Dial: amqp.DefaultDial(p.cfg.DialTimeout)})
+}
+
 // ensure opens the connection and the confirming channel if needed. p.mu is held.
 func (p *Publisher) ensure() error {
 	if p.conn == nil || p.conn.IsClosed() {
-		props := amqp.NewConnectionProperties()
-		props.SetClientConnectionName(p.cfg.ConnectionName)
-		conn, err := amqp.DialConfig(p.cfg.URL, amqp.Config{Properties: props, Dial: amqp.DefaultDial(p.cfg.DialTimeout)})
+		conn, err := p.dial()
 		if err != nil {
 			return broker.Unavailable(fmt.Errorf("connect to RabbitMQ at %s: %w", redact.URL(p.cfg.URL), err))
 		}

@@ -49,6 +49,9 @@ type Config struct {
 	Timeout time.Duration
 	// TLS configures mqtts:// connections. Default: the system roots.
 	TLS *tls.Config
+	// Connect, if set, returns a connected client instead of dialing URL: for clients
+	// you build yourself (WebSockets, custom auth). It is called again to reconnect.
+	Connect func(ctx context.Context) (*paho.Client, error)
 }
 
 // Publisher publishes over MQTT. Build it with New.
@@ -66,13 +69,16 @@ type Publisher struct {
 // New validates cfg and connects once, so a bad URL or an unreachable broker is
 // reported at once.
 func New(ctx context.Context, cfg Config) (*Publisher, error) {
-	u, err := url.Parse(cfg.URL)
-	if err != nil || (u.Scheme != "mqtt" && u.Scheme != "mqtts" && u.Scheme != "tcp") || u.Host == "" {
-		return nil, fmt.Errorf("MQTT URL %q: want mqtt://host:1883 or mqtts://host:8883", redact.URL(cfg.URL))
-	}
-	p := &Publisher{cfg: cfg, addr: u.Host, user: u.User, tls: u.Scheme == "mqtts"}
-	if !strings.Contains(u.Host, ":") {
-		p.addr += map[bool]string{true: ":8883", false: ":1883"}[p.tls]
+	p := &Publisher{cfg: cfg}
+	if cfg.Connect == nil {
+		u, err := url.Parse(cfg.URL)
+		if err != nil || (u.Scheme != "mqtt" && u.Scheme != "mqtts" && u.Scheme != "tcp") || u.Host == "" {
+			return nil, fmt.Errorf("MQTT URL %q: want mqtt://host:1883 or mqtts://host:8883", redact.URL(cfg.URL))
+		}
+		p.addr, p.user, p.tls = u.Host, u.User, u.Scheme == "mqtts"
+		if !strings.Contains(u.Host, ":") {
+			p.addr += map[bool]string{true: ":8883", false: ":1883"}[p.tls]
+		}
 	}
 	if p.cfg.ClientID == "" {
 		b := make([]byte, 6)
@@ -105,6 +111,14 @@ func (p *Publisher) connected(ctx context.Context) (*paho.Client, error) {
 	}
 	ctx, cancel := context.WithTimeout(ctx, p.cfg.Timeout)
 	defer cancel()
+	if p.cfg.Connect != nil {
+		c, err := p.cfg.Connect(ctx)
+		if err != nil {
+			return nil, broker.Unavailable(fmt.Errorf("connect to MQTT broker: %w", err))
+		}
+		p.client = c
+		return c, nil
+	}
 	var d net.Dialer
 	conn, err := d.DialContext(ctx, "tcp", p.addr)
 	if err == nil && p.tls {
