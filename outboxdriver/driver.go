@@ -114,6 +114,15 @@ type Store interface {
 	ReplayDead(ctx context.Context, f *DeadFilter) (int, error)
 	// PurgeDead deletes matching dead letters, releasing their keys.
 	PurgeDead(ctx context.Context, f *DeadFilter) (int, error)
+	// Cleanup deletes up to params.Limit published rows published before
+	// params.Before and returns how many. It never deletes an unpublished row.
+	Cleanup(ctx context.Context, params *CleanupParams) (int64, error)
+}
+
+// CleanupParams select published rows to delete.
+type CleanupParams struct {
+	Before time.Time
+	Limit  int
 }
 
 // DeadFilter selects dead letters. Empty fields match everything.

@@ -22,6 +22,9 @@ const (
 	MaxAttemptsDefault    = 10
 	RetryMinDefault       = time.Second
 	RetryMaxDefault       = 5 * time.Minute
+	RetentionDefault      = 7 * 24 * time.Hour
+	CleanupEveryDefault   = time.Minute
+	CleanupBatchDefault   = 1000
 	MaxMarksInFlightLimit = 2
 )
 
@@ -68,6 +71,12 @@ type Config struct {
 	// RetryMin and RetryMax bound the per-event backoff (exponential, with jitter)
 	// between attempts of a refused event. Defaults RetryMinDefault, RetryMaxDefault.
 	RetryMin, RetryMax time.Duration
+	// Retention is how long published rows are kept before the active relay deletes
+	// them, in batches of CleanupBatch every CleanupEvery. Zero means
+	// RetentionDefault; negative disables cleanup. Unpublished rows are never deleted.
+	Retention    time.Duration
+	CleanupEvery time.Duration
+	CleanupBatch int
 	// FlowPastDeadLetters lets the later events of a dead letter's aggregate go on.
 	// By default they wait (the aggregate is quarantined) until the dead letter is
 	// replayed or purged, so the aggregate's order is kept.
@@ -104,6 +113,11 @@ func (c *Config) withDefaults() (Config, *broker.Template, error) {
 	def(&out.BackoffMax, BackoffMaxDefault)
 	def(&out.DrainTimeout, DrainTimeoutDefault)
 	def(&out.RetryMin, RetryMinDefault)
+	def(&out.Retention, RetentionDefault)
+	def(&out.CleanupEvery, CleanupEveryDefault)
+	if out.CleanupBatch == 0 {
+		out.CleanupBatch = CleanupBatchDefault
+	}
 	def(&out.RetryMax, RetryMaxDefault)
 	if out.MaxAttempts == 0 {
 		out.MaxAttempts = MaxAttemptsDefault
@@ -122,6 +136,8 @@ func (c *Config) withDefaults() (Config, *broker.Template, error) {
 		return out, nil, fmt.Errorf("relay: BatchSize must be 1..100000, got %d", out.BatchSize)
 	case out.PollInterval < 0, out.NotifyLinger < 0, out.LeaderRetry < 0, out.LeaderCheck < 0, out.DrainTimeout < 0:
 		return out, nil, fmt.Errorf("relay: durations must not be negative")
+	case out.CleanupEvery < 0 || out.CleanupBatch < 1:
+		return out, nil, fmt.Errorf("relay: CleanupEvery must not be negative and CleanupBatch must be positive")
 	case out.MaxAttempts < 1:
 		return out, nil, fmt.Errorf("relay: MaxAttempts must be at least 1, got %d", out.MaxAttempts)
 	case out.RetryMin <= 0 || out.RetryMax < out.RetryMin:

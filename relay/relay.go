@@ -34,8 +34,8 @@ type Relay struct {
 }
 
 type stats struct {
-	published, failed, batches, claims, dead atomic.Int64
-	leader                                   atomic.Bool
+	published, failed, batches, claims, dead, cleaned atomic.Int64
+	leader                                            atomic.Bool
 }
 
 // Stats are counters since the relay was built.
@@ -44,6 +44,7 @@ type Stats struct {
 	Failed    int64 // messages the broker did not take (each attempt)
 	Batches   int64 // batches published
 	Dead      int64 // events this relay moved to the dead letters
+	Cleaned   int64 // published rows deleted after the retention
 	Leader    bool  // whether this relay is the active one now
 }
 
@@ -73,6 +74,7 @@ func (r *Relay) Stats() Stats {
 		Failed:    r.stats.failed.Load(),
 		Batches:   r.stats.batches.Load(),
 		Dead:      r.stats.dead.Load(),
+		Cleaned:   r.stats.cleaned.Load(),
 		Leader:    r.stats.leader.Load(),
 	}
 }
@@ -186,6 +188,10 @@ func (r *Relay) lead(ctx context.Context, lead outboxdriver.Leadership) error {
 	listenCtx, stopListen := context.WithCancel(ctx)
 	wg.Add(1)
 	go func() { defer wg.Done(); r.listen(listenCtx, wake) }()
+	if r.cfg.Retention > 0 {
+		wg.Add(1)
+		go func() { defer wg.Done(); r.cleanup(listenCtx) }()
+	}
 
 	marks := make(chan struct{}, MaxMarksInFlightLimit) // semaphore
 	var markWG sync.WaitGroup
@@ -404,6 +410,33 @@ func (r *Relay) waitFor(ctx context.Context, wake <-chan struct{}, d time.Durati
 	case <-ctx.Done():
 	}
 	return false
+}
+
+// cleanup deletes published rows older than the retention, in small batches, while
+// this relay leads. It never touches an unpublished row (the store's guard).
+func (r *Relay) cleanup(ctx context.Context) {
+	t := time.NewTicker(r.cfg.CleanupEvery)
+	defer t.Stop()
+	for {
+		for ctx.Err() == nil {
+			n, err := r.store.Cleanup(ctx, &outboxdriver.CleanupParams{Before: time.Now().Add(-r.cfg.Retention), Limit: r.cfg.CleanupBatch})
+			if err != nil {
+				if ctx.Err() == nil {
+					r.log.Warn("relay: cleanup failed", "err", err)
+				}
+				break
+			}
+			r.stats.cleaned.Add(n)
+			if n < int64(r.cfg.CleanupBatch) {
+				break
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
 }
 
 // listen forwards the writer's notifications to wake until ctx ends, reconnecting

@@ -468,3 +468,28 @@ func TestLeaderSessionKilled(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// TestRelayCleanup: the active relay deletes published rows past the retention and
+// leaves the others.
+func TestRelayCleanup(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	mem := memory.New(0)
+	ctx := waitCtx(t)
+	evs := []outbox.Event{{AggregateType: "order", AggregateID: "a", Type: "T", Payload: []byte(`{}`)},
+		{AggregateType: "order", AggregateID: "b", Type: "T", Payload: []byte(`{}`), NotBefore: time.Now().Add(time.Hour)}}
+	if err := e.w.Write(ctx, evs...); err != nil {
+		t.Fatal(err)
+	}
+	r := startRelay(t, e, mem, &relay.Config{PollInterval: 10 * time.Millisecond, Retention: time.Millisecond, CleanupEvery: 20 * time.Millisecond})
+	for r.Stats().Cleaned < 1 && ctx.Err() == nil {
+		time.Sleep(10 * time.Millisecond)
+	}
+	st, err := e.store.Status(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.Published != 0 || st.Unpublished != 1 {
+		t.Fatalf("after cleanup: %+v; want the published row gone and the delayed one kept", st)
+	}
+}

@@ -40,6 +40,7 @@ func commands() []command {
 		{"relay", "publish committed events to a broker", runRelay},
 		{"status", "show the backlog, the age of the oldest unpublished event and the dead letters", runStatus},
 		{"dlq", "list, show, replay or purge dead letters", runDLQ},
+		{"cleanup", "delete published rows older than the retention (the relay also does it)", runCleanup},
 		{"demo", "run the whole pattern on SQLite and an in-process NATS server", runDemo},
 	}
 }

@@ -588,3 +588,32 @@ transforms.outbox.table.fields.additional.placement=type:header:eventType
 		t.Fatalf("bad router option: %d %s", code, stderr)
 	}
 }
+
+func TestCleanupCommand(t *testing.T) {
+	url := testenv.DatabaseURL(t)
+	pool := testenv.Pool(t, url)
+	table := migrateSchema(t, url, testenv.Schema(t, url), "outbox")
+	ids := writeEvents(t, pool, table, 1, 4)["agg-0"]
+	store, _ := outboxpgx.New(pool, &table).Store()
+	ctx := context.Background()
+	c, err := store.Claim(ctx, &outboxdriver.ClaimParams{Limit: 3})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Complete(ctx, &outboxdriver.CompleteParams{Published: []string{ids[0], ids[1], ids[2]}}); err != nil {
+		t.Fatal(err)
+	}
+	tbl := table.Schema + "." + table.Name
+	out, stderr, code := runCLI(t, nil, "cleanup", "--db", url, "--table", tbl)
+	if code != 0 || !strings.Contains(out, "deleted 0 ") {
+		t.Fatalf("cleanup with the default retention: %d %s %s", code, out, stderr)
+	}
+	out, stderr, code = runCLI(t, nil, "cleanup", "--db", url, "--table", tbl, "--older-than", "1ns", "--batch", "2")
+	if code != 0 || !strings.Contains(out, "deleted 3 ") {
+		t.Fatalf("cleanup: %d %s %s", code, out, stderr)
+	}
+	st, _ := store.Status(ctx)
+	if st.Unpublished != 1 || st.Published != 0 {
+		t.Fatalf("status after cleanup: %+v", st)
+	}
+}

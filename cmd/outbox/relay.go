@@ -11,6 +11,7 @@ import (
 	"strings"
 	"sync/atomic"
 	"syscall"
+	"time"
 
 	"github.com/outboxd/outbox/broker"
 	"github.com/outboxd/outbox/broker/amqp"
@@ -33,6 +34,7 @@ func runRelay(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	maxAttempts := fs.Int("max-attempts", relay.MaxAttemptsDefault, "refusals before an event moves to the dead letters (a permanent refusal moves it at once)")
 	retryMin := fs.Duration("retry-min", relay.RetryMinDefault, "first wait before retrying a refused event (doubling, with jitter)")
 	retryMax := fs.Duration("retry-max", relay.RetryMaxDefault, "longest wait between attempts of a refused event")
+	retention := fs.Duration("retention", relay.RetentionDefault, "delete published rows older than this (0: keep them)")
 	flowPast := fs.Bool("flow-past-dead-letters", false, "let later events of a dead letter's aggregate go on (default: they wait for a replay or purge)")
 	topic := fs.String("topic-template", "", "topic template (default outbox.event.${aggregatetype}; outbox/event/${aggregatetype} for MQTT)")
 	var bo brokerOptions
@@ -87,6 +89,7 @@ func runRelay(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		RetryMin:            *retryMin,
 		RetryMax:            *retryMax,
 		FlowPastDeadLetters: *flowPast,
+		Retention:           retentionOrOff(*retention),
 		TopicTemplate:       *topic,
 		Logger:              logger,
 		Failpoint:           failpointFromEnv(),
@@ -181,3 +184,11 @@ func failpointFromEnv() func(string) {
 type nopStore struct{ outboxdriver.Store }
 
 type nopPublisher struct{ broker.Publisher }
+
+// retentionOrOff maps the flag's 0 ("keep them") to the relay's "disabled".
+func retentionOrOff(d time.Duration) time.Duration {
+	if d == 0 {
+		return -1
+	}
+	return d
+}

@@ -6,6 +6,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"sync"
 	"testing"
 	"time"
@@ -59,6 +60,7 @@ func Run[TTx any](t *testing.T, newHarness NewFunc[TTx]) {
 		{"DeadLetterHoldReplay", testDeadLetterReplay[TTx]},
 		{"DeadLetterFlowPurge", testDeadLetterFlowPurge[TTx]},
 		{"DelayedEvents", testDelayed[TTx]},
+		{"CleanupNeverDeletesUnpublished", testCleanup[TTx]},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -646,5 +648,61 @@ func testDelayed[TTx any](t *testing.T, h *Harness[TTx]) {
 	st, _ := s.Status(ctxT(t))
 	if st.Unpublished != 1 {
 		t.Fatalf("status = %+v, want the delayed event waiting", st)
+	}
+}
+
+// testCleanup is a property test: whatever mix of published, unpublished, failing and
+// delayed rows, cleanup removes only published rows older than the cutoff.
+func testCleanup[TTx any](t *testing.T, h *Harness[TTx]) {
+	ctx := ctxT(t)
+	s := store(t, h)
+	rng := rand.New(rand.NewPCG(uint64(time.Now().UnixNano()), 7))
+	for round := 0; round < 5; round++ {
+		n := 20 + rng.IntN(40)
+		evs := make([]outbox.Event, n)
+		for i := range evs {
+			evs[i] = event(fmt.Sprint(rng.IntN(5)), i)
+			if rng.IntN(6) == 0 {
+				evs[i].NotBefore = time.Now().Add(time.Hour)
+			}
+		}
+		writeCommitted(t, h, evs...)
+		c := claimAll(t, s)
+		var p outboxdriver.CompleteParams
+		for _, r := range c.Rows() {
+			switch rng.IntN(3) {
+			case 0:
+				p.Published = append(p.Published, r.ID)
+			case 1:
+				p.Failed = append(p.Failed, outboxdriver.Failure{ID: r.ID, Error: "x", CountAttempt: true, RetryAt: time.Now().Add(time.Hour)})
+			}
+		}
+		complete(t, c, &p)
+	}
+	before, err := s.Status(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// A cutoff in the past deletes nothing; one in the future deletes every published row.
+	if n, err := s.Cleanup(ctx, &outboxdriver.CleanupParams{Before: time.Now().Add(-time.Hour), Limit: 1000}); err != nil || n != 0 {
+		t.Fatalf("cleanup of rows published over an hour ago: %d, %v", n, err)
+	}
+	var total int64
+	for {
+		n, err := s.Cleanup(ctx, &outboxdriver.CleanupParams{Before: time.Now().Add(time.Hour), Limit: 7})
+		if err != nil {
+			t.Fatal(err)
+		}
+		total += n
+		if n < 7 {
+			break
+		}
+	}
+	after, err := s.Status(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if total != before.Published || after.Published != 0 || after.Unpublished != before.Unpublished || after.Failing != before.Failing {
+		t.Fatalf("cleanup deleted %d; status before %+v, after %+v: only the %d published rows may go", total, before, after, before.Published)
 	}
 }

@@ -550,3 +550,13 @@ func (m migrator) Migrate(ctx context.Context) (applied []int, err error) {
 	}
 	return applied, tx.Commit()
 }
+
+// Cleanup implements outboxdriver.Store.
+func (d *Driver) Cleanup(ctx context.Context, p *outboxdriver.CleanupParams) (int64, error) {
+	res, err := d.db.ExecContext(ctx, `DELETE FROM `+d.q+` WHERE seq IN (
+  SELECT seq FROM `+d.q+` WHERE published_at IS NOT NULL AND published_at < ? LIMIT ?)`, p.Before.UnixMilli(), p.Limit)
+	if err != nil {
+		return 0, interpretError(err)
+	}
+	return res.RowsAffected()
+}

@@ -421,3 +421,14 @@ func (s *Store) Status(ctx context.Context) (*outboxdriver.Status, error) {
 	st.OldestAge = time.Duration(ageSec * float64(time.Second))
 	return st, nil
 }
+
+// Cleanup implements outboxdriver.Store. The published_at condition is the guard: an
+// unpublished row has none.
+func (s *Store) Cleanup(ctx context.Context, p *outboxdriver.CleanupParams) (int64, error) {
+	var n int64
+	err := QueryRow(ctx, s.DB, `WITH del AS (DELETE FROM `+s.S.qualified+` WHERE ctid IN (
+    SELECT ctid FROM `+s.S.qualified+` WHERE published_at IS NOT NULL AND published_at < $1 LIMIT $2)
+  RETURNING 1)
+SELECT count(*) FROM del`, []any{p.Before, p.Limit}, &n)
+	return n, InterpretError(err)
+}
