@@ -143,7 +143,7 @@ func drain(dbURL, natsURL string, args []string) error {
 	if out, err := exec.Command("go", "build", "-o", bin, "./cmd/outbox").CombinedOutput(); err != nil {
 		return fmt.Errorf("build relay: %v\n%s", err, out)
 	}
-	rargs := []string{"relay", "--db", dbURL, "--broker", natsURL, "--table", table.Schema + "." + table.Name,
+	rargs := []string{"relay", "--http=", "--db", dbURL, "--broker", natsURL, "--table", table.Schema + "." + table.Name,
 		"--topic-template", prefix + ".${aggregatetype}", "--batch-size", strconv.Itoa(*batch), "--log-level", env("BENCH_RELAY_LOG", "warn")}
 	if *del {
 		rargs = append(rargs, "--delete")

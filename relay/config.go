@@ -40,6 +40,22 @@ type Router interface {
 	Route(row *outboxdriver.Row, escape func(string) string) (broker.Message, error)
 }
 
+// Outcome is what happened to one row of a batch.
+type Outcome struct {
+	Row   *outboxdriver.Row
+	Topic string // "" when the row could not be routed
+	Err   error  // nil: the broker acknowledged it
+}
+
+// Hooks observe the relay. Calls come from the relay's goroutine: keep them fast.
+type Hooks interface {
+	// BatchPublished reports a batch after the broker answered for every row.
+	BatchPublished(outcomes []Outcome, publishTime time.Duration)
+	// LeaderChanged reports whether this relay became (true) or stopped being the
+	// active one.
+	LeaderChanged(leader bool)
+}
+
 // Config configures a Relay. The zero value (or nil) gives the defaults.
 type Config struct {
 	// BatchSize is the most rows claimed and published at once.
@@ -87,6 +103,9 @@ type Config struct {
 	// format (debezium.Router emits what Debezium's Outbox Event Router would).
 	// TopicTemplate is then unused.
 	Router Router
+	// Hooks, when set, is told about every batch (metrics adapters implement it:
+	// see package relay/relayprom). The relay itself depends on no metrics library.
+	Hooks Hooks
 	// Failpoint, for fault-injection tests only, is called at the named points
 	// (FailpointAfterClaim, FailpointAfterPublish).
 	Failpoint func(name string)

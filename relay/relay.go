@@ -35,6 +35,7 @@ type Relay struct {
 
 type stats struct {
 	published, failed, batches, claims, dead, cleaned atomic.Int64
+	brokerDownSince                                   atomic.Int64 // unix nanos; 0 while the broker answers
 	leader                                            atomic.Bool
 }
 
@@ -45,7 +46,9 @@ type Stats struct {
 	Batches   int64 // batches published
 	Dead      int64 // events this relay moved to the dead letters
 	Cleaned   int64 // published rows deleted after the retention
-	Leader    bool  // whether this relay is the active one now
+	// BrokerDownSince is when the broker became unreachable (zero while it answers).
+	BrokerDownSince time.Time
+	Leader          bool // whether this relay is the active one now
 }
 
 // New returns a relay reading from store and publishing to pub.
@@ -75,7 +78,13 @@ func (r *Relay) Stats() Stats {
 		Batches:   r.stats.batches.Load(),
 		Dead:      r.stats.dead.Load(),
 		Cleaned:   r.stats.cleaned.Load(),
-		Leader:    r.stats.leader.Load(),
+		BrokerDownSince: func() time.Time {
+			if ns := r.stats.brokerDownSince.Load(); ns != 0 {
+				return time.Unix(0, ns)
+			}
+			return time.Time{}
+		}(),
+		Leader: r.stats.leader.Load(),
 	}
 }
 
@@ -141,8 +150,14 @@ func (r *Relay) Run(ctx context.Context) error {
 		}
 		r.log.Info("relay: active", "table_lock", "acquired")
 		r.stats.leader.Store(true)
+		if r.cfg.Hooks != nil {
+			r.cfg.Hooks.LeaderChanged(true)
+		}
 		err = r.lead(ctx, lead)
 		r.stats.leader.Store(false)
+		if r.cfg.Hooks != nil {
+			r.cfg.Hooks.LeaderChanged(false)
+		}
 		relCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
 		_ = lead.Release(relCtx)
 		cancel()
@@ -253,7 +268,23 @@ func (r *Relay) lead(ctx context.Context, lead outboxdriver.Leadership) error {
 		}
 		pubTime := time.Since(pubStart)
 		r.cfg.Failpoint(FailpointAfterPublish)
+		if r.cfg.Hooks != nil {
+			outcomes := make([]Outcome, len(rows))
+			for i := range rows {
+				outcomes[i] = Outcome{Row: &rows[i], Err: results[i].Err}
+			}
+			for j, i := range idx {
+				outcomes[i].Topic = msgs[j].Topic
+			}
+			r.cfg.Hooks.BatchPublished(outcomes, pubTime)
+		}
 		params, failed, unavailable := r.outcome(rows, results)
+		switch {
+		case unavailable:
+			r.stats.brokerDownSince.CompareAndSwap(0, time.Now().UnixNano())
+		case len(params.Published) > 0:
+			r.stats.brokerDownSince.Store(0)
+		}
 		r.stats.batches.Add(1)
 		r.stats.published.Add(int64(len(params.Published)))
 		r.stats.failed.Add(int64(failed))

@@ -5,6 +5,8 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -174,7 +176,8 @@ func (p *proc) output() string {
 
 func startRelayProc(t *testing.T, env []string, args ...string) *proc {
 	t.Helper()
-	cmd := exec.Command(binary, append([]string{"relay", "--log-level", "debug"}, args...)...)
+	// No HTTP endpoints unless a test asks (parallel relays would fight over the port).
+	cmd := exec.Command(binary, append([]string{"relay", "--log-level", "debug", "--http="}, args...)...)
 	cmd.Env = append(os.Environ(), env...)
 	p := &proc{cmd: cmd, out: &lockedWriter{w: &bytes.Buffer{}}, done: make(chan struct{})}
 	cmd.Stdout, cmd.Stderr = p.out, p.out
@@ -615,5 +618,43 @@ func TestCleanupCommand(t *testing.T) {
 	st, _ := store.Status(ctx)
 	if st.Unpublished != 1 || st.Published != 0 {
 		t.Fatalf("status after cleanup: %+v", st)
+	}
+}
+
+// TestRelayHTTP: /healthz, /readyz and /metrics on the address given.
+func TestRelayHTTP(t *testing.T) {
+	t.Parallel()
+	url := testenv.DatabaseURL(t)
+	pool := testenv.Pool(t, url)
+	table := migrateSchema(t, url, testenv.Schema(t, url), "outbox")
+	writeEvents(t, pool, table, 2, 10)
+	addr := fmt.Sprintf("127.0.0.1:%d", testenv.FreePort(t))
+	startRelayProc(t, nil, "--db", url, "--table", table.Schema+"."+table.Name, "--broker", "stdout:", "--http", addr)
+	get := func(path string) (int, string) {
+		resp, err := http.Get("http://" + addr + path)
+		if err != nil {
+			return 0, err.Error()
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, string(b)
+	}
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		code, body := get("/metrics")
+		if code == 200 && strings.Contains(body, `outbox_relay_published_total{topic="outbox.event.order"} 10`) &&
+			strings.Contains(body, "outbox_unpublished_events 0") && strings.Contains(body, "outbox_relay_leader 1") {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("/metrics: %d\n%s", code, body)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	if code, body := get("/healthz"); code != 200 {
+		t.Fatalf("/healthz: %d %s", code, body)
+	}
+	if code, body := get("/readyz"); code != 200 || !strings.Contains(body, "active") {
+		t.Fatalf("/readyz: %d %s", code, body)
 	}
 }

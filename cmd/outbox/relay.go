@@ -13,6 +13,8 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+
 	"github.com/outboxd/outbox/broker"
 	"github.com/outboxd/outbox/broker/amqp"
 	"github.com/outboxd/outbox/debezium"
@@ -20,6 +22,7 @@ import (
 	"github.com/outboxd/outbox/outboxdriver"
 	"github.com/outboxd/outbox/outboxdriver/outboxsqlite"
 	"github.com/outboxd/outbox/relay"
+	"github.com/outboxd/outbox/relay/relayprom"
 )
 
 func runRelay(ctx context.Context, args []string, stdout, stderr io.Writer) error {
@@ -44,6 +47,7 @@ func runRelay(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	fs.StringVar(&bo.amqpExchange, "amqp-exchange", amqp.ExchangeDefault, "RabbitMQ: the topic exchange")
 	fs.Int64Var(&bo.redisMaxLen, "redis-maxlen", 0, "Redis: trim each stream to about this many entries (0: no trimming)")
 	leaseTTL := fs.Duration("lease-ttl", outboxsqlite.LeaseTTLDefault, "SQLite only: how long leadership lasts unrenewed; a standby takes over this long after the active relay dies")
+	httpAddr := fs.String("http", "127.0.0.1:9464", "address for /metrics, /healthz and /readyz (empty: none); loopback unless you say otherwise")
 	configPath := fs.String("config", "", "a properties file of flag values and Debezium Outbox Event Router options (route.topic.replacement=..., table.fields.additional.placement=...)")
 	logLevel := fs.String("log-level", "info", "debug, info, warn or error")
 	logFormat := fs.String("log-format", "text", "text or json")
@@ -120,9 +124,22 @@ func runRelay(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		return err
 	}
 	defer pub.Close()
+	reg := prometheus.NewRegistry()
+	metrics, err := relayprom.New(reg, db.store)
+	if err != nil {
+		return err
+	}
+	cfg.Hooks = metrics
 	r, err := relay.New(db.store, pub, cfg)
 	if err != nil {
 		return err
+	}
+	if *httpAddr != "" {
+		stopHTTP, err := serveHTTP(ctx, *httpAddr, reg, db.store, r, logger)
+		if err != nil {
+			return err
+		}
+		defer stopHTTP()
 	}
 	logger.Info("relay starting", "db", redact.URL(*dsn), "broker", redact.URL(*brokerURL), "table", table.String())
 	err = r.Run(ctx)

@@ -192,7 +192,7 @@ func (d *demo) run(ctx context.Context) (*Result, error) {
 	killFile := filepath.Join(d.cfg.Dir, killFileName)
 	_ = os.Remove(killFile)
 	relay1 := d.cfg.RelayCommand("--db", "sqlite://"+ordersPath, "--broker", srv.URL(),
-		"--poll-interval", "20ms", "--lease-ttl", leaseTTL.String(), "--log-level", "warn")
+		"--poll-interval", "20ms", "--lease-ttl", leaseTTL.String(), "--log-level", "warn", "--http=")
 	relay1.Env = append(os.Environ(), "OUTBOX_FAILPOINT="+relay.FailpointAfterPublish+"@"+killFile)
 	relay1.Stdout, relay1.Stderr = io.Discard, io.Discard
 	if err := relay1.Start(); err != nil {

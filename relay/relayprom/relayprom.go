@@ -1,0 +1,149 @@
+// Package relayprom exposes the relay's metrics to Prometheus: it implements
+// relay.Hooks for what the relay does, and collects the table's backlog from the
+// store at scrape time.
+//
+// Metrics:
+//
+//	outbox_relay_published_total{topic}            events the broker acknowledged
+//	outbox_relay_failed_total{topic,reason}        failed publishes: unavailable, refused, permanent, held_back
+//	outbox_relay_commit_to_ack_seconds             write (created_at) to broker acknowledgement
+//	outbox_relay_batch_size                        rows per published batch
+//	outbox_relay_publish_seconds                   time the broker took for a batch
+//	outbox_relay_leader                            1 while this relay is the active one
+//	outbox_unpublished_events                      backlog (from the table, at scrape)
+//	outbox_oldest_unpublished_age_seconds          age of the oldest unpublished event
+//	outbox_failing_events                          unpublished events with failed attempts
+//	outbox_dead_letters                            events in the dead-letter table
+//	outbox_held_aggregates                         aggregates waiting behind a dead letter
+package relayprom
+
+import (
+	"context"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/outboxd/outbox/broker"
+	"github.com/outboxd/outbox/outboxdriver"
+	"github.com/outboxd/outbox/relay"
+)
+
+// Metrics is a relay.Hooks and a prometheus.Collector. Build it with New.
+type Metrics struct {
+	published   *prometheus.CounterVec
+	failed      *prometheus.CounterVec
+	latency     prometheus.Histogram
+	batchSize   prometheus.Histogram
+	publishTime prometheus.Histogram
+	leader      prometheus.Gauge
+	store       outboxdriver.Store
+
+	unpublished, oldest, failing, dead, held *prometheus.Desc
+	scrapeErrors                             prometheus.Counter
+}
+
+var _ relay.Hooks = (*Metrics)(nil)
+
+// New registers the metrics on reg. store, when not nil, is read at every scrape for
+// the backlog gauges (with a 5 s timeout).
+func New(reg prometheus.Registerer, store outboxdriver.Store) (*Metrics, error) {
+	m := &Metrics{
+		published: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "outbox_relay_published_total",
+			Help: "Events the broker acknowledged."}, []string{"topic"}),
+		failed: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "outbox_relay_failed_total",
+			Help: "Failed publishes by reason: unavailable, refused, permanent, held_back."}, []string{"topic", "reason"}),
+		latency: prometheus.NewHistogram(prometheus.HistogramOpts{Name: "outbox_relay_commit_to_ack_seconds",
+			Help: "Time from the event's write to the broker's acknowledgement.", Buckets: prometheus.ExponentialBuckets(0.001, 2, 16)}),
+		batchSize: prometheus.NewHistogram(prometheus.HistogramOpts{Name: "outbox_relay_batch_size",
+			Help: "Rows per published batch.", Buckets: prometheus.ExponentialBuckets(1, 4, 8)}),
+		publishTime: prometheus.NewHistogram(prometheus.HistogramOpts{Name: "outbox_relay_publish_seconds",
+			Help: "Time the broker took to answer for a batch.", Buckets: prometheus.ExponentialBuckets(0.0005, 2, 14)}),
+		leader: prometheus.NewGauge(prometheus.GaugeOpts{Name: "outbox_relay_leader", Help: "1 while this relay is the active one."}),
+		scrapeErrors: prometheus.NewCounter(prometheus.CounterOpts{Name: "outbox_status_scrape_errors_total",
+			Help: "Failed reads of the outbox table's status."}),
+		store:       store,
+		unpublished: prometheus.NewDesc("outbox_unpublished_events", "Events not yet published.", nil, nil),
+		oldest:      prometheus.NewDesc("outbox_oldest_unpublished_age_seconds", "Age of the oldest unpublished event.", nil, nil),
+		failing:     prometheus.NewDesc("outbox_failing_events", "Unpublished events with at least one failed attempt.", nil, nil),
+		dead:        prometheus.NewDesc("outbox_dead_letters", "Events in the dead-letter table.", nil, nil),
+		held:        prometheus.NewDesc("outbox_held_aggregates", "Aggregates whose events wait behind a dead letter.", nil, nil),
+	}
+	for _, c := range []prometheus.Collector{m.published, m.failed, m.latency, m.batchSize, m.publishTime, m.leader, m.scrapeErrors, m} {
+		if err := reg.Register(c); err != nil {
+			return nil, err
+		}
+	}
+	return m, nil
+}
+
+// BatchPublished implements relay.Hooks.
+func (m *Metrics) BatchPublished(outcomes []relay.Outcome, publishTime time.Duration) {
+	now := time.Now()
+	m.batchSize.Observe(float64(len(outcomes)))
+	m.publishTime.Observe(publishTime.Seconds())
+	for _, o := range outcomes {
+		if o.Err == nil {
+			m.published.WithLabelValues(o.Topic).Inc()
+			m.latency.Observe(now.Sub(o.Row.CreatedAt).Seconds())
+			continue
+		}
+		reason := "refused"
+		switch {
+		case broker.IsUnavailable(o.Err):
+			reason = "unavailable"
+		case broker.IsHeldBack(o.Err):
+			reason = "held_back"
+		case broker.IsPermanent(o.Err):
+			reason = "permanent"
+		}
+		m.failed.WithLabelValues(o.Topic, reason).Inc()
+	}
+}
+
+// LeaderChanged implements relay.Hooks.
+func (m *Metrics) LeaderChanged(leader bool) {
+	if leader {
+		m.leader.Set(1)
+	} else {
+		m.leader.Set(0)
+	}
+}
+
+// Describe implements prometheus.Collector (the status gauges).
+func (m *Metrics) Describe(ch chan<- *prometheus.Desc) {
+	for _, d := range []*prometheus.Desc{m.unpublished, m.oldest, m.failing, m.dead, m.held} {
+		ch <- d
+	}
+}
+
+// Collect implements prometheus.Collector: it reads the table's status.
+func (m *Metrics) Collect(ch chan<- prometheus.Metric) {
+	if m.store == nil {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	st, err := m.store.Status(ctx)
+	if err != nil {
+		m.scrapeErrors.Inc()
+		return
+	}
+	ch <- prometheus.MustNewConstMetric(m.unpublished, prometheus.GaugeValue, float64(st.Unpublished))
+	ch <- prometheus.MustNewConstMetric(m.oldest, prometheus.GaugeValue, st.OldestAge.Seconds())
+	ch <- prometheus.MustNewConstMetric(m.failing, prometheus.GaugeValue, float64(st.Failing))
+	ch <- prometheus.MustNewConstMetric(m.dead, prometheus.GaugeValue, float64(st.Dead))
+	ch <- prometheus.MustNewConstMetric(m.held, prometheus.GaugeValue, float64(st.HeldKeys))
+}
+
+// PublishedCounter is the published_total series of topic (for tests and dashboards).
+func (m *Metrics) PublishedCounter(topic string) prometheus.Counter {
+	return m.published.WithLabelValues(topic)
+}
+
+// FailedCounter is the failed_total series of topic and reason.
+func (m *Metrics) FailedCounter(topic, reason string) prometheus.Counter {
+	return m.failed.WithLabelValues(topic, reason)
+}
+
+// LeaderGauge is the leader gauge.
+func (m *Metrics) LeaderGauge() prometheus.Gauge { return m.leader }
