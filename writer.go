@@ -42,6 +42,11 @@ type Config struct {
 	NotifyInterval time.Duration
 	// MaxHeaders is the most headers per event. Zero means MaxHeadersDefault.
 	MaxHeaders int
+	// TraceContext, when set, returns the caller's trace context for ctx as the
+	// tracingspancontext column stores it ("traceparent=...\ntracestate=...", Java
+	// Properties text as Debezium reads it); the relay continues that trace.
+	// outboxotel.TraceContext provides it for OpenTelemetry.
+	TraceContext func(ctx context.Context) string
 }
 
 // Writer inserts events in the caller's transactions. It is safe for concurrent use.
@@ -104,10 +109,15 @@ func (w *Writer[TTx]) write(ctx context.Context, exec outboxdriver.Executor, eve
 		return nil
 	}
 	rows := make([]outboxdriver.InsertEvent, len(events))
+	var trace string
+	if w.cfg.TraceContext != nil {
+		trace = w.cfg.TraceContext(ctx)
+	}
 	for i := range events {
 		if err := w.prepare(i, &events[i], &rows[i]); err != nil {
 			return err
 		}
+		rows[i].TraceContext = trace
 	}
 	if err := exec.InsertEvents(ctx, &outboxdriver.InsertParams{Events: rows}); err != nil {
 		return fmt.Errorf("outbox: insert %d events: %w", len(rows), err)

@@ -107,6 +107,10 @@ type Config struct {
 	Table string
 	// VersionGuard skips events older than one already applied for their aggregate.
 	VersionGuard bool
+	// StartSpan, when set, starts a span for a message (continuing the trace in its
+	// headers) and returns the context the handler runs in and a func ending the span
+	// with the handler's error. outboxotel.InboxSpan provides it for OpenTelemetry.
+	StartSpan func(ctx context.Context, consumer string, msg *Message) (context.Context, func(outcome Outcome, err error))
 }
 
 var tableRE = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]{0,50}$`)
@@ -236,12 +240,17 @@ func (ib *Inbox[TTx]) RecordTx(ctx context.Context, tx TTx, consumer string, msg
 // and, on first delivery, runs fn. fn's error rolls everything back and is returned
 // (do not acknowledge: the message comes again). A duplicate or stale message
 // commits only its record and returns nil (acknowledge it).
-func (ib *Inbox[TTx]) Handle(ctx context.Context, consumer string, msg *Message, fn func(ctx context.Context, tx TTx) error) (Outcome, error) {
+func (ib *Inbox[TTx]) Handle(ctx context.Context, consumer string, msg *Message, fn func(ctx context.Context, tx TTx) error) (outcome Outcome, err error) {
+	if ib.cfg.StartSpan != nil {
+		var end func(Outcome, error)
+		ctx, end = ib.cfg.StartSpan(ctx, consumer, msg)
+		defer func() { end(outcome, err) }()
+	}
 	tx, err := ib.begin(ctx)
 	if err != nil {
 		return 0, fmt.Errorf("inbox: begin: %w", err)
 	}
-	outcome, err := ib.RecordTx(ctx, tx, consumer, msg)
+	outcome, err = ib.RecordTx(ctx, tx, consumer, msg)
 	if err == nil && outcome == Processed {
 		err = fn(ctx, tx)
 	}

@@ -75,6 +75,7 @@ type InsertEvent struct {
 	Payload       []byte
 	Headers       []byte    // JSON object text, nil for none
 	AvailableAt   time.Time // zero: now; later: a delayed event
+	TraceContext  string    // tracingspancontext: "traceparent=...\ntracestate=...", "" for none
 }
 
 // Row is one outbox row as the relay reads it.

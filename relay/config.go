@@ -56,6 +56,14 @@ type Hooks interface {
 	LeaderChanged(leader bool)
 }
 
+// PublishTracer traces publishing. StartPublish is called just before a batch goes to
+// the broker; it may rewrite each message's trace headers (traceparent, tracestate) so
+// consumers continue from the publish span. The returned func is called with the
+// broker's results.
+type PublishTracer interface {
+	StartPublish(msgs []broker.Message) (end func(results []broker.Result))
+}
+
 // Config configures a Relay. The zero value (or nil) gives the defaults.
 type Config struct {
 	// BatchSize is the most rows claimed and published at once.
@@ -103,6 +111,9 @@ type Config struct {
 	// format (debezium.Router emits what Debezium's Outbox Event Router would).
 	// TopicTemplate is then unused.
 	Router Router
+	// Tracer, when set, wraps each batch's publishing in spans that continue the
+	// producers' traces (outboxotel.PublishTracer for OpenTelemetry).
+	Tracer PublishTracer
 	// Hooks, when set, is told about every batch (metrics adapters implement it:
 	// see package relay/relayprom). The relay itself depends on no metrics library.
 	Hooks Hooks

@@ -263,7 +263,15 @@ func (r *Relay) lead(ctx context.Context, lead outboxdriver.Leadership) error {
 		}
 		msgs, idx, results := r.route(rows)
 		pubStart := time.Now()
-		for j, res := range r.pub.Publish(work, msgs) {
+		var endTrace func([]broker.Result)
+		if r.cfg.Tracer != nil {
+			endTrace = r.cfg.Tracer.StartPublish(msgs)
+		}
+		pubResults := r.pub.Publish(work, msgs)
+		if endTrace != nil {
+			endTrace(pubResults)
+		}
+		for j, res := range pubResults {
 			results[idx[j]] = res
 		}
 		pubTime := time.Since(pubStart)

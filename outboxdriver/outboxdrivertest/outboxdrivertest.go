@@ -61,6 +61,7 @@ func Run[TTx any](t *testing.T, newHarness NewFunc[TTx]) {
 		{"DeadLetterFlowPurge", testDeadLetterFlowPurge[TTx]},
 		{"DelayedEvents", testDelayed[TTx]},
 		{"CleanupNeverDeletesUnpublished", testCleanup[TTx]},
+		{"TraceContextStored", testTraceContext[TTx]},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -704,5 +705,41 @@ func testCleanup[TTx any](t *testing.T, h *Harness[TTx]) {
 	}
 	if total != before.Published || after.Published != 0 || after.Unpublished != before.Unpublished || after.Failing != before.Failing {
 		t.Fatalf("cleanup deleted %d; status before %+v, after %+v: only the %d published rows may go", total, before, after, before.Published)
+	}
+}
+
+// testTraceContext: the writer's trace context lands in tracingspancontext, for small
+// and large writes alike.
+func testTraceContext[TTx any](t *testing.T, h *Harness[TTx]) {
+	const tc = "traceparent=00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01\ntracestate=vendor=x"
+	w, err := outbox.NewWriter(h.Driver, &outbox.Config{TraceContext: func(context.Context) string { return tc }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := ctxT(t)
+	for _, n := range []int{1, 40} {
+		evs := make([]outbox.Event, n)
+		for i := range evs {
+			evs[i] = event("k", i)
+		}
+		tx, err := h.Begin(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := w.WriteTx(ctx, tx, evs...); err != nil {
+			t.Fatal(err)
+		}
+		if err := h.Commit(ctx, tx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	rows := drain(t, store(t, h))
+	if len(rows) != 41 {
+		t.Fatalf("%d rows", len(rows))
+	}
+	for _, r := range rows {
+		if r.TraceContext != tc {
+			t.Fatalf("row %d trace context %q", r.Seq, r.TraceContext)
+		}
 	}
 }

@@ -193,19 +193,19 @@ type executor struct {
 }
 
 // insertChunk keeps a statement well under SQLite's bound-variable limit.
-const insertChunk = 500
+const insertChunk = 400
 
 func (e executor) InsertEvents(ctx context.Context, p *outboxdriver.InsertParams) error {
 	for start := 0; start < len(p.Events); start += insertChunk {
 		evs := p.Events[start:min(start+insertChunk, len(p.Events))]
 		var b strings.Builder
-		b.WriteString("INSERT INTO " + e.d.q + " (id, aggregatetype, aggregateid, type, payload, headers, available_at) VALUES ")
-		args := make([]any, 0, len(evs)*7)
+		b.WriteString("INSERT INTO " + e.d.q + " (id, aggregatetype, aggregateid, type, payload, headers, available_at, tracingspancontext) VALUES ")
+		args := make([]any, 0, len(evs)*8)
 		for i, ev := range evs {
 			if i > 0 {
 				b.WriteByte(',')
 			}
-			b.WriteString("(?,?,?,?,?,?,?)")
+			b.WriteString("(?,?,?,?,?,?,?,?)")
 			var avail int64
 			if !ev.AvailableAt.IsZero() {
 				avail = ev.AvailableAt.UnixMilli()
@@ -218,7 +218,11 @@ func (e executor) InsertEvents(ctx context.Context, p *outboxdriver.InsertParams
 			if payload == nil {
 				payload = []byte{}
 			}
-			args = append(args, ev.ID, ev.AggregateType, ev.AggregateID, ev.Type, payload, headers, avail)
+			var trace any
+			if ev.TraceContext != "" {
+				trace = ev.TraceContext
+			}
+			args = append(args, ev.ID, ev.AggregateType, ev.AggregateID, ev.Type, payload, headers, avail, trace)
 		}
 		if _, err := e.q.ExecContext(ctx, b.String(), args...); err != nil {
 			return interpretError(err)

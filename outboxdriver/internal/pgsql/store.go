@@ -57,19 +57,19 @@ func NewStatements(t outboxdriver.Table) (*Statements, error) {
 	s.insertValues = make([]string, maxValuesRows+1)
 	for n := 1; n <= maxValuesRows; n++ {
 		var b strings.Builder
-		b.WriteString(`INSERT INTO ` + q + ` (id, aggregatetype, aggregateid, type, payload, headers, available_at) VALUES `)
+		b.WriteString(`INSERT INTO ` + q + ` (id, aggregatetype, aggregateid, type, payload, headers, available_at, tracingspancontext) VALUES `)
 		for i := 0; i < n; i++ {
 			if i > 0 {
 				b.WriteByte(',')
 			}
 			p := i * insertCols
-			fmt.Fprintf(&b, "($%d,$%d,$%d,$%d,$%d,$%d,coalesce($%d::timestamptz, now()))", p+1, p+2, p+3, p+4, p+5, p+6, p+7)
+			fmt.Fprintf(&b, "($%d,$%d,$%d,$%d,$%d,$%d,coalesce($%d::timestamptz, now()),$%d)", p+1, p+2, p+3, p+4, p+5, p+6, p+7, p+8)
 		}
 		s.insertValues[n] = b.String()
 	}
-	s.insert = `INSERT INTO ` + q + ` (id, aggregatetype, aggregateid, type, payload, headers, available_at)
-SELECT u.id::uuid, u.at, u.aid, u.t, ` + payloadExpr + `, u.h::jsonb, coalesce(u.av, now())
-FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], ` + payloadArg + `, $6::text[], $7::timestamptz[]) AS u(id, at, aid, t, p, h, av)`
+	s.insert = `INSERT INTO ` + q + ` (id, aggregatetype, aggregateid, type, payload, headers, available_at, tracingspancontext)
+SELECT u.id::uuid, u.at, u.aid, u.t, ` + payloadExpr + `, u.h::jsonb, coalesce(u.av, now()), u.tc
+FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], ` + payloadArg + `, $6::text[], $7::timestamptz[], $8::text[]) AS u(id, at, aid, t, p, h, av, tc)`
 	// A row is claimed when it is due, no earlier row of its aggregate is failing
 	// (waiting for a retry), and no dead letter holds its aggregate: a failing event
 	// blocks only its own aggregate, in order.
@@ -130,7 +130,7 @@ func InterpretError(err error) error {
 const maxValuesRows = 32
 
 // insertCols is the number of parameters per row of the VALUES insert.
-const insertCols = 7
+const insertCols = 8
 
 // availableAt is the parameter for an event's available_at: NULL means now().
 func availableAt(t time.Time) *time.Time {
@@ -164,13 +164,14 @@ func (e Executor) InsertEvents(ctx context.Context, p *outboxdriver.InsertParams
 			if ev.Headers != nil {
 				headers = string(ev.Headers)
 			}
-			args = append(args, ev.ID, ev.AggregateType, ev.AggregateID, ev.Type, payload, headers, availableAt(ev.AvailableAt))
+			args = append(args, ev.ID, ev.AggregateType, ev.AggregateID, ev.Type, payload, headers, availableAt(ev.AvailableAt), nullable(ev.TraceContext))
 		}
 		return InterpretError(e.Q.Exec(ctx, e.S.insertValues[n], args...))
 	}
 	ids, ats, aids, types := make([]string, n), make([]string, n), make([]string, n), make([]string, n)
 	headers := make([]*string, n)
 	avail := make([]*time.Time, n)
+	traces := make([]*string, n)
 	var payload any
 	if e.S.table.Payload == outboxdriver.PayloadBytes {
 		ps := make([][]byte, n)
@@ -192,8 +193,17 @@ func (e Executor) InsertEvents(ctx context.Context, p *outboxdriver.InsertParams
 			headers[i] = &h
 		}
 		avail[i] = availableAt(ev.AvailableAt)
+		traces[i] = nullable(ev.TraceContext)
 	}
-	return InterpretError(e.Q.Exec(ctx, e.S.insert, ids, ats, aids, types, payload, headers, avail))
+	return InterpretError(e.Q.Exec(ctx, e.S.insert, ids, ats, aids, types, payload, headers, avail, traces))
+}
+
+// nullable is NULL for an empty string.
+func nullable(s string) *string {
+	if s == "" {
+		return nil
+	}
+	return &s
 }
 
 // nonNil keeps an empty payload empty rather than NULL.
