@@ -11,21 +11,20 @@ import (
 
 // Defaults for Config.
 const (
-	BatchSizeDefault      = 1000
-	PollIntervalDefault   = 500 * time.Millisecond
-	NotifyLingerDefault   = 60 * time.Millisecond
-	LeaderRetryDefault    = time.Second
-	LeaderCheckDefault    = time.Second
-	BackoffMinDefault     = 100 * time.Millisecond
-	BackoffMaxDefault     = 30 * time.Second
-	DrainTimeoutDefault   = 30 * time.Second
-	MaxAttemptsDefault    = 10
-	RetryMinDefault       = time.Second
-	RetryMaxDefault       = 5 * time.Minute
-	RetentionDefault      = 7 * 24 * time.Hour
-	CleanupEveryDefault   = time.Minute
-	CleanupBatchDefault   = 1000
-	MaxMarksInFlightLimit = 2
+	BatchSizeDefault    = 1000
+	PollIntervalDefault = 500 * time.Millisecond
+	NotifyLingerDefault = 60 * time.Millisecond
+	LeaderRetryDefault  = time.Second
+	LeaderCheckDefault  = time.Second
+	BackoffMinDefault   = 100 * time.Millisecond
+	BackoffMaxDefault   = 30 * time.Second
+	DrainTimeoutDefault = 30 * time.Second
+	MaxAttemptsDefault  = 10
+	RetryMinDefault     = time.Second
+	RetryMaxDefault     = 5 * time.Minute
+	RetentionDefault    = 7 * 24 * time.Hour
+	CleanupEveryDefault = time.Minute
+	CleanupBatchDefault = 1000
 )
 
 // Failpoints named by Config.Failpoint.
@@ -76,6 +75,7 @@ type Config struct {
 	NotifyLinger time.Duration
 	// Delete removes rows once published instead of stamping published_at.
 	Delete bool
+
 	// TopicTemplate makes the topic of each event. Default
 	// broker.TopicTemplateDefault ("outbox.event.${aggregatetype}").
 	TopicTemplate string

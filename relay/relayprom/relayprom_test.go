@@ -82,8 +82,16 @@ outbox_held_aggregates 1
 # TYPE outbox_unpublished_events gauge
 outbox_unpublished_events 1
 `
-	if err := testutil.GatherAndCompare(reg, strings.NewReader(want), "outbox_dead_letters", "outbox_held_aggregates", "outbox_unpublished_events"); err != nil {
-		t.Error(err)
+	// The relay marks rows after the broker's answer: wait for the table to agree.
+	for {
+		err := testutil.GatherAndCompare(reg, strings.NewReader(want), "outbox_dead_letters", "outbox_held_aggregates", "outbox_unpublished_events")
+		if err == nil {
+			break
+		}
+		if ctx.Err() != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(10 * time.Millisecond)
 	}
 	if n := testutil.CollectAndCount(reg, "outbox_relay_commit_to_ack_seconds"); n != 1 {
 		t.Errorf("latency histogram missing (%d)", n)
