@@ -3,17 +3,24 @@ package main
 import (
 	"bufio"
 	"flag"
+	"fmt"
 	"os"
 	"strings"
+
+	"go.yaml.in/yaml/v3"
 
 	"github.com/outboxd/outbox/debezium"
 )
 
-// readConfigFile reads a properties-style file: "key=value" or "key: value" lines,
-// '#' and '!' comments. Keys are the command's flag names or, for the relay, the
-// options of Debezium's Outbox Event Router (also with a Kafka Connect
-// "transforms.NAME." prefix), so a connector's router options can be copied as they are.
+// readConfigFile reads a YAML file (.yaml, .yml) or a properties file ("key=value" or
+// "key: value" lines, '#' and '!' comments). Keys are the command's flag names or, for
+// the relay, the options of Debezium's Outbox Event Router (also with a Kafka Connect
+// "transforms.NAME." prefix), so a connector's router options can be copied as they
+// are. In YAML, nested maps join their keys with dots.
 func readConfigFile(path string) (map[string]string, error) {
+	if strings.HasSuffix(path, ".yaml") || strings.HasSuffix(path, ".yml") {
+		return readYAML(path)
+	}
 	f, err := os.Open(path)
 	if err != nil {
 		return nil, usageErr("--config: %v", err)
@@ -76,4 +83,37 @@ func applyConfigFile(fs *flag.FlagSet, path string) (map[string]string, error) {
 
 func envName(flagName string) string {
 	return "OUTBOX_" + strings.ToUpper(strings.ReplaceAll(flagName, "-", "_"))
+}
+
+func readYAML(path string) (map[string]string, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil, usageErr("--config: %v", err)
+	}
+	var doc map[string]any
+	if err := yaml.Unmarshal(b, &doc); err != nil {
+		return nil, usageErr("--config %s: %v", path, err)
+	}
+	out := map[string]string{}
+	var walk func(prefix string, m map[string]any) error
+	walk = func(prefix string, m map[string]any) error {
+		for k, v := range m {
+			key := prefix + k
+			switch v := v.(type) {
+			case map[string]any:
+				if err := walk(key+".", v); err != nil {
+					return err
+				}
+			case []any, nil:
+				return usageErr("--config %s: %s: want a single value", path, key)
+			default:
+				out[key] = fmt.Sprint(v)
+			}
+		}
+		return nil
+	}
+	if err := walk("", doc); err != nil {
+		return nil, err
+	}
+	return out, nil
 }

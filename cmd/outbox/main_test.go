@@ -658,3 +658,31 @@ func TestRelayHTTP(t *testing.T) {
 		t.Fatalf("/readyz: %d %s", code, body)
 	}
 }
+
+func TestReadYAMLConfig(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "relay.yaml")
+	err := os.WriteFile(path, []byte(`# relay
+db: "postgres://app@db:5432/app?sslmode=disable"
+batch-size: 500
+delete: true
+transforms:
+  outbox:
+    route.topic.replacement: "${routedByValue}.events"
+`), 0o600)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := readConfigFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := map[string]string{"db": "postgres://app@db:5432/app?sslmode=disable", "batch-size": "500", "delete": "true",
+		"transforms.outbox.route.topic.replacement": "${routedByValue}.events"}
+	if fmt.Sprint(got) != fmt.Sprint(want) {
+		t.Fatalf("got %v\nwant %v", got, want)
+	}
+	_ = os.WriteFile(path, []byte("db: [a, b]\n"), 0o600)
+	if _, err := readConfigFile(path); err == nil {
+		t.Fatal("a list value was accepted")
+	}
+}

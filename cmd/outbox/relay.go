@@ -48,7 +48,7 @@ func runRelay(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	fs.Int64Var(&bo.redisMaxLen, "redis-maxlen", 0, "Redis: trim each stream to about this many entries (0: no trimming)")
 	leaseTTL := fs.Duration("lease-ttl", outboxsqlite.LeaseTTLDefault, "SQLite only: how long leadership lasts unrenewed; a standby takes over this long after the active relay dies")
 	httpAddr := fs.String("http", "127.0.0.1:9464", "address for /metrics, /healthz and /readyz (empty: none); loopback unless you say otherwise")
-	configPath := fs.String("config", "", "a properties file of flag values and Debezium Outbox Event Router options (route.topic.replacement=..., table.fields.additional.placement=...)")
+	configPath := fs.String("config", "", "a YAML (.yaml) or properties file of flag values and Debezium Outbox Event Router options; flags and OUTBOX_* variables win over it")
 	logLevel := fs.String("log-level", "info", "debug, info, warn or error")
 	logFormat := fs.String("log-format", "text", "text or json")
 	if err := parse(fs, args); err != nil {
