@@ -196,6 +196,21 @@ func (h *KeyHold) Refuse(key string, err error) {
 	}
 }
 
+// Admit says whether a publisher may send m: an error if its key is held back, or if
+// size (the message's size as the broker counts it) exceeds max (when max > 0), which
+// also holds the key back. Publishers call it for each message before sending it.
+func (h *KeyHold) Admit(m *Message, size, max int) error {
+	if err := h.Held(m.Key); err != nil {
+		return err
+	}
+	if max > 0 && size > max {
+		err := Permanent(fmt.Errorf("message of %d bytes exceeds the limit of %d", size, max))
+		h.Refuse(m.Key, err)
+		return err
+	}
+	return nil
+}
+
 // Held returns the error for a later message of key, or nil if the key is not held.
 func (h *KeyHold) Held(key string) error {
 	if err, ok := h.refused[key]; ok {

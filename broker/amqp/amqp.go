@@ -150,13 +150,7 @@ func (p *Publisher) Publish(ctx context.Context, msgs []broker.Message) []broker
 			res[i].Err = stop
 			continue
 		}
-		if err := hold.Held(m.Key); err != nil {
-			res[i].Err = err
-			continue
-		}
-		if p.cfg.MaxMessageBytes > 0 && len(m.Payload) > p.cfg.MaxMessageBytes {
-			res[i].Err = broker.Permanent(fmt.Errorf("payload of %d bytes exceeds the limit of %d", len(m.Payload), p.cfg.MaxMessageBytes))
-			hold.Refuse(m.Key, res[i].Err)
+		if res[i].Err = hold.Admit(m, len(m.Payload), p.cfg.MaxMessageBytes); res[i].Err != nil {
 			continue
 		}
 		headers := amqp.Table{HeaderKey: m.Key}

@@ -157,13 +157,7 @@ func (p *Publisher) Publish(ctx context.Context, msgs []broker.Message) []broker
 			res[i].Err = err
 			continue
 		}
-		if err := hold.Held(m.Key); err != nil {
-			res[i].Err = err
-			continue
-		}
-		if size := recordSize(m); size > p.cfg.MaxMessageBytes {
-			res[i].Err = broker.Permanent(fmt.Errorf("record of %d bytes exceeds the limit of %d", size, p.cfg.MaxMessageBytes))
-			hold.Refuse(m.Key, res[i].Err)
+		if res[i].Err = hold.Admit(m, recordSize(m), p.cfg.MaxMessageBytes); res[i].Err != nil {
 			continue
 		}
 		pending[i] = true

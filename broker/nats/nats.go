@@ -184,8 +184,7 @@ func (p *Publisher) Publish(ctx context.Context, msgs []broker.Message) []broker
 			res[i].Err = stop
 			continue
 		}
-		if err := hold.Held(m.Key); err != nil {
-			res[i].Err = err
+		if res[i].Err = hold.Held(m.Key); res[i].Err != nil {
 			continue
 		}
 		streamMax, err := p.ensureStream(ctx, m.Topic)
@@ -205,15 +204,11 @@ func (p *Publisher) Publish(ctx context.Context, msgs []broker.Message) []broker
 		nm := &nats.Msg{Subject: m.Topic, Data: m.Payload, Header: hdr}
 		// Refuse what the server would refuse, before sending: the key's later
 		// messages can then be held back instead of overtaking this one.
-		if size > maxPayload {
-			res[i].Err = broker.Permanent(fmt.Errorf("message of %d bytes exceeds the NATS max_payload of %d", size, maxPayload))
-			hold.Refuse(m.Key, res[i].Err)
-			continue
+		if res[i].Err = hold.Admit(&m, size, maxPayload); res[i].Err != nil {
+			continue // over the server's max_payload
 		}
-		if streamMax > 0 && len(m.Payload) > streamMax {
-			res[i].Err = broker.Permanent(fmt.Errorf("payload of %d bytes exceeds the stream's max_msg_size of %d", len(m.Payload), streamMax))
-			hold.Refuse(m.Key, res[i].Err)
-			continue
+		if res[i].Err = hold.Admit(&m, len(m.Payload), streamMax); res[i].Err != nil {
+			continue // over the stream's max_msg_size
 		}
 		f, err := p.js.PublishMsgAsync(nm, p.opts...)
 		if err != nil {

@@ -74,13 +74,7 @@ func (p *Publisher) Publish(ctx context.Context, msgs []broker.Message) []broker
 	pipe := p.c.Pipeline()
 	for i := range msgs {
 		m := &msgs[i]
-		if err := hold.Held(m.Key); err != nil {
-			res[i].Err = err
-			continue
-		}
-		if p.cfg.MaxMessageBytes > 0 && len(m.Payload) > p.cfg.MaxMessageBytes {
-			res[i].Err = broker.Permanent(fmt.Errorf("payload of %d bytes exceeds the limit of %d", len(m.Payload), p.cfg.MaxMessageBytes))
-			hold.Refuse(m.Key, res[i].Err)
+		if res[i].Err = hold.Admit(m, len(m.Payload), p.cfg.MaxMessageBytes); res[i].Err != nil {
 			continue
 		}
 		h := make(map[string]string, m.HeaderCount())

@@ -22,11 +22,7 @@ func runCleanup(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	if *olderThan <= 0 || *batch <= 0 {
 		return usageErr("--older-than and --batch must be positive")
 	}
-	table, err := parseTable(*tableName, string(outboxdriver.PayloadJSON))
-	if err != nil {
-		return err
-	}
-	db, err := openDB(ctx, *dsn, table, dbOptions{})
+	db, table, err := openTable(ctx, *dsn, *tableName)
 	if err != nil {
 		return err
 	}

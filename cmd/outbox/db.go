@@ -90,3 +90,14 @@ func openPostgres(ctx context.Context, dsn string, table outboxdriver.Table) (*d
 	}
 	return &database{store: store, migrator: m, close: pool.Close}, nil
 }
+
+// openTable opens --db for the --table of a command that reads or manages an existing
+// outbox (status, dlq, cleanup).
+func openTable(ctx context.Context, dsn, tableName string) (*database, outboxdriver.Table, error) {
+	table, err := parseTable(tableName, string(outboxdriver.PayloadJSON))
+	if err != nil {
+		return nil, table, err
+	}
+	db, err := openDB(ctx, dsn, table, dbOptions{})
+	return db, table, err
+}

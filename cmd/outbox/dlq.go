@@ -61,11 +61,7 @@ func runDLQ(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	if sub == "list" && f.Limit == 0 {
 		f.Limit = 100
 	}
-	table, err := parseTable(*tableName, string(outboxdriver.PayloadJSON))
-	if err != nil {
-		return err
-	}
-	db, err := openDB(ctx, *dsn, table, dbOptions{})
+	db, _, err := openTable(ctx, *dsn, *tableName)
 	if err != nil {
 		return err
 	}

@@ -18,11 +18,7 @@ func runStatus(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	if err := parse(fs, args); err != nil {
 		return err
 	}
-	table, err := parseTable(*tableName, string(outboxdriver.PayloadJSON))
-	if err != nil {
-		return err
-	}
-	db, err := openDB(ctx, *dsn, table, dbOptions{})
+	db, table, err := openTable(ctx, *dsn, *tableName)
 	if err != nil {
 		return err
 	}
