@@ -76,27 +76,36 @@ func New(reg prometheus.Registerer, store outboxdriver.Store) (*Metrics, error) 
 	return m, nil
 }
 
-// BatchPublished implements relay.Hooks.
+// BatchPublished implements relay.Hooks. Counts are summed per topic first: the
+// label lookup is the costly part, and a batch is mostly one or a few topics.
 func (m *Metrics) BatchPublished(outcomes []relay.Outcome, publishTime time.Duration) {
 	now := time.Now()
 	m.batchSize.Observe(float64(len(outcomes)))
 	m.publishTime.Observe(publishTime.Seconds())
+	type key struct{ topic, reason string }
+	counts := map[key]int{}
 	for _, o := range outcomes {
-		if o.Err == nil {
-			m.published.WithLabelValues(o.Topic).Inc()
-			m.latency.Observe(now.Sub(o.Row.CreatedAt).Seconds())
-			continue
-		}
-		reason := "refused"
+		reason := ""
 		switch {
+		case o.Err == nil:
+			m.latency.Observe(now.Sub(o.Row.CreatedAt).Seconds())
 		case broker.IsUnavailable(o.Err):
 			reason = "unavailable"
 		case broker.IsHeldBack(o.Err):
 			reason = "held_back"
 		case broker.IsPermanent(o.Err):
 			reason = "permanent"
+		default:
+			reason = "refused"
 		}
-		m.failed.WithLabelValues(o.Topic, reason).Inc()
+		counts[key{o.Topic, reason}]++
+	}
+	for k, n := range counts {
+		if k.reason == "" {
+			m.published.WithLabelValues(k.topic).Add(float64(n))
+		} else {
+			m.failed.WithLabelValues(k.topic, k.reason).Add(float64(n))
+		}
 	}
 }
 
