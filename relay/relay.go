@@ -262,15 +262,15 @@ func (r *Relay) lead(ctx context.Context, lead outboxdriver.Leadership) error {
 			next = r.startClaim(work) // prefetch while this batch is on the wire
 		}
 		msgs, idx, results := r.route(rows)
+		// The previous batch's mark must have landed before this one goes out: after a
+		// crash at most one batch (this one) is published again. (Letting them overlap
+		// measured no faster here: docs/benchmarks.md.)
+		markWG.Wait()
 		pubStart := time.Now()
 		var endTrace func([]broker.Result)
 		if r.cfg.Tracer != nil {
 			endTrace = r.cfg.Tracer.StartPublish(msgs)
 		}
-		// The previous batch's mark must have landed before this one goes out: after a
-		// crash at most one batch (this one) is published again. (Letting them overlap
-		// measured no faster here: docs/benchmarks.md.)
-		markWG.Wait()
 		pubResults := r.pub.Publish(work, msgs)
 		if endTrace != nil {
 			endTrace(pubResults)
