@@ -208,6 +208,10 @@ type Status struct {
 	Failing     int64         // unpublished rows with at least one failed attempt
 	Dead        int64         // dead letters
 	HeldKeys    int64         // aggregates whose events wait behind a dead letter
+	// ActiveRelay describes the relay holding leadership ("" when none), and
+	// ActiveSince when it took it, where the database knows (zero otherwise).
+	ActiveRelay string
+	ActiveSince time.Time
 }
 
 // Migrator creates and upgrades the schema.

@@ -63,6 +63,9 @@ func openPostgres(ctx context.Context, dsn string, table outboxdriver.Table) (*d
 	if err != nil {
 		return nil, usageErr("--db %s: %v", redact.URL(dsn), err)
 	}
+	if _, ok := cfg.ConnConfig.RuntimeParams["application_name"]; !ok {
+		cfg.ConnConfig.RuntimeParams["application_name"] = "outbox" // named in pg_stat_activity and `outbox status`
+	}
 	if !strings.Contains(dsn, "pool_max_conns") {
 		// leadership + listener + up to three batches in flight, with room to spare
 		cfg.MaxConns = 8

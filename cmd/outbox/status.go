@@ -44,5 +44,20 @@ func runStatus(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	fmt.Fprintf(stdout, "failing (attempts>0):  %d\n", st.Failing)
 	fmt.Fprintf(stdout, "published, kept:       %d\n", st.Published)
 	fmt.Fprintf(stdout, "dead letters:          %d (holding %d aggregates; see `outbox dlq list`)\n", st.Dead, st.HeldKeys)
+	switch {
+	case st.ActiveRelay == "":
+		fmt.Fprintf(stdout, "active relay:          none\n")
+	case st.ActiveSince.IsZero():
+		fmt.Fprintf(stdout, "active relay:          %s\n", st.ActiveRelay)
+	default:
+		fmt.Fprintf(stdout, "active relay:          %s, since %s\n", st.ActiveRelay, st.ActiveSince.UTC().Format(time.RFC3339))
+	}
 	return nil
+}
+
+func timeOrNil(t time.Time) *time.Time {
+	if t.IsZero() {
+		return nil
+	}
+	return &t
 }

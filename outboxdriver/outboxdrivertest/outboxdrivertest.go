@@ -440,6 +440,9 @@ func testLeadership[TTx any](t *testing.T, h *Harness[TTx]) {
 	if err := l1.Check(ctx); err != nil {
 		t.Fatalf("check: %v", err)
 	}
+	if st, err := s.Status(ctx); err != nil || st.ActiveRelay == "" {
+		t.Fatalf("status while a relay leads: %+v, %v; want the active relay named", st, err)
+	}
 	l2, err := s.AcquireLeadership(ctx)
 	if err != nil || l2 != nil {
 		t.Fatalf("second acquire while held: %v, %v; want nil, nil", l2, err)
@@ -452,6 +455,9 @@ func testLeadership[TTx any](t *testing.T, h *Harness[TTx]) {
 	}
 	if err := l1.Check(ctx); !errors.Is(err, outboxdriver.ErrLeadershipLost) {
 		t.Fatalf("check after release: %v", err)
+	}
+	if st, err := s.Status(ctx); err != nil || st.ActiveRelay != "" {
+		t.Fatalf("status with no relay: %+v, %v", st, err)
 	}
 	l3, err := s.AcquireLeadership(ctx)
 	if err != nil || l3 == nil {

@@ -19,6 +19,7 @@ import (
 	"embed"
 	"encoding/hex"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"net/url"
 	"strings"
@@ -473,6 +474,15 @@ FROM `+d.q).Scan(&st.Unpublished, &oldest, &st.Published, &st.Failing, &st.Dead,
 	}
 	if oldest.Valid {
 		st.OldestAge = max(time.Duration(nowMillis()-oldest.Int64)*time.Millisecond, time.Millisecond)
+	}
+	var holder string
+	var expires int64
+	err = d.db.QueryRowContext(ctx, `SELECT holder, expires_at FROM `+d.qLead+` WHERE name = 'relay' AND expires_at >= ?`, nowMillis()).Scan(&holder, &expires)
+	switch {
+	case err == nil:
+		st.ActiveRelay = "lease holder " + holder + ", lease until " + time.UnixMilli(expires).UTC().Format(time.RFC3339)
+	case !errors.Is(err, sql.ErrNoRows):
+		return nil, interpretError(err)
 	}
 	return st, nil
 }

@@ -429,7 +429,24 @@ func (s *Store) Status(ctx context.Context) (*outboxdriver.Status, error) {
 		return nil, InterpretError(err)
 	}
 	st.OldestAge = time.Duration(ageSec * float64(time.Second))
-	return st, nil
+	// Who holds the leadership lock: a session, so pg_stat_activity says who it is.
+	rows, err := s.DB.Query(ctx, `SELECT a.pid, coalesce(host(a.client_addr), 'local'), a.application_name, a.backend_start
+FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid
+WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 1 AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
+  AND l.classid::bigint = (($1::bigint >> 32) & 4294967295) AND l.objid::bigint = ($1::bigint & 4294967295)`, s.S.lockKey)
+	if err != nil {
+		return nil, InterpretError(err)
+	}
+	defer rows.Close()
+	if rows.Next() {
+		var pid int
+		var addr, app string
+		if err := rows.Scan(&pid, &addr, &app, &st.ActiveSince); err != nil {
+			return nil, InterpretError(err)
+		}
+		st.ActiveRelay = fmt.Sprintf("pid %d on %s (%s)", pid, addr, app)
+	}
+	return st, InterpretError(rows.Err())
 }
 
 // Cleanup implements outboxdriver.Store. The published_at condition is the guard: an
