@@ -35,6 +35,10 @@ type Table struct {
 	Schema  string      // "" means DefaultSchema (PostgreSQL) or the connection's database
 	Name    string      // "" means DefaultTable
 	Payload PayloadType // "" means PayloadJSON
+	// Partitioned, chosen at migration, makes the table time-partitioned by day on
+	// created_at (PostgreSQL): cleanup then drops whole published days instead of
+	// deleting rows. Event ids are not enforced unique across days.
+	Partitioned bool
 }
 
 // ParseTable parses "name" or "schema.name".

@@ -16,6 +16,7 @@ func runMigrate(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	tableName := fs.String("table", outboxdriver.DefaultSchema+"."+outboxdriver.DefaultTable, "outbox table, [schema.]name")
 	payload := fs.String("payload-type", string(outboxdriver.PayloadJSON), "payload column type: json (jsonb) or bytes (bytea)")
 	print := fs.Bool("print", false, "print the SQL instead of running it")
+	partitioned := fs.Bool("partitioned", false, "PostgreSQL: partition the new table by day on created_at; cleanup then drops whole published days")
 	if err := parse(fs, args); err != nil {
 		return err
 	}
@@ -23,6 +24,7 @@ func runMigrate(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	if err != nil {
 		return err
 	}
+	table.Partitioned = *partitioned
 	if *print && !strings.HasPrefix(*dsn, "sqlite:") {
 		m, err := outboxpgx.New(nil, &table).Migrator()
 		if err != nil {

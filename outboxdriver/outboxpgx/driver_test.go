@@ -3,6 +3,7 @@ package outboxpgx_test
 import (
 	"context"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"go.uber.org/goleak"
@@ -15,11 +16,16 @@ import (
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
-func TestConformance(t *testing.T) {
+func TestConformance(t *testing.T) { conformance(t, false) }
+
+// TestConformancePartitioned runs the suite on a table partitioned by day.
+func TestConformancePartitioned(t *testing.T) { conformance(t, true) }
+
+func conformance(t *testing.T, partitioned bool) {
 	url := testenv.DatabaseURL(t)
 	outboxdrivertest.Run(t, func(t *testing.T, payload outboxdriver.PayloadType) *outboxdrivertest.Harness[pgx.Tx] {
 		pool := testenv.Pool(t, url)
-		table := outboxdriver.Table{Schema: testenv.Schema(t, url), Name: "outbox", Payload: payload}
+		table := outboxdriver.Table{Schema: testenv.Schema(t, url), Name: "outbox", Payload: payload, Partitioned: partitioned}
 		return &outboxdrivertest.Harness[pgx.Tx]{
 			Driver:   outboxpgx.New(pool, &table),
 			Begin:    func(ctx context.Context) (pgx.Tx, error) { return pool.Begin(ctx) },
@@ -32,8 +38,74 @@ func TestConformance(t *testing.T) {
 			},
 			MultipleClaims:    true,
 			ConcurrentWriters: true,
+			NonUniqueIDs:      partitioned,
 		}
 	})
+}
+
+// TestPartitionRotation: cleanup creates the coming days' partitions and drops a past
+// day only once every row of it is published.
+func TestPartitionRotation(t *testing.T) {
+	url := testenv.DatabaseURL(t)
+	pool := testenv.Pool(t, url)
+	ctx := context.Background()
+	table := outboxdriver.Table{Schema: testenv.Schema(t, url), Name: "events", Partitioned: true}
+	drv := outboxpgx.New(pool, &table)
+	m, _ := drv.Migrator()
+	if _, err := m.Migrate(ctx); err != nil {
+		t.Fatal(err)
+	}
+	partitions := func() map[string]bool {
+		rows, err := pool.Query(ctx, `SELECT c.relname FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid WHERE i.inhparent = $1::regclass`,
+			pgx.Identifier{table.Schema, table.Name}.Sanitize())
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer rows.Close()
+		out := map[string]bool{}
+		for rows.Next() {
+			var n string
+			_ = rows.Scan(&n)
+			out[n] = true
+		}
+		return out
+	}
+	today := time.Now().UTC().Truncate(24 * time.Hour)
+	for i := 0; i <= 3; i++ {
+		if name := "events_p" + today.AddDate(0, 0, i).Format("20060102"); !partitions()[name] {
+			t.Fatalf("migration did not create %s: %v", name, partitions())
+		}
+	}
+	// A day ten days ago with three rows: two published long ago, one not.
+	old := today.AddDate(0, 0, -10)
+	oldName := "events_p" + old.Format("20060102")
+	qt := pgx.Identifier{table.Schema, table.Name}.Sanitize()
+	if _, err := pool.Exec(ctx, "CREATE TABLE "+pgx.Identifier{table.Schema, oldName}.Sanitize()+" PARTITION OF "+qt+
+		" FOR VALUES FROM ('"+old.Format(time.RFC3339)+"') TO ('"+old.AddDate(0, 0, 1).Format(time.RFC3339)+"')"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := pool.Exec(ctx, "INSERT INTO "+qt+` (id, aggregatetype, aggregateid, type, payload, created_at, published_at) VALUES
+		(gen_random_uuid(), 'order', '1', 'T', '{}', $1, $1), (gen_random_uuid(), 'order', '1', 'T', '{}', $1, $1),
+		(gen_random_uuid(), 'order', '2', 'T', '{}', $1, NULL)`, old.Add(time.Hour)); err != nil {
+		t.Fatal(err)
+	}
+	store, _ := drv.Store()
+	n, err := store.Cleanup(ctx, &outboxdriver.CleanupParams{Before: today.AddDate(0, 0, -7), Limit: 1000})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n != 2 || !partitions()[oldName] {
+		t.Fatalf("cleanup deleted %d rows and the old day is there=%v; want the 2 published rows deleted and the day kept for its unpublished row", n, partitions()[oldName])
+	}
+	if _, err := pool.Exec(ctx, "UPDATE "+qt+" SET published_at = $1 WHERE published_at IS NULL", old.Add(2*time.Hour)); err != nil {
+		t.Fatal(err)
+	}
+	if n, err = store.Cleanup(ctx, &outboxdriver.CleanupParams{Before: today.AddDate(0, 0, -7), Limit: 1000}); err != nil || n != 1 {
+		t.Fatalf("second cleanup: %d, %v; want the day dropped with its 1 row", n, err)
+	}
+	if partitions()[oldName] {
+		t.Fatal("a fully published old day was not dropped")
+	}
 }
 
 // TestAdoptDebeziumTable: migrating an existing Debezium outbox table (its five

@@ -103,9 +103,12 @@ func New(db *sql.DB, opts *Options) *Driver {
 	if d.ttl <= 0 {
 		d.ttl = LeaseTTLDefault
 	}
-	if t.Schema != "main" {
+	switch {
+	case t.Schema != "main":
 		d.err = fmt.Errorf("%w: SQLite tables have no schema (got %q)", outboxdriver.ErrInvalidIdentifier, t.Schema)
-	} else {
+	case t.Partitioned:
+		d.err = errors.New("partitioned outbox tables are PostgreSQL only")
+	default:
 		d.err = t.Validate()
 	}
 	d.q = quote(t.Name)

@@ -4,6 +4,8 @@ import (
 	"context"
 	"embed"
 	"fmt"
+	"strings"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 
@@ -24,6 +26,8 @@ func (s *Statements) Migrations() ([]migrations.Migration, error) {
 		"FailingIndex":     pgx.Identifier{t.Name + "_failing_idx"}.Sanitize(),
 		"DeadTable":        s.dead,
 		"DeadHoldIndex":    pgx.Identifier{t.Name + "_dead_holds_idx"}.Sanitize(),
+		"Partitioned":      map[bool]string{true: "yes"}[t.Partitioned],
+		"DefaultPartition": pgx.Identifier{t.Schema, t.Name + "_default"}.Sanitize(),
 	})
 }
 
@@ -44,8 +48,13 @@ func (m *Migrator) SQL() (string, error) {
 	if err != nil {
 		return "", err
 	}
-	return migrations.Script("outbox schema for "+m.S.table.String()+" (PostgreSQL)", ms,
-		m.S.createVersionTable(), "INSERT INTO "+m.S.versionTable()+" (version) VALUES (%d) ON CONFLICT DO NOTHING"), nil
+	script := migrations.Script("outbox schema for "+m.S.table.String()+" (PostgreSQL)", ms,
+		m.S.createVersionTable(), "INSERT INTO "+m.S.versionTable()+" (version) VALUES (%d) ON CONFLICT DO NOTHING")
+	if m.S.table.Partitioned {
+		script += "\n-- daily partitions from today; the relay's cleanup creates the next ones\n" +
+			strings.Join(m.S.partitionDDL(time.Now()), ";\n") + ";\n"
+	}
+	return script, nil
 }
 
 func (s *Statements) createVersionTable() string {
@@ -110,6 +119,11 @@ func (m *Migrator) Migrate(ctx context.Context) (applied []int, err error) {
 			return nil, err
 		}
 		applied = append(applied, mg.Version)
+	}
+	if m.S.table.Partitioned {
+		if err := m.S.ensurePartitions(ctx, tx, time.Now()); err != nil {
+			return nil, err
+		}
 	}
 	return applied, tx.Commit(ctx)
 }

@@ -451,11 +451,31 @@ WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 1 AND l.database = 
 
 // Cleanup implements outboxdriver.Store. The published_at condition is the guard: an
 // unpublished row has none.
+//
+// On a partitioned table it first creates the coming days' partitions and drops whole
+// days that are fully published and older than the cutoff.
 func (s *Store) Cleanup(ctx context.Context, p *outboxdriver.CleanupParams) (int64, error) {
+	var dropped int64
+	// Partitioning is chosen at migration: ask the catalog, not the configuration.
+	var partitioned bool
+	if err := QueryRow(ctx, s.DB, `SELECT EXISTS (SELECT 1 FROM pg_partitioned_table WHERE partrelid = to_regclass($1))`,
+		[]any{s.S.qualified}, &partitioned); err != nil {
+		return 0, InterpretError(err)
+	}
+	if partitioned {
+		if err := s.S.ensurePartitions(ctx, s.DB, time.Now()); err != nil {
+			return 0, err
+		}
+		var err error
+		if dropped, err = s.dropPublishedPartitions(ctx, p.Before); err != nil {
+			return dropped, err
+		}
+	}
 	var n int64
-	err := QueryRow(ctx, s.DB, `WITH del AS (DELETE FROM `+s.S.qualified+` WHERE ctid IN (
-    SELECT ctid FROM `+s.S.qualified+` WHERE published_at IS NOT NULL AND published_at < $1 LIMIT $2)
+	// (tableoid, ctid): a ctid alone is ambiguous across the partitions of a table.
+	err := QueryRow(ctx, s.DB, `WITH del AS (DELETE FROM `+s.S.qualified+` WHERE (tableoid, ctid) IN (
+    SELECT tableoid, ctid FROM `+s.S.qualified+` WHERE published_at IS NOT NULL AND published_at < $1 LIMIT $2)
   RETURNING 1)
 SELECT count(*) FROM del`, []any{p.Before, p.Limit}, &n)
-	return n, InterpretError(err)
+	return dropped + n, InterpretError(err)
 }
