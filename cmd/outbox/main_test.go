@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"net/http/httptest"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -684,5 +685,51 @@ transforms:
 	_ = os.WriteFile(path, []byte("db: [a, b]\n"), 0o600)
 	if _, err := readConfigFile(path); err == nil {
 		t.Fatal("a list value was accepted")
+	}
+}
+
+// TestRelayExportsSpans: with OTEL_EXPORTER_OTLP_TRACES_ENDPOINT set, the relay opens
+// a publish span per traced event, continues the producer's trace in the broker
+// headers, and exports the spans over OTLP/HTTP.
+func TestRelayExportsSpans(t *testing.T) {
+	t.Parallel()
+	url := testenv.DatabaseURL(t)
+	pool := testenv.Pool(t, url)
+	table := migrateSchema(t, url, testenv.Schema(t, url), "outbox")
+	var mu sync.Mutex
+	exports := 0
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/v1/traces" {
+			mu.Lock()
+			exports++
+			mu.Unlock()
+		}
+		w.WriteHeader(http.StatusOK)
+	}))
+	defer srv.Close()
+	const traceID, parentSpan = "4bf92f3577b34da6a3ce929d0e0e4736", "00f067aa0ba902b7"
+	if _, err := pool.Exec(context.Background(), "INSERT INTO "+pgx.Identifier{table.Schema, table.Name}.Sanitize()+
+		" (id, aggregatetype, aggregateid, type, payload, tracingspancontext) VALUES (gen_random_uuid(), 'order', '1', 'T', '{}', $1)",
+		"traceparent=00-"+traceID+"-"+parentSpan+"-01"); err != nil {
+		t.Fatal(err)
+	}
+	p := startRelayProc(t, []string{"OTEL_EXPORTER_OTLP_TRACES_ENDPOINT=" + srv.URL + "/v1/traces", "OTEL_BSP_SCHEDULE_DELAY=50"},
+		"--db", url, "--table", table.Schema+"."+table.Name, "--broker", "stdout:", "--log-level", "error")
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		mu.Lock()
+		n := exports
+		mu.Unlock()
+		out := p.output()
+		if n > 0 && strings.Contains(out, `"traceparent":"00-`+traceID+`-`) {
+			if strings.Contains(out, parentSpan) {
+				t.Fatalf("the broker header still names the producer's span, not the publish span:\n%s", out)
+			}
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("exports=%d, output:\n%s", n, out)
+		}
+		time.Sleep(20 * time.Millisecond)
 	}
 }

@@ -130,6 +130,14 @@ func runRelay(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		return err
 	}
 	cfg.Hooks = metrics
+	tracer, stopTracing, err := tracerFromEnv(ctx)
+	if err != nil {
+		return fmt.Errorf("tracing: %w", err)
+	}
+	defer stopTracing()
+	if tracer != nil {
+		cfg.Tracer = tracer
+	}
 	r, err := relay.New(db.store, pub, cfg)
 	if err != nil {
 		return err
