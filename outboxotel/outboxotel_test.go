@@ -16,8 +16,6 @@ import (
 	"github.com/outboxd/outbox/broker/memory"
 	"github.com/outboxd/outbox/inbox"
 	"github.com/outboxd/outbox/internal/testenv"
-	"github.com/outboxd/outbox/outboxdriver"
-	"github.com/outboxd/outbox/outboxdriver/outboxpgx"
 	"github.com/outboxd/outbox/outboxotel"
 	"github.com/outboxd/outbox/relay"
 )
@@ -27,16 +25,9 @@ func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 // TestTraceCrossesWriterRelayConsumer: the consumer's span is a child of the relay's
 // publish span, itself a child of the span that wrote the event, in one trace.
 func TestTraceCrossesWriterRelayConsumer(t *testing.T) {
-	url := testenv.DatabaseURL(t)
-	pool := testenv.Pool(t, url)
-	table := outboxdriver.Table{Schema: testenv.Schema(t, url)}
-	drv := outboxpgx.New(pool, &table)
+	pool, drv := testenv.Outbox(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	m, _ := drv.Migrator()
-	if _, err := m.Migrate(ctx); err != nil {
-		t.Fatal(err)
-	}
 	rec := tracetest.NewSpanRecorder()
 	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(rec))
 	defer tp.Shutdown(context.Background())

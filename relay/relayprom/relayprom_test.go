@@ -15,8 +15,6 @@ import (
 	"github.com/outboxd/outbox"
 	"github.com/outboxd/outbox/broker/memory"
 	"github.com/outboxd/outbox/internal/testenv"
-	"github.com/outboxd/outbox/outboxdriver"
-	"github.com/outboxd/outbox/outboxdriver/outboxpgx"
 	"github.com/outboxd/outbox/relay"
 	"github.com/outboxd/outbox/relay/relayprom"
 )
@@ -26,16 +24,9 @@ func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 // TestMetricsAfterKnownWorkload: 20 events, one of them too large for the broker, then
 // a delayed one; the metrics say exactly that.
 func TestMetricsAfterKnownWorkload(t *testing.T) {
-	url := testenv.DatabaseURL(t)
-	pool := testenv.Pool(t, url)
-	table := outboxdriver.Table{Schema: testenv.Schema(t, url)}
-	drv := outboxpgx.New(pool, &table)
+	_, drv := testenv.Outbox(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	m, _ := drv.Migrator()
-	if _, err := m.Migrate(ctx); err != nil {
-		t.Fatal(err)
-	}
 	store, _ := drv.Store()
 	reg := prometheus.NewRegistry()
 	metrics, err := relayprom.New(reg, store)
