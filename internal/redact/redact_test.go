@@ -1,6 +1,12 @@
 package redact
 
-import "testing"
+import (
+	"testing"
+
+	"go.uber.org/goleak"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
 func TestURL(t *testing.T) {
 	for in, want := range map[string]string{
