@@ -1,6 +1,7 @@
 package redact
 
 import (
+	"strings"
 	"testing"
 
 	"go.uber.org/goleak"
@@ -21,4 +22,19 @@ func TestURL(t *testing.T) {
 			t.Errorf("URL(%q) = %q, want %q", in, got, want)
 		}
 	}
+}
+
+// FuzzURL: a password in a URL's user info never survives.
+func FuzzURL(f *testing.F) {
+	f.Add("postgres", "u", "hunter2", "db:5432/x")
+	f.Add("amqp", "guest", "p@ss:w/rd", "host/%zz")
+	f.Fuzz(func(t *testing.T, scheme, user, pw, rest string) {
+		if len(pw) < 4 || strings.ContainsAny(pw+user, "@/?#:") || strings.ContainsAny(rest, "@") {
+			return // not a URL with a recognisable user:password@ part
+		}
+		raw := scheme + "://" + user + ":" + pw + "@" + rest
+		if out := URL(raw); strings.Contains(out, ":"+pw+"@") {
+			t.Fatalf("URL(%q) = %q keeps the password", raw, out)
+		}
+	})
 }
