@@ -42,10 +42,10 @@ func parseTable(name string, payload string) (outboxdriver.Table, error) {
 func openDB(ctx context.Context, dsn string, table outboxdriver.Table, opts dbOptions) (*database, error) {
 	scheme, _, ok := strings.Cut(dsn, "://")
 	if dsn == "" {
-		return nil, usageErr("--db is required (postgres://..., sqlite://PATH)")
+		return nil, usageErr("--db is required (postgres://..., mysql://..., sqlite://PATH)")
 	}
 	if !ok {
-		return nil, usageErr("--db %q: want a URL such as postgres://user@host:5432/db or sqlite://PATH", redact.URL(dsn))
+		return nil, usageErr("--db %q: want a URL such as postgres://user@host:5432/db, mysql://user@host:3306/db or sqlite://PATH", redact.URL(dsn))
 	}
 	switch scheme {
 	case "postgres", "postgresql":
@@ -53,9 +53,9 @@ func openDB(ctx context.Context, dsn string, table outboxdriver.Table, opts dbOp
 	case "sqlite":
 		return openSQLite(ctx, dsn, table, opts)
 	case "mysql":
-		return nil, usageErr("--db mysql://: the MySQL/MariaDB driver is not built yet")
+		return openMySQL(ctx, dsn, table)
 	}
-	return nil, usageErr("--db %q: unknown scheme %q (want postgres://, sqlite://)", redact.URL(dsn), scheme)
+	return nil, usageErr("--db %q: unknown scheme %q (want postgres://, mysql://, sqlite://)", redact.URL(dsn), scheme)
 }
 
 func openPostgres(ctx context.Context, dsn string, table outboxdriver.Table) (*database, error) {

@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"context"
+	"database/sql"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -731,5 +732,38 @@ func TestRelayExportsSpans(t *testing.T) {
 			t.Fatalf("exports=%d, output:\n%s", n, out)
 		}
 		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// TestMySQLCommands: migrate and status on the machine's MariaDB through mysql://.
+func TestMySQLCommands(t *testing.T) {
+	testenv.ServiceURL(t, "TEST_MYSQL_DSN", "", "127.0.0.1:3306", "MariaDB")
+	table := testenv.UniqueName("outbox_")
+	url := "mysql://root@127.0.0.1:3306/test"
+	t.Cleanup(func() {
+		db, err := sql.Open("mysql", "root@tcp(127.0.0.1:3306)/test")
+		if err != nil {
+			return
+		}
+		defer db.Close()
+		for _, s := range []string{"", "_dead", "_migrations"} {
+			_, _ = db.Exec("DROP TABLE IF EXISTS `" + table + s + "`")
+		}
+	})
+	out, stderr, code := runCLI(t, nil, "migrate", "--db", url, "--table", table)
+	if code != 0 || !strings.Contains(out, "applied migrations [1]") {
+		t.Fatalf("migrate: %d %s %s", code, out, stderr)
+	}
+	out, stderr, code = runCLI(t, nil, "status", "--db", url, "--table", table, "--json")
+	if code != 0 || !strings.Contains(out, `"unpublished": 0`) {
+		t.Fatalf("status: %d %s %s", code, out, stderr)
+	}
+	_, stderr, code = runCLI(t, nil, "status", "--db", "mysql://root:hunter2@127.0.0.1:1/test")
+	if code != 1 || !strings.Contains(stderr, "cannot reach the database") || strings.Contains(stderr, "hunter2") {
+		t.Fatalf("unreachable MySQL: %d %s", code, stderr)
+	}
+	_, stderr, code = runCLI(t, nil, "status", "--db", "mysql://root@127.0.0.1")
+	if code != 2 || !strings.Contains(stderr, "want mysql://") {
+		t.Fatalf("MySQL URL without a database: %d %s", code, stderr)
 	}
 }

@@ -25,7 +25,7 @@ func runMigrate(ctx context.Context, args []string, stdout, stderr io.Writer) er
 		return err
 	}
 	table.Partitioned = *partitioned
-	if *print && !strings.HasPrefix(*dsn, "sqlite:") {
+	if *print && !strings.HasPrefix(*dsn, "sqlite:") && !strings.HasPrefix(*dsn, "mysql:") {
 		m, err := outboxpgx.New(nil, &table).Migrator()
 		if err != nil {
 			return err

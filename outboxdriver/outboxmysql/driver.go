@@ -1,0 +1,625 @@
+// Package outboxmysql is the outbox driver for MySQL 8 and MariaDB 10.6+ through
+// database/sql and github.com/go-sql-driver/mysql.
+//
+//	db, _ := sql.Open("mysql", "app@tcp(db:3306)/app")
+//	w, _ := outbox.NewWriter(outboxmysql.New(db, nil), nil)
+//	tx, _ := db.BeginTx(ctx, nil)
+//	w.WriteTx(ctx, tx, event) // in the same transaction as the business change
+//
+// Claims use FOR UPDATE SKIP LOCKED in READ COMMITTED transactions, so they take no gap
+// locks that would block producers' inserts. Leadership is a GET_LOCK held by a
+// dedicated session. All times are UTC (UTC_TIMESTAMP), whatever the session's zone.
+package outboxmysql
+
+import (
+	"context"
+	"crypto/sha256"
+	"database/sql"
+	"database/sql/driver"
+	"embed"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/go-sql-driver/mysql"
+
+	"github.com/outboxd/outbox/outboxdriver"
+	"github.com/outboxd/outbox/outboxdriver/internal/migrations"
+)
+
+//go:embed migrations/*.sql
+var migrationFS embed.FS
+
+// Driver binds outbox to a MySQL/MariaDB *sql.DB. Build it with New.
+type Driver struct {
+	db    *sql.DB
+	table outboxdriver.Table
+	err   error
+	q     string // `table`
+	qDead string
+	lock  string // GET_LOCK name
+}
+
+// New returns a driver on db (nil is allowed for a writer that only uses WriteTx).
+// The table's Schema, if set, is the database name.
+func New(db *sql.DB, table *outboxdriver.Table) *Driver {
+	var t outboxdriver.Table
+	if table != nil {
+		t = *table
+	}
+	if t.Schema == "" {
+		t.Schema = "_current"
+	}
+	t = t.WithDefaults()
+	d := &Driver{db: db, table: t}
+	if t.Partitioned {
+		d.err = errors.New("partitioned outbox tables are PostgreSQL only")
+	} else if err := t.Validate(); err != nil {
+		d.err = err
+	}
+	prefix := ""
+	if t.Schema != "_current" && t.Schema != outboxdriver.DefaultSchema {
+		prefix = quote(t.Schema) + "."
+	}
+	d.q, d.qDead = prefix+quote(t.Name), prefix+quote(t.Name+"_dead")
+	sum := sha256.Sum256([]byte("outbox relay " + t.String()))
+	d.lock = "outbox:" + hex.EncodeToString(sum[:16])
+	return d
+}
+
+func quote(id string) string { return "`" + strings.ReplaceAll(id, "`", "``") + "`" }
+
+var _ outboxdriver.Driver[*sql.Tx] = (*Driver)(nil)
+
+// Name implements outboxdriver.Driver.
+func (d *Driver) Name() string { return "mysql" }
+
+// Table implements outboxdriver.Driver.
+func (d *Driver) Table() outboxdriver.Table { return d.table }
+
+// Err implements outboxdriver.Driver.
+func (d *Driver) Err() error { return d.err }
+
+// UnwrapExecutor implements outboxdriver.Driver.
+func (d *Driver) UnwrapExecutor(tx *sql.Tx) outboxdriver.Executor { return executor{d, tx} }
+
+// GetExecutor implements outboxdriver.Driver.
+func (d *Driver) GetExecutor() (outboxdriver.Executor, error) {
+	if err := d.check(); err != nil {
+		return nil, err
+	}
+	return executor{d, d.db}, nil
+}
+
+// Store implements outboxdriver.Driver.
+func (d *Driver) Store() (outboxdriver.Store, error) {
+	if err := d.check(); err != nil {
+		return nil, err
+	}
+	return d, nil
+}
+
+// Migrator implements outboxdriver.Driver.
+func (d *Driver) Migrator() (outboxdriver.Migrator, error) {
+	if d.err != nil {
+		return nil, d.err
+	}
+	return migrator{d}, nil
+}
+
+func (d *Driver) check() error {
+	if d.err != nil {
+		return d.err
+	}
+	if d.db == nil {
+		return outboxdriver.ErrNoPool
+	}
+	return nil
+}
+
+// interpretError translates MySQL errors to the outboxdriver sentinels.
+func interpretError(err error) error {
+	var me *mysql.MySQLError
+	if errors.As(err, &me) {
+		switch me.Number {
+		case 1146, 1049: // no such table, unknown database
+			return fmt.Errorf("%w: %s", outboxdriver.ErrTableMissing, me.Message)
+		case 1062:
+			return fmt.Errorf("%w: %s", outboxdriver.ErrDuplicateID, me.Message)
+		}
+	}
+	return err
+}
+
+type sqlExec interface {
+	ExecContext(ctx context.Context, query string, args ...any) (sql.Result, error)
+	QueryContext(ctx context.Context, query string, args ...any) (*sql.Rows, error)
+}
+
+type executor struct {
+	d *Driver
+	q sqlExec
+}
+
+const timeFormat = "2006-01-02 15:04:05.999999"
+
+func utc(t time.Time) string { return t.UTC().Format(timeFormat) }
+
+func nullable(s string) any {
+	if s == "" {
+		return nil
+	}
+	return s
+}
+
+func (e executor) InsertEvents(ctx context.Context, p *outboxdriver.InsertParams) error {
+	const chunk = 500
+	for start := 0; start < len(p.Events); start += chunk {
+		evs := p.Events[start:min(start+chunk, len(p.Events))]
+		var b strings.Builder
+		b.WriteString("INSERT INTO " + e.d.q + " (id, aggregatetype, aggregateid, type, payload, headers, available_at, tracingspancontext, created_at) VALUES ")
+		args := make([]any, 0, len(evs)*8)
+		for i, ev := range evs {
+			if i > 0 {
+				b.WriteByte(',')
+			}
+			b.WriteString("(?,?,?,?,?,?,?,?,UTC_TIMESTAMP(6))")
+			var avail any
+			if !ev.AvailableAt.IsZero() {
+				avail = utc(ev.AvailableAt)
+			}
+			payload := ev.Payload
+			if payload == nil {
+				payload = []byte{}
+			}
+			var headers any
+			if ev.Headers != nil {
+				headers = string(ev.Headers)
+			}
+			args = append(args, ev.ID, ev.AggregateType, ev.AggregateID, ev.Type, payload, headers, avail, nullable(ev.TraceContext))
+		}
+		if _, err := e.q.ExecContext(ctx, b.String(), args...); err != nil {
+			return interpretError(err)
+		}
+	}
+	return nil
+}
+
+// Notify implements outboxdriver.Executor: MySQL has no LISTEN/NOTIFY; the relay polls.
+func (e executor) Notify(context.Context) error { return nil }
+
+// rowColumns are selected for Row; times come back as UTC text.
+const rowColumns = `seq, id, aggregatetype, aggregateid, type, payload, payload IS NULL, headers, tracingspancontext,
+  DATE_FORMAT(created_at, '%Y-%m-%d %H:%i:%s.%f'), attempts`
+
+func scanRow(rows *sql.Rows, extra ...any) (outboxdriver.Row, error) {
+	var (
+		r              outboxdriver.Row
+		null           bool
+		headers, trace sql.NullString
+		created        string
+	)
+	dest := append([]any{&r.Seq, &r.ID, &r.AggregateType, &r.AggregateID, &r.Type, &r.Payload, &null, &headers, &trace, &created, &r.Attempts}, extra...)
+	if err := rows.Scan(dest...); err != nil {
+		return r, err
+	}
+	r.PayloadNull = null
+	if null {
+		r.Payload = nil
+	} else if r.Payload == nil {
+		r.Payload = []byte{}
+	}
+	if headers.Valid {
+		if err := json.Unmarshal([]byte(headers.String), &r.Headers); err != nil {
+			r.Headers = map[string]string{"outbox-headers-error": err.Error()}
+		}
+	}
+	r.TraceContext = trace.String
+	r.CreatedAt, _ = time.ParseInLocation("2006-01-02 15:04:05.000000", created, time.UTC)
+	return r, nil
+}
+
+// Claim implements outboxdriver.Store.
+func (d *Driver) Claim(ctx context.Context, p *outboxdriver.ClaimParams) (outboxdriver.Claim, error) {
+	tx, err := d.db.BeginTx(ctx, &sql.TxOptions{Isolation: sql.LevelReadCommitted})
+	if err != nil {
+		return nil, interpretError(err)
+	}
+	rows, err := tx.QueryContext(ctx, `SELECT `+rowColumns+` FROM `+d.q+` AS o
+WHERE o.published_at IS NULL AND (o.available_at IS NULL OR o.available_at <= UTC_TIMESTAMP(6))
+  AND NOT EXISTS (SELECT 1 FROM `+d.q+` AS f WHERE f.published_at IS NULL AND f.attempts > 0
+                  AND f.aggregatetype = o.aggregatetype AND f.aggregateid = o.aggregateid AND f.seq < o.seq)
+  AND NOT EXISTS (SELECT 1 FROM `+d.qDead+` AS dl WHERE dl.holds_key
+                  AND dl.aggregatetype = o.aggregatetype AND dl.aggregateid = o.aggregateid)
+ORDER BY o.seq LIMIT ? FOR UPDATE SKIP LOCKED`, p.Limit)
+	if err != nil {
+		_ = tx.Rollback()
+		return nil, interpretError(err)
+	}
+	c := &claim{d: d, tx: tx}
+	for rows.Next() {
+		r, err := scanRow(rows)
+		if err != nil {
+			rows.Close()
+			_ = tx.Rollback()
+			return nil, interpretError(err)
+		}
+		c.rows = append(c.rows, r)
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		_ = tx.Rollback()
+		return nil, interpretError(err)
+	}
+	if len(c.rows) == 0 {
+		c.tx = nil
+		if err := tx.Rollback(); err != nil {
+			return nil, interpretError(err)
+		}
+	}
+	return c, nil
+}
+
+type claim struct {
+	d    *Driver
+	tx   *sql.Tx
+	rows []outboxdriver.Row
+}
+
+func (c *claim) Rows() []outboxdriver.Row { return c.rows }
+
+func placeholders(n int) string { return strings.TrimSuffix(strings.Repeat("?,", n), ",") }
+
+func anys(ss []string) []any {
+	out := make([]any, len(ss))
+	for i, s := range ss {
+		out[i] = s
+	}
+	return out
+}
+
+func (c *claim) Complete(ctx context.Context, p *outboxdriver.CompleteParams) (err error) {
+	if c.tx == nil {
+		return nil
+	}
+	tx := c.tx
+	c.tx = nil
+	defer func() {
+		if err != nil {
+			_ = tx.Rollback()
+		}
+	}()
+	if len(p.Published) > 0 {
+		stmt := `UPDATE ` + c.d.q + ` SET published_at = UTC_TIMESTAMP(6), last_error = NULL WHERE id IN (` + placeholders(len(p.Published)) + `)`
+		if p.Delete {
+			stmt = `DELETE FROM ` + c.d.q + ` WHERE id IN (` + placeholders(len(p.Published)) + `)`
+		}
+		if _, err := tx.ExecContext(ctx, stmt, anys(p.Published)...); err != nil {
+			return interpretError(err)
+		}
+	}
+	for _, f := range p.Failed {
+		n := 0
+		if f.CountAttempt {
+			n = 1
+		}
+		if f.Dead {
+			if _, err := tx.ExecContext(ctx, `INSERT INTO `+c.d.qDead+` (id, aggregatetype, aggregateid, type, payload, headers,
+  tracingspancontext, seq, created_at, attempts, error, dead_at, holds_key)
+SELECT id, aggregatetype, aggregateid, type, payload, headers, tracingspancontext, seq, created_at, attempts + ?, ?, UTC_TIMESTAMP(6), ?
+FROM `+c.d.q+` WHERE id = ?`, n, f.Error, f.HoldKey, f.ID); err != nil {
+				return interpretError(err)
+			}
+			if _, err := tx.ExecContext(ctx, `DELETE FROM `+c.d.q+` WHERE id = ?`, f.ID); err != nil {
+				return interpretError(err)
+			}
+			continue
+		}
+		var retry any
+		if !f.RetryAt.IsZero() {
+			retry = utc(f.RetryAt)
+		}
+		if _, err := tx.ExecContext(ctx, `UPDATE `+c.d.q+` SET attempts = attempts + ?, last_error = ?,
+  available_at = COALESCE(?, available_at) WHERE id = ?`, n, f.Error, retry, f.ID); err != nil {
+			return interpretError(err)
+		}
+	}
+	return interpretError(tx.Commit())
+}
+
+func (c *claim) Release(context.Context) error {
+	if c.tx == nil {
+		return nil
+	}
+	tx := c.tx
+	c.tx = nil
+	return interpretError(tx.Rollback())
+}
+
+// AcquireLeadership implements outboxdriver.Store with GET_LOCK on a dedicated
+// session: the lock ends with the session.
+func (d *Driver) AcquireLeadership(ctx context.Context) (outboxdriver.Leadership, error) {
+	conn, err := d.db.Conn(ctx)
+	if err != nil {
+		return nil, interpretError(err)
+	}
+	var got sql.NullInt64
+	if err := conn.QueryRowContext(ctx, "SELECT GET_LOCK(?, 0)", d.lock).Scan(&got); err != nil {
+		_ = conn.Close()
+		return nil, interpretError(err)
+	}
+	if !got.Valid || got.Int64 != 1 {
+		return nil, conn.Close()
+	}
+	return &leadership{d: d, conn: conn}, nil
+}
+
+type leadership struct {
+	d    *Driver
+	conn *sql.Conn
+}
+
+func (l *leadership) Check(ctx context.Context) error {
+	if l.conn == nil {
+		return outboxdriver.ErrLeadershipLost
+	}
+	if err := l.conn.PingContext(ctx); err != nil {
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		return fmt.Errorf("%w: %v", outboxdriver.ErrLeadershipLost, err)
+	}
+	return nil
+}
+
+func (l *leadership) Release(ctx context.Context) error {
+	if l.conn == nil {
+		return nil
+	}
+	conn := l.conn
+	l.conn = nil
+	_, _ = conn.ExecContext(ctx, "SELECT RELEASE_LOCK(?)", l.d.lock)
+	// Discard the session rather than pool it.
+	err := conn.Raw(func(any) error { return driver.ErrBadConn })
+	if errors.Is(err, driver.ErrBadConn) {
+		return nil
+	}
+	return err
+}
+
+// Listen implements outboxdriver.Store: not supported; the relay polls.
+func (d *Driver) Listen(context.Context) (outboxdriver.Listener, error) {
+	return nil, outboxdriver.ErrNotSupported
+}
+
+// Status implements outboxdriver.Store.
+func (d *Driver) Status(ctx context.Context) (*outboxdriver.Status, error) {
+	st := &outboxdriver.Status{Table: d.table.Name}
+	var ageMicros sql.NullInt64
+	err := d.db.QueryRowContext(ctx, `SELECT
+  COALESCE(SUM(published_at IS NULL), 0),
+  TIMESTAMPDIFF(MICROSECOND, MIN(CASE WHEN published_at IS NULL THEN created_at END), UTC_TIMESTAMP(6)),
+  COALESCE(SUM(published_at IS NOT NULL), 0),
+  COALESCE(SUM(published_at IS NULL AND attempts > 0), 0),
+  (SELECT COUNT(*) FROM `+d.qDead+`),
+  (SELECT COUNT(*) FROM (SELECT DISTINCT aggregatetype, aggregateid FROM `+d.qDead+` WHERE holds_key) AS h)
+FROM `+d.q).Scan(&st.Unpublished, &ageMicros, &st.Published, &st.Failing, &st.Dead, &st.HeldKeys)
+	if err != nil {
+		return nil, interpretError(err)
+	}
+	if ageMicros.Valid {
+		st.OldestAge = max(time.Duration(ageMicros.Int64)*time.Microsecond, time.Microsecond)
+	}
+	var holder sql.NullInt64
+	if err := d.db.QueryRowContext(ctx, "SELECT IS_USED_LOCK(?)", d.lock).Scan(&holder); err != nil {
+		return nil, interpretError(err)
+	}
+	if holder.Valid {
+		st.ActiveRelay = fmt.Sprintf("connection %d", holder.Int64)
+	}
+	return st, nil
+}
+
+// Cleanup implements outboxdriver.Store.
+func (d *Driver) Cleanup(ctx context.Context, p *outboxdriver.CleanupParams) (int64, error) {
+	res, err := d.db.ExecContext(ctx, `DELETE FROM `+d.q+` WHERE published_at IS NOT NULL AND published_at < ? ORDER BY seq LIMIT ?`,
+		utc(p.Before), p.Limit)
+	if err != nil {
+		return 0, interpretError(err)
+	}
+	return res.RowsAffected()
+}
+
+func deadWhere(f *outboxdriver.DeadFilter) (string, []any) {
+	if f == nil {
+		f = &outboxdriver.DeadFilter{}
+	}
+	var b strings.Builder
+	b.WriteString(" WHERE dead_at <= ?")
+	args := []any{utc(time.Now().Add(-f.OlderThan))}
+	if len(f.IDs) > 0 {
+		b.WriteString(" AND id IN (" + placeholders(len(f.IDs)) + ")")
+		args = append(args, anys(f.IDs)...)
+	}
+	for _, c := range []struct{ col, v string }{{"aggregatetype", f.AggregateType}, {"aggregateid", f.AggregateID}, {"type", f.Type}} {
+		if c.v != "" {
+			b.WriteString(" AND " + c.col + " = ?")
+			args = append(args, c.v)
+		}
+	}
+	b.WriteString(" ORDER BY seq")
+	if f.Limit > 0 {
+		b.WriteString(fmt.Sprintf(" LIMIT %d", f.Limit))
+	}
+	return b.String(), args
+}
+
+// ListDead implements outboxdriver.Store.
+func (d *Driver) ListDead(ctx context.Context, f *outboxdriver.DeadFilter) ([]outboxdriver.DeadLetter, error) {
+	where, args := deadWhere(f)
+	rows, err := d.db.QueryContext(ctx, `SELECT `+rowColumns+`, error, DATE_FORMAT(dead_at, '%Y-%m-%d %H:%i:%s.%f'), holds_key FROM `+d.qDead+where, args...)
+	if err != nil {
+		return nil, interpretError(err)
+	}
+	defer rows.Close()
+	var out []outboxdriver.DeadLetter
+	for rows.Next() {
+		var dl outboxdriver.DeadLetter
+		var deadAt string
+		r, err := scanRow(rows, &dl.Error, &deadAt, &dl.HoldsKey)
+		if err != nil {
+			return nil, interpretError(err)
+		}
+		dl.Row = r
+		dl.DeadAt, _ = time.ParseInLocation("2006-01-02 15:04:05.000000", deadAt, time.UTC)
+		out = append(out, dl)
+	}
+	return out, interpretError(rows.Err())
+}
+
+// ReplayDead implements outboxdriver.Store: rows go back with their original seq.
+func (d *Driver) ReplayDead(ctx context.Context, f *outboxdriver.DeadFilter) (int, error) {
+	return d.moveDead(ctx, f, true)
+}
+
+// PurgeDead implements outboxdriver.Store.
+func (d *Driver) PurgeDead(ctx context.Context, f *outboxdriver.DeadFilter) (int, error) {
+	return d.moveDead(ctx, f, false)
+}
+
+func (d *Driver) moveDead(ctx context.Context, f *outboxdriver.DeadFilter, replay bool) (int, error) {
+	where, args := deadWhere(f)
+	tx, err := d.db.BeginTx(ctx, nil)
+	if err != nil {
+		return 0, interpretError(err)
+	}
+	defer func() { _ = tx.Rollback() }()
+	rows, err := tx.QueryContext(ctx, `SELECT id FROM `+d.qDead+where+` FOR UPDATE`, args...)
+	if err != nil {
+		return 0, interpretError(err)
+	}
+	var ids []string
+	for rows.Next() {
+		var id string
+		if err := rows.Scan(&id); err != nil {
+			rows.Close()
+			return 0, interpretError(err)
+		}
+		ids = append(ids, id)
+	}
+	rows.Close()
+	if len(ids) == 0 {
+		return 0, nil
+	}
+	in := " WHERE id IN (" + placeholders(len(ids)) + ")"
+	if replay {
+		if _, err := tx.ExecContext(ctx, `INSERT INTO `+d.q+` (seq, id, aggregatetype, aggregateid, type, payload, headers, tracingspancontext, created_at)
+SELECT seq, id, aggregatetype, aggregateid, type, payload, headers, tracingspancontext, created_at FROM `+d.qDead+in, anys(ids)...); err != nil {
+			return 0, interpretError(err)
+		}
+	}
+	if _, err := tx.ExecContext(ctx, `DELETE FROM `+d.qDead+in, anys(ids)...); err != nil {
+		return 0, interpretError(err)
+	}
+	return len(ids), interpretError(tx.Commit())
+}
+
+type migrator struct{ d *Driver }
+
+func (m migrator) migrations() ([]migrations.Migration, error) {
+	n := m.d.table.Name
+	return migrations.Load(migrationFS, map[string]string{
+		"Table":            m.d.q,
+		"DeadTable":        m.d.qDead,
+		"IDIndex":          quote(n + "_id"),
+		"UnpublishedIndex": quote(n + "_unpublished_idx"),
+		"FailingIndex":     quote(n + "_failing_idx"),
+		"DeadHoldIndex":    quote(n + "_dead_holds_idx"),
+	})
+}
+
+func (m migrator) versionTable() string {
+	return strings.TrimSuffix(m.d.q, quote(m.d.table.Name)) + quote(m.d.table.Name+"_migrations")
+}
+
+func (m migrator) createVersions() string {
+	return "CREATE TABLE IF NOT EXISTS " + m.versionTable() + " (version INT PRIMARY KEY, applied_at DATETIME(6) NOT NULL)"
+}
+
+// SQL implements outboxdriver.Migrator.
+func (m migrator) SQL() (string, error) {
+	ms, err := m.migrations()
+	if err != nil {
+		return "", err
+	}
+	return migrations.Script("outbox schema for "+m.d.table.Name+" (MySQL/MariaDB)", ms, m.createVersions(),
+		"INSERT IGNORE INTO "+m.versionTable()+" (version, applied_at) VALUES (%d, UTC_TIMESTAMP(6))"), nil
+}
+
+// Migrate implements outboxdriver.Migrator. MySQL commits DDL at once, so each step
+// is idempotent (IF NOT EXISTS) and concurrent migrators queue on a named lock.
+func (m migrator) Migrate(ctx context.Context) ([]int, error) {
+	if m.d.db == nil {
+		return nil, outboxdriver.ErrNoPool
+	}
+	ms, err := m.migrations()
+	if err != nil {
+		return nil, err
+	}
+	conn, err := m.d.db.Conn(ctx)
+	if err != nil {
+		return nil, err
+	}
+	defer conn.Close()
+	var got sql.NullInt64
+	if err := conn.QueryRowContext(ctx, "SELECT GET_LOCK(?, 60)", m.d.lock+":migrate").Scan(&got); err != nil || got.Int64 != 1 {
+		return nil, fmt.Errorf("migration lock: %v", err)
+	}
+	defer conn.ExecContext(context.WithoutCancel(ctx), "SELECT RELEASE_LOCK(?)", m.d.lock+":migrate")
+	if _, err := conn.ExecContext(ctx, m.createVersions()); err != nil {
+		return nil, err
+	}
+	done := map[int]bool{}
+	rows, err := conn.QueryContext(ctx, "SELECT version FROM "+m.versionTable())
+	if err != nil {
+		return nil, err
+	}
+	for rows.Next() {
+		var v int
+		_ = rows.Scan(&v)
+		done[v] = true
+	}
+	rows.Close()
+	var applied []int
+	for _, mg := range ms {
+		if done[mg.Version] {
+			continue
+		}
+		for _, stmt := range strings.Split(stripComments(mg.SQL), ";") {
+			if strings.TrimSpace(stmt) == "" {
+				continue
+			}
+			if _, err := conn.ExecContext(ctx, stmt); err != nil {
+				return applied, fmt.Errorf("migration %03d_%s: %w", mg.Version, mg.Name, err)
+			}
+		}
+		if _, err := conn.ExecContext(ctx, "INSERT INTO "+m.versionTable()+" (version, applied_at) VALUES (?, UTC_TIMESTAMP(6))", mg.Version); err != nil {
+			return applied, err
+		}
+		applied = append(applied, mg.Version)
+	}
+	return applied, nil
+}
+
+func stripComments(s string) string {
+	var b strings.Builder
+	for _, line := range strings.Split(s, "\n") {
+		if !strings.HasPrefix(strings.TrimSpace(line), "--") {
+			b.WriteString(line + "\n")
+		}
+	}
+	return b.String()
+}
