@@ -28,6 +28,7 @@ import (
 
 	"github.com/outboxd/outbox/outboxdriver"
 	"github.com/outboxd/outbox/outboxdriver/internal/migrations"
+	"github.com/outboxd/outbox/outboxdriver/internal/sqldead"
 )
 
 //go:embed migrations/*.sql
@@ -271,16 +272,6 @@ type claim struct {
 
 func (c *claim) Rows() []outboxdriver.Row { return c.rows }
 
-func placeholders(n int) string { return strings.TrimSuffix(strings.Repeat("?,", n), ",") }
-
-func anys(ss []string) []any {
-	out := make([]any, len(ss))
-	for i, s := range ss {
-		out[i] = s
-	}
-	return out
-}
-
 func (c *claim) Complete(ctx context.Context, p *outboxdriver.CompleteParams) (err error) {
 	if c.tx == nil {
 		return nil
@@ -293,11 +284,11 @@ func (c *claim) Complete(ctx context.Context, p *outboxdriver.CompleteParams) (e
 		}
 	}()
 	if len(p.Published) > 0 {
-		stmt := `UPDATE ` + c.d.q + ` SET published_at = UTC_TIMESTAMP(6), last_error = NULL WHERE id IN (` + placeholders(len(p.Published)) + `)`
+		stmt := `UPDATE ` + c.d.q + ` SET published_at = UTC_TIMESTAMP(6), last_error = NULL WHERE id IN (` + sqldead.Placeholders(len(p.Published)) + `)`
 		if p.Delete {
-			stmt = `DELETE FROM ` + c.d.q + ` WHERE id IN (` + placeholders(len(p.Published)) + `)`
+			stmt = `DELETE FROM ` + c.d.q + ` WHERE id IN (` + sqldead.Placeholders(len(p.Published)) + `)`
 		}
-		if _, err := tx.ExecContext(ctx, stmt, anys(p.Published)...); err != nil {
+		if _, err := tx.ExecContext(ctx, stmt, sqldead.Args(p.Published)...); err != nil {
 			return interpretError(err)
 		}
 	}
@@ -434,27 +425,7 @@ func (d *Driver) Cleanup(ctx context.Context, p *outboxdriver.CleanupParams) (in
 }
 
 func deadWhere(f *outboxdriver.DeadFilter) (string, []any) {
-	if f == nil {
-		f = &outboxdriver.DeadFilter{}
-	}
-	var b strings.Builder
-	b.WriteString(" WHERE dead_at <= ?")
-	args := []any{utc(time.Now().Add(-f.OlderThan))}
-	if len(f.IDs) > 0 {
-		b.WriteString(" AND id IN (" + placeholders(len(f.IDs)) + ")")
-		args = append(args, anys(f.IDs)...)
-	}
-	for _, c := range []struct{ col, v string }{{"aggregatetype", f.AggregateType}, {"aggregateid", f.AggregateID}, {"type", f.Type}} {
-		if c.v != "" {
-			b.WriteString(" AND " + c.col + " = ?")
-			args = append(args, c.v)
-		}
-	}
-	b.WriteString(" ORDER BY seq")
-	if f.Limit > 0 {
-		b.WriteString(fmt.Sprintf(" LIMIT %d", f.Limit))
-	}
-	return b.String(), args
+	return sqldead.Where(f, func(olderThan time.Duration) any { return utc(time.Now().Add(-olderThan)) })
 }
 
 // ListDead implements outboxdriver.Store.
@@ -492,39 +463,8 @@ func (d *Driver) PurgeDead(ctx context.Context, f *outboxdriver.DeadFilter) (int
 
 func (d *Driver) moveDead(ctx context.Context, f *outboxdriver.DeadFilter, replay bool) (int, error) {
 	where, args := deadWhere(f)
-	tx, err := d.db.BeginTx(ctx, nil)
-	if err != nil {
-		return 0, interpretError(err)
-	}
-	defer func() { _ = tx.Rollback() }()
-	rows, err := tx.QueryContext(ctx, `SELECT id FROM `+d.qDead+where+` FOR UPDATE`, args...)
-	if err != nil {
-		return 0, interpretError(err)
-	}
-	var ids []string
-	for rows.Next() {
-		var id string
-		if err := rows.Scan(&id); err != nil {
-			rows.Close()
-			return 0, interpretError(err)
-		}
-		ids = append(ids, id)
-	}
-	rows.Close()
-	if len(ids) == 0 {
-		return 0, nil
-	}
-	in := " WHERE id IN (" + placeholders(len(ids)) + ")"
-	if replay {
-		if _, err := tx.ExecContext(ctx, `INSERT INTO `+d.q+` (seq, id, aggregatetype, aggregateid, type, payload, headers, tracingspancontext, created_at)
-SELECT seq, id, aggregatetype, aggregateid, type, payload, headers, tracingspancontext, created_at FROM `+d.qDead+in, anys(ids)...); err != nil {
-			return 0, interpretError(err)
-		}
-	}
-	if _, err := tx.ExecContext(ctx, `DELETE FROM `+d.qDead+in, anys(ids)...); err != nil {
-		return 0, interpretError(err)
-	}
-	return len(ids), interpretError(tx.Commit())
+	n, err := sqldead.Move(ctx, d.db, d.q, d.qDead, where, args, replay, " FOR UPDATE")
+	return n, interpretError(err)
 }
 
 type migrator struct{ d *Driver }

@@ -4,36 +4,14 @@ import (
 	"context"
 	"database/sql"
 	"encoding/json"
-	"strconv"
-	"strings"
 	"time"
 
 	"github.com/outboxd/outbox/outboxdriver"
+	"github.com/outboxd/outbox/outboxdriver/internal/sqldead"
 )
 
 func deadWhere(f *outboxdriver.DeadFilter) (string, []any) {
-	if f == nil {
-		f = &outboxdriver.DeadFilter{}
-	}
-	var b strings.Builder
-	b.WriteString(" WHERE dead_at <= ?")
-	args := []any{nowMillis() - f.OlderThan.Milliseconds()}
-	if len(f.IDs) > 0 {
-		ids, _ := json.Marshal(f.IDs)
-		b.WriteString(" AND id IN (SELECT value FROM json_each(?))")
-		args = append(args, string(ids))
-	}
-	for _, c := range []struct{ col, v string }{{"aggregatetype", f.AggregateType}, {"aggregateid", f.AggregateID}, {"type", f.Type}} {
-		if c.v != "" {
-			b.WriteString(" AND " + c.col + " = ?")
-			args = append(args, c.v)
-		}
-	}
-	b.WriteString(" ORDER BY seq")
-	if f.Limit > 0 {
-		b.WriteString(" LIMIT " + strconv.Itoa(f.Limit))
-	}
-	return b.String(), args
+	return sqldead.Where(f, func(olderThan time.Duration) any { return nowMillis() - olderThan.Milliseconds() })
 }
 
 // ListDead implements outboxdriver.Store.
@@ -80,31 +58,6 @@ func (d *Driver) PurgeDead(ctx context.Context, f *outboxdriver.DeadFilter) (int
 
 func (d *Driver) moveDead(ctx context.Context, f *outboxdriver.DeadFilter, replay bool) (int, error) {
 	where, args := deadWhere(f)
-	tx, err := d.db.BeginTx(ctx, nil)
-	if err != nil {
-		return 0, interpretError(err)
-	}
-	defer func() { _ = tx.Rollback() }()
-	if _, err := tx.ExecContext(ctx, `CREATE TEMP TABLE IF NOT EXISTS outbox_picked (id TEXT PRIMARY KEY)`); err != nil {
-		return 0, interpretError(err)
-	}
-	if _, err := tx.ExecContext(ctx, `DELETE FROM temp.outbox_picked`); err != nil {
-		return 0, interpretError(err)
-	}
-	if _, err := tx.ExecContext(ctx, `INSERT INTO temp.outbox_picked SELECT id FROM `+d.qDead+where, args...); err != nil {
-		return 0, interpretError(err)
-	}
-	if replay {
-		if _, err := tx.ExecContext(ctx, `INSERT INTO `+d.q+` (seq, id, aggregatetype, aggregateid, type, payload, headers, tracingspancontext, created_at)
-SELECT seq, id, aggregatetype, aggregateid, type, payload, headers, tracingspancontext, created_at FROM `+d.qDead+`
-WHERE id IN (SELECT id FROM temp.outbox_picked)`); err != nil {
-			return 0, interpretError(err)
-		}
-	}
-	res, err := tx.ExecContext(ctx, `DELETE FROM `+d.qDead+` WHERE id IN (SELECT id FROM temp.outbox_picked)`)
-	if err != nil {
-		return 0, interpretError(err)
-	}
-	n, _ := res.RowsAffected()
-	return int(n), interpretError(tx.Commit())
+	n, err := sqldead.Move(ctx, d.db, d.q, d.qDead, where, args, replay, "")
+	return n, interpretError(err)
 }

@@ -1,0 +1,94 @@
+// Package sqldead holds the dead-letter statements shared by the database/sql drivers
+// with "?" placeholders (MySQL/MariaDB, SQLite): the filter, and moving dead letters
+// back into the outbox (replay) or away (purge).
+package sqldead
+
+import (
+	"context"
+	"database/sql"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/outboxd/outbox/outboxdriver"
+)
+
+// Placeholders returns "?,?,...", n of them.
+func Placeholders(n int) string { return strings.TrimSuffix(strings.Repeat("?,", n), ",") }
+
+// Args converts strings to statement arguments.
+func Args(ss []string) []any {
+	out := make([]any, len(ss))
+	for i, s := range ss {
+		out[i] = s
+	}
+	return out
+}
+
+// Where renders f as a WHERE clause (with ORDER BY and LIMIT). cutoff is the
+// database's value for "dead at or before now minus f.OlderThan".
+func Where(f *outboxdriver.DeadFilter, cutoff func(olderThan time.Duration) any) (string, []any) {
+	if f == nil {
+		f = &outboxdriver.DeadFilter{}
+	}
+	var b strings.Builder
+	b.WriteString(" WHERE dead_at <= ?")
+	args := []any{cutoff(f.OlderThan)}
+	if len(f.IDs) > 0 {
+		b.WriteString(" AND id IN (" + Placeholders(len(f.IDs)) + ")")
+		args = append(args, Args(f.IDs)...)
+	}
+	for _, c := range []struct{ col, v string }{{"aggregatetype", f.AggregateType}, {"aggregateid", f.AggregateID}, {"type", f.Type}} {
+		if c.v != "" {
+			b.WriteString(" AND " + c.col + " = ?")
+			args = append(args, c.v)
+		}
+	}
+	b.WriteString(" ORDER BY seq")
+	if f.Limit > 0 {
+		fmt.Fprintf(&b, " LIMIT %d", f.Limit)
+	}
+	return b.String(), args
+}
+
+// Move moves the dead letters matching where out of the dead table, back into the
+// outbox with their original seq when replay, in one transaction. lock is appended to
+// the selecting query (" FOR UPDATE" where the database has it).
+func Move(ctx context.Context, db *sql.DB, outbox, dead, where string, args []any, replay bool, lock string) (int, error) {
+	tx, err := db.BeginTx(ctx, nil)
+	if err != nil {
+		return 0, err
+	}
+	defer func() { _ = tx.Rollback() }()
+	rows, err := tx.QueryContext(ctx, `SELECT id FROM `+dead+where+lock, args...)
+	if err != nil {
+		return 0, err
+	}
+	var ids []string
+	for rows.Next() {
+		var id string
+		if err := rows.Scan(&id); err != nil {
+			rows.Close()
+			return 0, err
+		}
+		ids = append(ids, id)
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		return 0, err
+	}
+	if len(ids) == 0 {
+		return 0, nil
+	}
+	in := " WHERE id IN (" + Placeholders(len(ids)) + ")"
+	if replay {
+		if _, err := tx.ExecContext(ctx, `INSERT INTO `+outbox+` (seq, id, aggregatetype, aggregateid, type, payload, headers, tracingspancontext, created_at)
+SELECT seq, id, aggregatetype, aggregateid, type, payload, headers, tracingspancontext, created_at FROM `+dead+in, Args(ids)...); err != nil {
+			return 0, err
+		}
+	}
+	if _, err := tx.ExecContext(ctx, `DELETE FROM `+dead+in, Args(ids)...); err != nil {
+		return 0, err
+	}
+	return len(ids), tx.Commit()
+}
