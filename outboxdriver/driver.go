@@ -13,6 +13,7 @@ package outboxdriver
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"time"
 )
@@ -147,6 +148,10 @@ type DeadLetter struct {
 // ClaimParams configure a claim.
 type ClaimParams struct {
 	Limit int
+	// MaxSeq, when positive, claims only rows with seq <= MaxSeq (the CDC relay's
+	// backfill of the rows written before its replication slot). PostgreSQL only:
+	// other drivers return ErrNotSupported when it is set.
+	MaxSeq int64
 }
 
 // Claim is a set of locked rows.
@@ -212,6 +217,27 @@ type Status struct {
 	// ActiveSince when it took it, where the database knows (zero otherwise).
 	ActiveRelay string
 	ActiveSince time.Time
+	// Slots are the CDC relay's replication slots for this table (PostgreSQL). In CDC
+	// mode rows are not marked when published: Unpublished and OldestAge then count
+	// only the rows written before a slot that its backfill has yet to publish, and the
+	// backlog is the slot's lag.
+	Slots []SlotStatus
+}
+
+// SlotStatus is one replication slot of the CDC relay.
+type SlotStatus struct {
+	Name   string
+	Exists bool // false: the slot is gone (lost); see docs/cdc.md
+	Active bool // a relay streams from it now
+	// WALStatus is PostgreSQL's wal_status: reserved, extended, unreserved or lost.
+	WALStatus string
+	// RetainedBytes is the WAL the slot keeps on disk (from its restart_lsn);
+	// LagBytes is the WAL written since its confirmed position.
+	RetainedBytes, LagBytes int64
+	// SafeBytes is how much more WAL may be written before the slot is invalidated
+	// (max_slot_wal_keep_size), -1 when unlimited.
+	SafeBytes int64
+	Backfilled bool // the rows written before the slot are all published
 }
 
 // Migrator creates and upgrades the schema.
@@ -220,4 +246,20 @@ type Migrator interface {
 	Migrate(ctx context.Context) ([]int, error)
 	// SQL returns the full schema as SQL, for teams with their own migration tool.
 	SQL() (string, error)
+}
+
+// HeaderParseError is the header a row gets when its headers column is not a flat JSON
+// object of strings: the event still flows, and says why its headers are missing.
+const HeaderParseError = "outbox-headers-error"
+
+// ParseHeaders decodes a headers column (a JSON object of strings). nil means none.
+func ParseHeaders(b []byte) map[string]string {
+	if b == nil {
+		return nil
+	}
+	var h map[string]string
+	if err := json.Unmarshal(b, &h); err != nil {
+		return map[string]string{HeaderParseError: err.Error()}
+	}
+	return h
 }

@@ -39,7 +39,30 @@ type Table struct {
 	// created_at (PostgreSQL): cleanup then drops whole published days instead of
 	// deleting rows. Event ids are not enforced unique across days.
 	Partitioned bool
+	// Write is how the writer stores events ("" means WriteRows). The other modes
+	// are for the PostgreSQL CDC relay, which reads events from the WAL.
+	Write WriteMode
+	// MessagePrefix is the logical message prefix of WriteMessage ("" means the
+	// table's qualified name, "public.outbox").
+	MessagePrefix string
 }
+
+// WriteMode is how the writer stores an event.
+type WriteMode string
+
+// Write modes.
+const (
+	// WriteRows inserts a row per event, kept until it is published and cleaned up.
+	WriteRows WriteMode = "rows"
+	// WriteInsertDelete inserts the row and deletes it in the same transaction: the
+	// table stays empty and the CDC relay publishes the insert it reads from the WAL.
+	// PostgreSQL only, with `outbox relay --mode cdc`.
+	WriteInsertDelete WriteMode = "insert-delete"
+	// WriteMessage stores no row at all: each event is a transactional logical
+	// decoding message, pg_logical_emit_message(true, prefix, content), read by the
+	// CDC relay (the table-less mode). PostgreSQL only, with `outbox relay --mode cdc`.
+	WriteMessage WriteMode = "message"
+)
 
 // ParseTable parses "name" or "schema.name".
 func ParseTable(s string) (Table, error) {
@@ -64,6 +87,12 @@ func (t Table) WithDefaults() Table {
 	if t.Payload == "" {
 		t.Payload = PayloadJSON
 	}
+	if t.Write == "" {
+		t.Write = WriteRows
+	}
+	if t.MessagePrefix == "" {
+		t.MessagePrefix = t.Schema + "." + t.Name
+	}
 	return t
 }
 
@@ -78,6 +107,11 @@ func (t Table) Validate() error {
 	case PayloadJSON, PayloadBytes:
 	default:
 		return fmt.Errorf("invalid payload type %q (want %q or %q)", t.Payload, PayloadJSON, PayloadBytes)
+	}
+	switch t.Write {
+	case WriteRows, WriteInsertDelete, WriteMessage:
+	default:
+		return fmt.Errorf("invalid write mode %q (want %q, %q or %q)", t.Write, WriteRows, WriteInsertDelete, WriteMessage)
 	}
 	return nil
 }

@@ -18,7 +18,6 @@ import (
 	"database/sql/driver"
 	"embed"
 	"encoding/hex"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"strings"
@@ -58,6 +57,8 @@ func New(db *sql.DB, table *outboxdriver.Table) *Driver {
 	d := &Driver{db: db, table: t}
 	if t.Partitioned {
 		d.err = errors.New("partitioned outbox tables are PostgreSQL only")
+	} else if t.Write != outboxdriver.WriteRows {
+		d.err = fmt.Errorf("write mode %q is PostgreSQL only", t.Write)
 	} else if err := t.Validate(); err != nil {
 		d.err = err
 	}
@@ -214,9 +215,7 @@ func scanRow(rows *sql.Rows, extra ...any) (outboxdriver.Row, error) {
 		r.Payload = []byte{}
 	}
 	if headers.Valid {
-		if err := json.Unmarshal([]byte(headers.String), &r.Headers); err != nil {
-			r.Headers = map[string]string{"outbox-headers-error": err.Error()}
-		}
+		r.Headers = outboxdriver.ParseHeaders([]byte(headers.String))
 	}
 	r.TraceContext = trace.String
 	r.CreatedAt, _ = time.ParseInLocation("2006-01-02 15:04:05.000000", created, time.UTC)
@@ -225,6 +224,9 @@ func scanRow(rows *sql.Rows, extra ...any) (outboxdriver.Row, error) {
 
 // Claim implements outboxdriver.Store.
 func (d *Driver) Claim(ctx context.Context, p *outboxdriver.ClaimParams) (outboxdriver.Claim, error) {
+	if p.MaxSeq > 0 {
+		return nil, fmt.Errorf("claim up to a seq: %w", outboxdriver.ErrNotSupported)
+	}
 	tx, err := d.db.BeginTx(ctx, &sql.TxOptions{Isolation: sql.LevelReadCommitted})
 	if err != nil {
 		return nil, interpretError(err)

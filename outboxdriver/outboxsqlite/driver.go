@@ -108,6 +108,8 @@ func New(db *sql.DB, opts *Options) *Driver {
 		d.err = fmt.Errorf("%w: SQLite tables have no schema (got %q)", outboxdriver.ErrInvalidIdentifier, t.Schema)
 	case t.Partitioned:
 		d.err = errors.New("partitioned outbox tables are PostgreSQL only")
+	case t.Write != outboxdriver.WriteRows:
+		d.err = fmt.Errorf("write mode %q is PostgreSQL only", t.Write)
 	default:
 		d.err = t.Validate()
 	}
@@ -252,6 +254,9 @@ func nowMillis() int64 { return time.Now().UnixMilli() }
 // Claim implements outboxdriver.Store: the oldest unpublished rows not in a claim
 // still in flight.
 func (d *Driver) Claim(ctx context.Context, p *outboxdriver.ClaimParams) (outboxdriver.Claim, error) {
+	if p.MaxSeq > 0 {
+		return nil, fmt.Errorf("claim up to a seq: %w", outboxdriver.ErrNotSupported)
+	}
 	d.claimMu.Lock()
 	defer d.claimMu.Unlock()
 	var where strings.Builder
@@ -286,9 +291,7 @@ FROM `+d.q+` AS o WHERE published_at IS NULL AND available_at <= ?
 		}
 		r.Payload, r.PayloadNull = payload, null
 		if headers.Valid {
-			if err := json.Unmarshal([]byte(headers.String), &r.Headers); err != nil {
-				r.Headers = map[string]string{"outbox-headers-error": err.Error()}
-			}
+			r.Headers = outboxdriver.ParseHeaders([]byte(headers.String))
 		}
 		r.TraceContext = trace.String
 		r.CreatedAt = time.UnixMilli(created)

@@ -74,7 +74,7 @@ func (s *Store) ReplayDead(ctx context.Context, f *outboxdriver.DeadFilter) (int
 moved AS (DELETE FROM `+s.S.dead+` AS d USING picked WHERE d.id = picked.id
           RETURNING d.id, d.aggregatetype, d.aggregateid, d.type, d.payload, d.headers, d.tracingspancontext, d.seq, d.created_at),
 ins AS (INSERT INTO `+s.S.qualified+` (id, aggregatetype, aggregateid, type, payload, headers, tracingspancontext, seq, created_at)
-        OVERRIDING SYSTEM VALUE SELECT * FROM moved RETURNING 1)
+        OVERRIDING SYSTEM VALUE SELECT * FROM moved ORDER BY seq RETURNING 1)
 SELECT count(*) FROM ins`, args, &n)
 	return n, InterpretError(err)
 }

@@ -28,6 +28,7 @@ func (s *Statements) Migrations() ([]migrations.Migration, error) {
 		"DeadHoldIndex":    pgx.Identifier{t.Name + "_dead_holds_idx"}.Sanitize(),
 		"Partitioned":      map[bool]string{true: "yes"}[t.Partitioned],
 		"DefaultPartition": pgx.Identifier{t.Schema, t.Name + "_default"}.Sanitize(),
+		"CDCTable":         s.cdc,
 	})
 }
 

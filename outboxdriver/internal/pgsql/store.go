@@ -2,7 +2,6 @@ package pgsql
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"hash/fnv"
@@ -13,6 +12,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/outboxd/outbox/outboxdriver"
+	"github.com/outboxd/outbox/pgcdc"
 )
 
 var errNoRows = errors.New("no rows")
@@ -27,6 +27,8 @@ type Statements struct {
 
 	insertValues []string // insertValues[n] inserts n rows with VALUES, for small n
 	dead         string   // quoted dead-letter table
+	cdc          string   // quoted CDC slot bookkeeping table
+	statusCDC    string
 
 	insert, claim, markPublished, deletePublished, recordFailure, moveDead, status string
 }
@@ -54,6 +56,7 @@ func NewStatements(t outboxdriver.Table) (*Statements, error) {
 	// INSERT costs. Larger ones unnest arrays server-side, so one statement text (and
 	// one prepared plan) serves any number of rows.
 	s.dead = pgx.Identifier{t.Schema, t.Name + "_dead"}.Sanitize()
+	s.cdc = pgx.Identifier{t.Schema, t.Name + "_cdc"}.Sanitize()
 	s.insertValues = make([]string, maxValuesRows+1)
 	for n := 1; n <= maxValuesRows; n++ {
 		var b strings.Builder
@@ -75,7 +78,7 @@ FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], ` + payloadArg + `, 
 	// blocks only its own aggregate, in order.
 	s.claim = `SELECT o.seq, o.id::text, o.aggregatetype, o.aggregateid, o.type, o.payload, o.headers::text, o.tracingspancontext, o.created_at, o.attempts
 FROM ` + q + ` AS o
-WHERE o.published_at IS NULL AND o.available_at <= now()
+WHERE o.published_at IS NULL AND o.available_at <= now() AND ($2 <= 0 OR o.seq <= $2)
   AND NOT EXISTS (SELECT 1 FROM ` + q + ` AS f WHERE f.published_at IS NULL AND f.attempts > 0
                   AND f.aggregatetype = o.aggregatetype AND f.aggregateid = o.aggregateid AND f.seq < o.seq)
   AND NOT EXISTS (SELECT 1 FROM ` + s.dead + ` AS d WHERE d.holds_key
@@ -99,6 +102,8 @@ SELECT * FROM moved`
        (SELECT count(*) FROM ` + s.dead + `),
        (SELECT count(DISTINCT (aggregatetype, aggregateid)) FROM ` + s.dead + ` WHERE holds_key)
 FROM ` + q
+	s.statusCDC = `SELECT count(*), coalesce(extract(epoch FROM now() - min(created_at)), 0)::float8 FROM ` + q + `
+WHERE published_at IS NULL AND seq <= (SELECT coalesce(max(backfill_until), 0) FROM ` + s.cdc + ` WHERE backfilled_at IS NULL)`
 	return s, nil
 }
 
@@ -152,6 +157,41 @@ func (e Executor) InsertEvents(ctx context.Context, p *outboxdriver.InsertParams
 	if n == 0 {
 		return nil
 	}
+	switch e.S.table.Write {
+	case outboxdriver.WriteMessage:
+		return e.emitMessages(ctx, p.Events)
+	case outboxdriver.WriteInsertDelete:
+		if err := e.insertRows(ctx, p.Events); err != nil {
+			return err
+		}
+		ids := make([]string, n)
+		for i := range p.Events {
+			ids[i] = p.Events[i].ID
+		}
+		// The insert is in the WAL for the CDC relay; the row itself is not needed.
+		return InterpretError(e.Q.Exec(ctx, e.S.deletePublished, ids))
+	}
+	return e.insertRows(ctx, p.Events)
+}
+
+// emitMessages writes each event as a transactional logical decoding message, in
+// order, with one statement: the table-less mode.
+func (e Executor) emitMessages(ctx context.Context, events []outboxdriver.InsertEvent) error {
+	contents := make([][]byte, len(events))
+	for i := range events {
+		c, err := pgcdc.EncodeMessage(&events[i])
+		if err != nil {
+			return err
+		}
+		contents[i] = c
+	}
+	return InterpretError(e.Q.Exec(ctx, `SELECT count(pg_logical_emit_message(true, $1, c)) FROM unnest($2::bytea[]) WITH ORDINALITY AS u(c, i)`,
+		e.S.table.MessagePrefix, contents))
+}
+
+func (e Executor) insertRows(ctx context.Context, events []outboxdriver.InsertEvent) error {
+	n := len(events)
+	p := &outboxdriver.InsertParams{Events: events}
 	if n <= maxValuesRows {
 		args := make([]any, 0, n*insertCols)
 		bytesPayload := e.S.table.Payload == outboxdriver.PayloadBytes
@@ -214,8 +254,12 @@ func nonNil(b []byte) []byte {
 	return b
 }
 
-// Notify implements outboxdriver.Executor.
+// Notify implements outboxdriver.Executor. Only rows are polled: the other write
+// modes are read from the WAL, with no need for a wake-up.
 func (e Executor) Notify(ctx context.Context) error {
+	if e.S.table.Write != outboxdriver.WriteRows {
+		return nil
+	}
 	return InterpretError(e.Q.Exec(ctx, "SELECT pg_notify($1, '')", e.S.channelRaw))
 }
 
@@ -233,7 +277,7 @@ func (s *Store) Claim(ctx context.Context, p *outboxdriver.ClaimParams) (outboxd
 	if err != nil {
 		return nil, InterpretError(err)
 	}
-	rows, err := tx.Query(ctx, s.S.claim, p.Limit)
+	rows, err := tx.Query(ctx, s.S.claim, p.Limit, p.MaxSeq)
 	if err != nil {
 		_ = tx.Rollback(context.WithoutCancel(ctx))
 		return nil, InterpretError(err)
@@ -270,11 +314,7 @@ func scanRows(rows Rows) ([]outboxdriver.Row, error) {
 		}
 		r.Payload, r.PayloadNull = payload, payload == nil
 		if headers != nil {
-			if err := json.Unmarshal([]byte(*headers), &r.Headers); err != nil {
-				// A producer wrote headers that are not a flat string map. Keep the
-				// event flowing and say so in a header rather than dropping it.
-				r.Headers = map[string]string{"outbox-headers-error": err.Error()}
-			}
+			r.Headers = outboxdriver.ParseHeaders([]byte(*headers))
 		}
 		if trace != nil {
 			r.TraceContext = *trace
@@ -446,7 +486,45 @@ WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 1 AND l.database = 
 		}
 		st.ActiveRelay = fmt.Sprintf("pid %d on %s (%s)", pid, addr, app)
 	}
-	return st, InterpretError(rows.Err())
+	if err := rows.Err(); err != nil {
+		return nil, InterpretError(err)
+	}
+	rows.Close()
+	if st.Slots, err = s.slots(ctx); err != nil {
+		return nil, err
+	}
+	if len(st.Slots) > 0 {
+		// CDC mode: rows are relayed from the WAL, not marked. Only rows before a slot
+		// whose backfill is pending are the table's to publish.
+		var ageSec float64
+		if err := QueryRow(ctx, s.DB, s.S.statusCDC, nil, &st.Unpublished, &ageSec); err != nil {
+			return nil, InterpretError(err)
+		}
+		st.OldestAge = time.Duration(ageSec * float64(time.Second))
+	}
+	return st, nil
+}
+
+// slots reports the CDC relay's replication slots for the table.
+func (s *Store) slots(ctx context.Context) ([]outboxdriver.SlotStatus, error) {
+	rows, err := s.DB.Query(ctx, `SELECT c.slot, r.slot_name IS NOT NULL, coalesce(r.active, false), coalesce(r.wal_status, 'lost'),
+       coalesce(pg_wal_lsn_diff(pg_current_wal_lsn(), r.restart_lsn), 0)::bigint,
+       coalesce(pg_wal_lsn_diff(pg_current_wal_lsn(), r.confirmed_flush_lsn), 0)::bigint,
+       coalesce(r.safe_wal_size, -1)::bigint, c.backfilled_at IS NOT NULL
+FROM `+s.S.cdc+` AS c LEFT JOIN pg_replication_slots AS r ON r.slot_name = c.slot ORDER BY c.slot`)
+	if err != nil {
+		return nil, InterpretError(err)
+	}
+	defer rows.Close()
+	var out []outboxdriver.SlotStatus
+	for rows.Next() {
+		var ss outboxdriver.SlotStatus
+		if err := rows.Scan(&ss.Name, &ss.Exists, &ss.Active, &ss.WALStatus, &ss.RetainedBytes, &ss.LagBytes, &ss.SafeBytes, &ss.Backfilled); err != nil {
+			return nil, InterpretError(err)
+		}
+		out = append(out, ss)
+	}
+	return out, InterpretError(rows.Err())
 }
 
 // Cleanup implements outboxdriver.Store. The published_at condition is the guard: an

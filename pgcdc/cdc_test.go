@@ -1,0 +1,261 @@
+package pgcdc_test
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"os"
+	"strconv"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"go.uber.org/goleak"
+
+	"github.com/outboxd/outbox"
+	"github.com/outboxd/outbox/broker"
+	"github.com/outboxd/outbox/broker/memory"
+	"github.com/outboxd/outbox/internal/testenv"
+	"github.com/outboxd/outbox/outboxdriver"
+	"github.com/outboxd/outbox/outboxdriver/outboxpgx"
+	"github.com/outboxd/outbox/pgcdc"
+	"github.com/outboxd/outbox/relay"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+// cdcEnv is a migrated outbox table in a schema of the test's own, with its slot and
+// publication dropped when the test ends.
+type cdcEnv struct {
+	url   string
+	pool  *pgxpool.Pool
+	table outboxdriver.Table
+	drv   *outboxpgx.Driver
+	slot  string
+}
+
+func setup(t testing.TB, mode outboxdriver.WriteMode) *cdcEnv {
+	t.Helper()
+	url := testenv.DatabaseURL(t)
+	pool := testenv.Pool(t, url)
+	var level string
+	if err := pool.QueryRow(context.Background(), "SHOW wal_level").Scan(&level); err != nil {
+		t.Fatal(err)
+	}
+	if level != "logical" {
+		testenv.Missing(t, "PostgreSQL has wal_level=%s; the CDC tests need logical (.ci/run sets it)", level)
+	}
+	schema := testenv.Schema(t, url)
+	table := outboxdriver.Table{Schema: schema, Write: mode}
+	drv := outboxpgx.New(pool, &table)
+	m, _ := drv.Migrator()
+	if _, err := m.Migrate(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	e := &cdcEnv{url: url, pool: pool, table: table.WithDefaults(), drv: drv, slot: "outbox_" + schema + "_outbox"}
+	t.Cleanup(func() { dropSlot(t, pool, e.slot) })
+	return e
+}
+
+// dropSlot removes a test's slot and publication: a forgotten slot pins WAL forever.
+func dropSlot(t testing.TB, pool *pgxpool.Pool, slot string) {
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	for ctx.Err() == nil {
+		_, err := pool.Exec(ctx, `SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE slot_name = $1`, slot)
+		if err == nil {
+			break
+		}
+		time.Sleep(100 * time.Millisecond) // still active: its walsender is ending
+	}
+	if _, err := pool.Exec(ctx, `DROP PUBLICATION IF EXISTS `+pgx.Identifier{slot}.Sanitize()); err != nil {
+		t.Errorf("drop publication: %v", err)
+	}
+}
+
+func quiet() *slog.Logger {
+	if os.Getenv("CDC_DEBUG") != "" {
+		return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	}
+	return slog.New(slog.NewTextHandler(discard{}, &slog.HandlerOptions{Level: slog.LevelError + 4}))
+}
+
+type discard struct{}
+
+func (discard) Write(p []byte) (int, error) { return len(p), nil }
+
+func (e *cdcEnv) source(t testing.TB, cfg *pgcdc.Config) *pgcdc.Source {
+	t.Helper()
+	if cfg == nil {
+		cfg = &pgcdc.Config{}
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = quiet()
+	}
+	if cfg.StatusInterval == 0 {
+		cfg.StatusInterval = 100 * time.Millisecond
+	}
+	src, err := e.drv.CDC(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := src.Init(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	return src
+}
+
+func (e *cdcEnv) startRelay(t testing.TB, store outboxdriver.Store, pub broker.Publisher, cfg *relay.Config) *relay.Relay {
+	t.Helper()
+	if cfg == nil {
+		cfg = &relay.Config{}
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = quiet()
+	}
+	cfg.BackoffMin, cfg.BackoffMax = 20*time.Millisecond, 200*time.Millisecond
+	if cfg.LeaderRetry == 0 {
+		cfg.LeaderRetry = 50 * time.Millisecond
+	}
+	r, err := relay.New(store, pub, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := r.Start(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		if err := r.Stop(ctx); err != nil {
+			t.Errorf("stop: %v", err)
+		}
+	})
+	return r
+}
+
+// produce writes perAgg events for each of aggs aggregates, each in its own
+// transaction, from one goroutine per aggregate; every third transaction also writes
+// an event and rolls back. It returns the committed ids per aggregate in write order.
+func (e *cdcEnv) produce(t testing.TB, aggs, perAgg int) map[string][]string {
+	t.Helper()
+	ctx := context.Background()
+	w, err := outbox.NewWriter(e.drv, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := map[string][]string{}
+	var mu sync.Mutex
+	var wg sync.WaitGroup
+	errs := make(chan error, aggs)
+	for a := range aggs {
+		wg.Add(1)
+		go func(agg string) {
+			defer wg.Done()
+			for i := range perAgg {
+				ev := outbox.Event{AggregateType: "order", AggregateID: agg, Type: "Step", Payload: []byte(`{"i":` + strconv.Itoa(i) + `}`)}
+				err := pgx.BeginFunc(ctx, e.pool, func(tx pgx.Tx) error { return w.WriteTx(ctx, tx, ev) })
+				if err != nil {
+					errs <- err
+					return
+				}
+				id := ""
+				_ = id
+				if i%3 == 2 {
+					tx, err := e.pool.Begin(ctx)
+					if err != nil {
+						errs <- err
+						return
+					}
+					if err := w.WriteTx(ctx, tx, outbox.Event{AggregateType: "order", AggregateID: agg, Type: "Phantom", Payload: []byte(`{}`)}); err != nil {
+						errs <- err
+						return
+					}
+					_ = tx.Rollback(ctx)
+				}
+			}
+		}("agg-" + strconv.Itoa(a))
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Fatal(err)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	return out
+}
+
+// checkDelivery checks every aggregate got its perAgg events in order (payload i
+// counts up), with nothing rolled back, duplicates allowed only as repeats.
+func checkDelivery(t testing.TB, msgs []broker.Message, aggs, perAgg int) (dups int) {
+	t.Helper()
+	next := map[string]int{}
+	for _, m := range msgs {
+		if m.EventType == "Phantom" {
+			t.Fatalf("a rolled-back event was published: %s", m.ID)
+		}
+		var i int
+		if _, err := fmt.Sscanf(string(m.Payload), `{"i":%d}`, &i); err != nil {
+			t.Fatalf("payload %q: %v", m.Payload, err)
+		}
+		n := next[m.AggregateID]
+		switch {
+		case i == n:
+			next[m.AggregateID] = n + 1
+		case i < n:
+			dups++ // a repeat of an earlier one (after a crash)
+		default:
+			t.Fatalf("aggregate %s: got event %d, expected %d: order broken or an event lost", m.AggregateID, i, n)
+		}
+	}
+	for a := range aggs {
+		if got := next["agg-"+strconv.Itoa(a)]; got != perAgg {
+			t.Fatalf("aggregate agg-%d: %d of %d events delivered", a, got, perAgg)
+		}
+	}
+	return dups
+}
+
+func waitMessages(t testing.TB, b *memory.Broker, n int) []broker.Message {
+	t.Helper()
+	deadline := time.Now().Add(60 * time.Second)
+	for time.Now().Before(deadline) {
+		if msgs := b.Messages(); len(msgs) >= n {
+			return msgs
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	t.Fatalf("only %d of %d messages arrived", len(b.Messages()), n)
+	return nil
+}
+
+func TestRowsInOrderNoPhantoms(t *testing.T) {
+	for _, mode := range []outboxdriver.WriteMode{outboxdriver.WriteRows, outboxdriver.WriteInsertDelete, outboxdriver.WriteMessage} {
+		t.Run(string(mode), func(t *testing.T) {
+			e := setup(t, mode)
+			b := memory.New(0)
+			e.startRelay(t, e.source(t, nil), b, nil)
+			const aggs, per = 8, 60
+			e.produce(t, aggs, per)
+			msgs := waitMessages(t, b, aggs*per)
+			time.Sleep(200 * time.Millisecond) // anything extra (a phantom) would show up now
+			if dups := checkDelivery(t, b.Messages(), aggs, per); dups != 0 {
+				t.Fatalf("%d duplicates without any crash", dups)
+			}
+			if msgs[0].Topic != "outbox.event.order" || msgs[0].Headers == nil && msgs[0].ID == "" {
+				t.Fatalf("wire format: %+v", msgs[0])
+			}
+			var rows int
+			if err := e.pool.QueryRow(context.Background(), `SELECT count(*) FROM `+pgx.Identifier{e.table.Schema, "outbox"}.Sanitize()).Scan(&rows); err != nil {
+				t.Fatal(err)
+			}
+			want := map[outboxdriver.WriteMode]int{outboxdriver.WriteRows: aggs * per}[mode]
+			if rows != want {
+				t.Fatalf("%d rows in the table in mode %s, want %d", rows, mode, want)
+			}
+		})
+	}
+}

@@ -1,0 +1,99 @@
+package pgcdc
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/google/uuid"
+
+	"github.com/outboxd/outbox/outboxdriver"
+)
+
+// The table-less mode writes each event as one transactional logical decoding
+// message, pg_logical_emit_message(true, prefix, content), and no row at all. The
+// content is a one-line JSON object with the event's metadata, a newline, then the
+// payload bytes exactly as published:
+//
+//	{"id":"…","aggregatetype":"order","aggregateid":"42","type":"OrderPlaced","headers":{…},"tracingspancontext":"…"}\n<payload>
+//
+// "headers", "tracingspancontext", "created_at" (RFC 3339; default: the commit
+// time) and "available_at" (a delayed event) are optional;
+// "payload_null": true marks a NULL payload (the bytes after the newline are then
+// empty). Any language can emit it:
+//
+//	SELECT pg_logical_emit_message(true, 'public.outbox',
+//	    convert_to(json_build_object('id', gen_random_uuid(), 'aggregatetype', 'order',
+//	        'aggregateid', '42', 'type', 'OrderPlaced')::text || E'\n', 'UTF8')
+//	    || convert_to('{"total": 10}', 'UTF8'));
+type messageHeader struct {
+	ID            string            `json:"id"`
+	AggregateType string            `json:"aggregatetype"`
+	AggregateID   string            `json:"aggregateid"`
+	Type          string            `json:"type"`
+	Headers       map[string]string `json:"headers,omitempty"`
+	TraceContext  string            `json:"tracingspancontext,omitempty"`
+	CreatedAt     *time.Time        `json:"created_at,omitempty"`
+	PayloadNull   bool              `json:"payload_null,omitempty"`
+	AvailableAt   *time.Time        `json:"available_at,omitempty"`
+}
+
+// MessagePrefixDefault returns the logical message prefix of a table's events:
+// its qualified name, so several outboxes in one database stay apart.
+func MessagePrefixDefault(t outboxdriver.Table) string { return t.WithDefaults().String() }
+
+// EncodeMessage returns the logical message content of one event.
+func EncodeMessage(ev *outboxdriver.InsertEvent) ([]byte, error) {
+	h := messageHeader{ID: ev.ID, AggregateType: ev.AggregateType, AggregateID: ev.AggregateID, Type: ev.Type,
+		TraceContext: ev.TraceContext, PayloadNull: ev.Payload == nil}
+	if !ev.AvailableAt.IsZero() {
+		h.AvailableAt = &ev.AvailableAt
+	}
+	if ev.Headers != nil {
+		if err := json.Unmarshal(ev.Headers, &h.Headers); err != nil {
+			return nil, fmt.Errorf("pgcdc: headers: %w", err)
+		}
+	}
+	var b bytes.Buffer
+	b.Grow(len(ev.Payload) + 160)
+	if err := json.NewEncoder(&b).Encode(&h); err != nil { // Encode ends the line
+		return nil, fmt.Errorf("pgcdc: %w", err)
+	}
+	b.Write(ev.Payload)
+	return b.Bytes(), nil
+}
+
+// DecodeMessage reads the content of a table-less event and when it may go out
+// (zero: now). The payload aliases content.
+func DecodeMessage(content []byte) (outboxdriver.Row, time.Time, error) {
+	line, payload, ok := bytes.Cut(content, []byte{'\n'})
+	if !ok {
+		return outboxdriver.Row{}, time.Time{}, errors.New("outbox message: no newline after the JSON header")
+	}
+	var h messageHeader
+	if err := json.Unmarshal(line, &h); err != nil {
+		return outboxdriver.Row{}, time.Time{}, fmt.Errorf("outbox message header: %w", err)
+	}
+	id, err := uuid.Parse(h.ID)
+	if err != nil {
+		return outboxdriver.Row{}, time.Time{}, fmt.Errorf("outbox message id %q: %w", h.ID, err)
+	}
+	if h.AggregateType == "" || h.AggregateID == "" || h.Type == "" {
+		return outboxdriver.Row{}, time.Time{}, errors.New("outbox message lacks aggregatetype, aggregateid or type")
+	}
+	r := outboxdriver.Row{ID: id.String(), AggregateType: h.AggregateType, AggregateID: h.AggregateID, Type: h.Type,
+		Headers: h.Headers, TraceContext: h.TraceContext, Payload: payload, PayloadNull: h.PayloadNull}
+	if h.PayloadNull {
+		r.Payload = nil
+	}
+	if h.CreatedAt != nil {
+		r.CreatedAt = *h.CreatedAt
+	}
+	var at time.Time
+	if h.AvailableAt != nil {
+		at = *h.AvailableAt
+	}
+	return r, at, nil
+}

@@ -1,0 +1,145 @@
+package pgcdc
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"slices"
+	"time"
+
+	"github.com/jackc/pglogrepl"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgproto3"
+)
+
+// stream is the thin I/O loop over one replication connection: it reads pgoutput,
+// hands it to the decoder, queues the events, and reports the confirmable position
+// back to PostgreSQL. It alone touches the connection.
+type stream struct {
+	conn        *pgconn.PgConn
+	dec         *Decoder
+	q           *queue
+	statusEvery time.Duration
+	log         *slog.Logger
+	bad         func(lsn uint64, err error) // an undecodable event, skipped
+	failpoint   func(string)
+}
+
+// FailpointAfterReceive is called after an event is queued and before it is published.
+const FailpointAfterReceive = "wal.after-receive-before-publish"
+
+// pluginArgs are pgoutput's options: protocol 1 (whole transactions, sent only once
+// committed, never streamed in progress: nothing of a transaction that may roll back
+// reaches the relay), binary values, and logical messages for the table-less mode.
+func pluginArgs(publication string) []string {
+	return []string{"proto_version '1'", "publication_names '" + publication + "'", "binary 'true'", "messages 'true'"}
+}
+
+// run reads until ctx ends (then reports the final position and returns nil) or the
+// connection fails.
+func (s *stream) run(ctx context.Context) error {
+	nextStatus := time.Now()
+	var lastSent uint64
+	for {
+		if ctx.Err() != nil {
+			s.sendStatus(context.WithoutCancel(ctx), lastSent, true)
+			return nil
+		}
+		if !time.Now().Before(nextStatus) {
+			lsn, err := s.sendStatus(ctx, lastSent, false)
+			if err != nil {
+				return err
+			}
+			lastSent = lsn
+			nextStatus = time.Now().Add(s.statusEvery)
+		}
+		if !s.q.waitSpace(nextStatus) {
+			continue // the relay is behind: keep the server informed, read nothing
+		}
+		rctx, cancel := context.WithDeadline(ctx, nextStatus)
+		msg, err := s.conn.ReceiveMessage(rctx)
+		cancel()
+		if err != nil {
+			if pgconn.Timeout(err) || ctx.Err() != nil {
+				continue
+			}
+			return fmt.Errorf("pgcdc: replication stream: %w", err)
+		}
+		switch m := msg.(type) {
+		case *pgproto3.CopyData:
+			if len(m.Data) == 0 {
+				continue
+			}
+			switch m.Data[0] {
+			case pglogrepl.PrimaryKeepaliveMessageByteID:
+				k, err := pglogrepl.ParsePrimaryKeepaliveMessage(m.Data[1:])
+				if err != nil {
+					return fmt.Errorf("pgcdc: %w", err)
+				}
+				// Between transactions everything up to the server's position has
+				// been sent: an idle (or filtered-out) stretch of WAL is confirmable
+				// once what came before it is published, so the slot never pins WAL.
+				if !s.dec.InTransaction() {
+					s.q.mark(uint64(k.ServerWALEnd))
+				}
+				if k.ReplyRequested {
+					nextStatus = time.Time{}
+				}
+			case pglogrepl.XLogDataByteID:
+				x, err := pglogrepl.ParseXLogData(m.Data[1:])
+				if err != nil {
+					return fmt.Errorf("pgcdc: %w", err)
+				}
+				// The connection reuses its buffer; events keep slices of this copy.
+				if err := s.handle(slices.Clone(x.WALData), uint64(x.WALStart)); err != nil {
+					return err
+				}
+			}
+		case *pgproto3.ErrorResponse:
+			return fmt.Errorf("pgcdc: replication stream: %w", pgconn.ErrorResponseToPgError(m))
+		case *pgproto3.CopyDone:
+			return fmt.Errorf("pgcdc: the server ended the replication stream")
+		}
+	}
+}
+
+func (s *stream) handle(data []byte, at uint64) error {
+	ch, err := s.dec.Decode(data)
+	if err != nil {
+		return fmt.Errorf("at %s: %w", pglogrepl.LSN(at), err)
+	}
+	switch ch.Kind {
+	case ChangeEvent:
+		if ch.Bad != nil {
+			s.bad(at, ch.Bad)
+			return nil
+		}
+		s.q.push(ch.Row, ch.AvailableAt, ch.Reject)
+		s.failpoint(FailpointAfterReceive)
+	case ChangeCommit:
+		s.q.mark(ch.EndLSN)
+	}
+	return nil
+}
+
+// sendStatus reports the confirmable position: write, flush and apply are all set to
+// it explicitly (pglogrepl would otherwise copy the write position into flush).
+func (s *stream) sendStatus(ctx context.Context, last uint64, final bool) (uint64, error) {
+	lsn := s.q.confirmedLSN()
+	if lsn == 0 {
+		return last, nil
+	}
+	err := pglogrepl.SendStandbyStatusUpdate(ctx, s.conn, pglogrepl.StandbyStatusUpdate{
+		WALWritePosition: pglogrepl.LSN(lsn), WALFlushPosition: pglogrepl.LSN(lsn), WALApplyPosition: pglogrepl.LSN(lsn),
+	})
+	if err != nil {
+		if final {
+			return last, nil
+		}
+		return last, fmt.Errorf("pgcdc: standby status update: %w", err)
+	}
+	if lsn != last {
+		s.log.Debug("pgcdc: confirmed", "lsn", pglogrepl.LSN(lsn))
+	}
+	return lsn, nil
+}
