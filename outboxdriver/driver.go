@@ -236,7 +236,7 @@ type SlotStatus struct {
 	RetainedBytes, LagBytes int64
 	// SafeBytes is how much more WAL may be written before the slot is invalidated
 	// (max_slot_wal_keep_size), -1 when unlimited.
-	SafeBytes int64
+	SafeBytes  int64
 	Backfilled bool // the rows written before the slot are all published
 }
 

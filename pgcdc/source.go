@@ -75,7 +75,7 @@ type Source struct {
 	log   *slog.Logger
 
 	qTable, qDead, qCDC string
-	buryStmt           string
+	buryStmt            string
 
 	mu   sync.Mutex
 	sess *session
@@ -760,7 +760,9 @@ func (l listener) Wait(ctx context.Context) error {
 func (listener) Close(context.Context) error { return nil }
 
 // Status implements outboxdriver.Store (the table store's, which reports the slots).
-func (s *Source) Status(ctx context.Context) (*outboxdriver.Status, error) { return s.inner.Status(ctx) }
+func (s *Source) Status(ctx context.Context) (*outboxdriver.Status, error) {
+	return s.inner.Status(ctx)
+}
 
 // ListDead implements outboxdriver.Store.
 func (s *Source) ListDead(ctx context.Context, f *outboxdriver.DeadFilter) ([]outboxdriver.DeadLetter, error) {
