@@ -1,0 +1,88 @@
+package pgcdc
+
+import (
+	"testing"
+	"time"
+
+	"github.com/outboxd/outbox/outboxdriver"
+)
+
+func row(agg string) outboxdriver.Row {
+	return outboxdriver.Row{ID: agg, AggregateType: "t", AggregateID: agg}
+}
+
+// A position is confirmed only once every event before it is done, whatever order
+// the events finish in (failure class 4: confirming too early).
+func TestQueueConfirmsOnlyAfterEverythingBefore(t *testing.T) {
+	q := newQueue(100)
+	q.confirmed = 10
+	q.push(row("a"), time.Time{}, nil)
+	q.push(row("b"), time.Time{}, nil)
+	q.mark(20) // commit of a, b
+	q.push(row("c"), time.Time{}, nil)
+	q.mark(30)
+	q.mark(35) // a keepalive between transactions: same checkpoint, later position
+	now := time.Now()
+	out, _ := q.take(10, now, nil)
+	if len(out) != 3 {
+		t.Fatalf("took %d", len(out))
+	}
+	q.done(out[2:]) // c first
+	if got := q.confirmedLSN(); got != 10 {
+		t.Fatalf("confirmed %d before a and b were done", got)
+	}
+	q.done(out[:1])
+	if got := q.confirmedLSN(); got != 10 {
+		t.Fatalf("confirmed %d with b not done", got)
+	}
+	q.done(out[1:2])
+	if got := q.confirmedLSN(); got != 35 {
+		t.Fatalf("confirmed %d, want 35", got)
+	}
+}
+
+// A waiting (failed, retrying) event holds back the later events of its aggregate
+// only; given-back events keep their order.
+func TestQueueHoldsAggregateBehindWaitingEvent(t *testing.T) {
+	q := newQueue(100)
+	for _, a := range []string{"x", "y", "x", "y"} {
+		r := row(a)
+		q.push(r, time.Time{}, nil)
+	}
+	now := time.Now()
+	out, _ := q.take(10, now, nil)
+	out[0].availableAt = now.Add(time.Hour) // x's first event failed: retry later
+	q.giveBack(out[:1])
+	q.done([]*entry{out[1]})
+	q.giveBack(out[2:]) // the rest was a released prefetch
+	got, _ := q.take(10, now, nil)
+	if len(got) != 1 || got[0].idx != 3 {
+		t.Fatalf("took %v, want only y's second event", idxs(got))
+	}
+	got, _ = q.take(10, now.Add(2*time.Hour), nil)
+	if len(got) != 2 || got[0].idx != 0 || got[1].idx != 2 {
+		t.Fatalf("after the retry time took %v, want x's two events in order", idxs(got))
+	}
+}
+
+func TestQueueBoundsPending(t *testing.T) {
+	q := newQueue(2)
+	q.push(row("a"), time.Time{}, nil)
+	q.push(row("b"), time.Time{}, nil)
+	if q.waitSpace(time.Now().Add(20 * time.Millisecond)) {
+		t.Fatal("space reported in a full queue")
+	}
+	out, _ := q.take(1, time.Now(), nil)
+	go q.done(out)
+	if !q.waitSpace(time.Now().Add(5 * time.Second)) {
+		t.Fatal("no space after an event was done")
+	}
+}
+
+func idxs(es []*entry) []uint64 {
+	var out []uint64
+	for _, e := range es {
+		out = append(out, e.idx)
+	}
+	return out
+}
