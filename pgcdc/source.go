@@ -75,7 +75,8 @@ type Source struct {
 	log   *slog.Logger
 
 	qTable, qDead, qCDC string
-	buryStmt            string
+	buryStmt            string // set by checkServer, before any session
+	bytesPayload        bool
 
 	mu   sync.Mutex
 	sess *session
@@ -129,19 +130,23 @@ func New(pool *pgxpool.Pool, inner outboxdriver.Store, table outboxdriver.Table,
 		qDead: pgx.Identifier{table.Schema, table.Name + "_dead"}.Sanitize(),
 		qCDC:  pgx.Identifier{table.Schema, table.Name + "_cdc"}.Sanitize(),
 	}
-	payload := "p::jsonb"
-	if table.Payload == outboxdriver.PayloadBytes {
-		payload = "p"
-	}
-	s.buryStmt = `INSERT INTO ` + s.qDead + ` (id, aggregatetype, aggregateid, type, payload, headers, tracingspancontext, seq, created_at, attempts, error, holds_key)
-SELECT id, at, aid, t, ` + payload + `, h::jsonb, tc, seq, coalesce(ca, now()), n, err, hold
-FROM unnest($1::uuid[], $2::text[], $3::text[], $4::text[], $5::` + map[bool]string{true: "bytea", false: "text"}[table.Payload == outboxdriver.PayloadBytes] + `[], $6::text[], $7::text[],
-            $8::bigint[], $9::timestamptz[], $10::int[], $11::text[], $12::bool[]) AS u(id, at, aid, t, p, h, tc, seq, ca, n, err, hold)
-ON CONFLICT (id) DO NOTHING`
 	return s, nil
 }
 
 var _ outboxdriver.Store = (*Source)(nil)
+
+// buryStatement inserts dead letters from arrays, for a jsonb or bytea payload.
+func buryStatement(dead string, bytesPayload bool) string {
+	arg, expr := "text", "p::jsonb"
+	if bytesPayload {
+		arg, expr = "bytea", "p"
+	}
+	return `INSERT INTO ` + dead + ` (id, aggregatetype, aggregateid, type, payload, headers, tracingspancontext, seq, created_at, attempts, error, holds_key)
+SELECT id, at, aid, t, ` + expr + `, h::jsonb, tc, seq, coalesce(ca, now()), n, err, hold
+FROM unnest($1::uuid[], $2::text[], $3::text[], $4::text[], $5::` + arg + `[], $6::text[], $7::text[],
+            $8::bigint[], $9::timestamptz[], $10::int[], $11::text[], $12::bool[]) AS u(id, at, aid, t, p, h, tc, seq, ca, n, err, hold)
+ON CONFLICT (id) DO NOTHING`
+}
 
 // Slot returns the replication slot's name.
 func (s *Source) Slot() string { return s.cfg.Slot }
@@ -155,6 +160,7 @@ type session struct {
 	src     *Source
 	lead    outboxdriver.Leadership // the table's single-active-relay lock
 	q       *queue
+	st      *stream
 	cancel  context.CancelFunc
 	done    chan struct{}
 	err     atomic.Pointer[error]
@@ -210,16 +216,8 @@ func (s *Source) slotInfo(ctx context.Context) (slotInfo, error) {
 // start prepares the publication and the slot and starts streaming. It returns nil
 // when another session streams from the slot.
 func (s *Source) start(ctx context.Context, lead outboxdriver.Leadership) (*session, error) {
-	var walLevel, keep string
-	if err := s.pool.QueryRow(ctx, `SELECT current_setting('wal_level'), current_setting('max_slot_wal_keep_size')`).Scan(&walLevel, &keep); err != nil {
-		return nil, fmt.Errorf("pgcdc: %w", err)
-	}
-	if walLevel != "logical" {
-		return nil, fmt.Errorf("%w (it is %s)", ErrWALLevel, walLevel)
-	}
-	if keep == "-1" {
-		s.log.Warn("pgcdc: max_slot_wal_keep_size is unset: a stopped relay's slot keeps WAL without limit; set it and watch the slot lag",
-			"slot", s.cfg.Slot)
+	if err := s.checkServer(ctx); err != nil {
+		return nil, err
 	}
 	if err := s.ensurePublication(ctx); err != nil {
 		return nil, err
@@ -317,6 +315,7 @@ UPDATE `+s.qCDC+` SET backfill_until = m.n FROM m WHERE slot = $1 RETURNING back
 			s.skipped.Add(1)
 			s.log.Error("pgcdc: skipping a WAL message that is not an outbox event", "lsn", pglogrepl.LSN(lsn), "err", err)
 		}}
+	sess.st = st
 	runCtx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	sess.cancel = cancel
 	go func() {
@@ -326,7 +325,7 @@ UPDATE `+s.qCDC+` SET backfill_until = m.n FROM m WHERE slot = $1 RETURNING back
 			sess.err.Store(&err)
 		}
 		sess.q.close()
-		_ = conn.Close(context.Background())
+		st.close()
 	}()
 	s.log.Info("pgcdc: streaming", "slot", s.cfg.Slot, "from", si.confirmed, "backfill_until_seq", sess.until)
 	return sess, nil
@@ -337,6 +336,9 @@ UPDATE `+s.qCDC+` SET backfill_until = m.n FROM m WHERE slot = $1 RETURNING back
 // insert-delete and table-less write modes leave nothing in the table for a backfill:
 // run Init (`outbox migrate --cdc`) before their producers start.
 func (s *Source) Init(ctx context.Context) error {
+	if err := s.checkServer(ctx); err != nil {
+		return err
+	}
 	if err := s.ensurePublication(ctx); err != nil {
 		return err
 	}
@@ -351,6 +353,27 @@ func (s *Source) Init(ctx context.Context) error {
 	defer conn.Close(context.WithoutCancel(ctx))
 	_, err = s.createSlot(ctx, conn)
 	return err
+}
+
+// checkServer refuses a server without logical decoding, warns when slots may keep
+// WAL without limit, and learns the payload column's type for the dead letters.
+func (s *Source) checkServer(ctx context.Context) error {
+	var walLevel, keep, payloadType string
+	err := s.pool.QueryRow(ctx, `SELECT current_setting('wal_level'), current_setting('max_slot_wal_keep_size'),
+  (SELECT format_type(atttypid, NULL) FROM pg_attribute WHERE attrelid = $1::regclass AND attname = 'payload')`, s.qDead).Scan(&walLevel, &keep, &payloadType)
+	if err != nil {
+		return fmt.Errorf("pgcdc: %w", interpret(err))
+	}
+	if walLevel != "logical" {
+		return fmt.Errorf("%w (it is %s)", ErrWALLevel, walLevel)
+	}
+	if keep == "-1" {
+		s.log.Warn("pgcdc: max_slot_wal_keep_size is unset: a stopped relay's slot keeps WAL without limit; set it and watch the slot lag",
+			"slot", s.cfg.Slot)
+	}
+	s.bytesPayload = payloadType == "bytea"
+	s.buryStmt = buryStatement(s.qDead, s.bytesPayload)
+	return nil
 }
 
 func (s *Source) connect(ctx context.Context) (*pgconn.PgConn, error) {
@@ -628,7 +651,7 @@ func (s *Source) insertDead(ctx context.Context, ds []deadEntry) error {
 		}
 	}
 	payloads = textPayloads
-	if s.table.Payload == outboxdriver.PayloadBytes {
+	if s.bytesPayload {
 		payloads = bytePayloads
 	}
 	_, err := s.pool.Exec(ctx, s.buryStmt, ids, ats, aids, types, payloads, headers, tcs, seqs, created, attempts, errs, holds)
@@ -723,6 +746,11 @@ func (c *claim) Complete(ctx context.Context, p *outboxdriver.CompleteParams) er
 	}
 	c.ss.q.giveBack(back)
 	c.ss.q.done(done)
+	// Report now, before the relay sends its next batch. A failed write ends the
+	// stream, and the relay steps down.
+	if err := c.ss.st.sendStatus(false); err != nil {
+		c.ss.src.log.Warn("pgcdc: could not report the confirmed position", "err", err)
+	}
 	return nil
 }
 

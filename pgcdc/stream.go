@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"log/slog"
 	"slices"
+	"sync"
 	"time"
 
 	"github.com/jackc/pglogrepl"
@@ -23,6 +24,18 @@ type stream struct {
 	log         *slog.Logger
 	bad         func(lsn uint64, err error) // an undecodable event, skipped
 	failpoint   func(string)
+
+	wmu      sync.Mutex // status updates come from the reader and from acknowledgements
+	lastSent uint64
+	closed   bool
+}
+
+// close ends the connection once no status update is being written.
+func (s *stream) close() {
+	s.wmu.Lock()
+	defer s.wmu.Unlock()
+	s.closed = true
+	_ = s.conn.Close(context.Background())
 }
 
 // FailpointAfterReceive is called after an event is queued and before it is published.
@@ -39,18 +52,15 @@ func pluginArgs(publication string) []string {
 // connection fails.
 func (s *stream) run(ctx context.Context) error {
 	nextStatus := time.Now()
-	var lastSent uint64
 	for {
 		if ctx.Err() != nil {
-			s.sendStatus(context.WithoutCancel(ctx), lastSent, true)
+			_ = s.sendStatus(true)
 			return nil
 		}
 		if !time.Now().Before(nextStatus) {
-			lsn, err := s.sendStatus(ctx, lastSent, false)
-			if err != nil {
+			if err := s.sendStatus(true); err != nil {
 				return err
 			}
-			lastSent = lsn
 			nextStatus = time.Now().Add(s.statusEvery)
 		}
 		if !s.q.waitSpace(nextStatus) {
@@ -124,22 +134,27 @@ func (s *stream) handle(data []byte, at uint64) error {
 
 // sendStatus reports the confirmable position: write, flush and apply are all set to
 // it explicitly (pglogrepl would otherwise copy the write position into flush).
-func (s *stream) sendStatus(ctx context.Context, last uint64, final bool) (uint64, error) {
+// Unless always, it sends only when the position moved: the relay calls it after each
+// acknowledged batch, so a crash repeats at most the batch in flight (or, for a
+// transaction larger than a batch, what of it was already sent: a transaction is
+// confirmed whole).
+func (s *stream) sendStatus(always bool) error {
+	s.wmu.Lock()
+	defer s.wmu.Unlock()
 	lsn := s.q.confirmedLSN()
-	if lsn == 0 {
-		return last, nil
+	if s.closed || lsn == 0 || (!always && lsn == s.lastSent) {
+		return nil
 	}
-	err := pglogrepl.SendStandbyStatusUpdate(ctx, s.conn, pglogrepl.StandbyStatusUpdate{
+	// The write goes straight to the socket; the reader may be inside a receive.
+	err := pglogrepl.SendStandbyStatusUpdate(context.Background(), s.conn, pglogrepl.StandbyStatusUpdate{
 		WALWritePosition: pglogrepl.LSN(lsn), WALFlushPosition: pglogrepl.LSN(lsn), WALApplyPosition: pglogrepl.LSN(lsn),
 	})
 	if err != nil {
-		if final {
-			return last, nil
-		}
-		return last, fmt.Errorf("pgcdc: standby status update: %w", err)
+		return fmt.Errorf("pgcdc: standby status update: %w", err)
 	}
-	if lsn != last {
+	if lsn != s.lastSent {
 		s.log.Debug("pgcdc: confirmed", "lsn", pglogrepl.LSN(lsn))
+		s.lastSent = lsn
 	}
-	return lsn, nil
+	return nil
 }

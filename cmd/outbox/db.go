@@ -11,6 +11,7 @@ import (
 	"github.com/outboxd/outbox/internal/redact"
 	"github.com/outboxd/outbox/outboxdriver"
 	"github.com/outboxd/outbox/outboxdriver/outboxpgx"
+	"github.com/outboxd/outbox/pgcdc"
 )
 
 // database is an opened --db.
@@ -19,6 +20,8 @@ type database struct {
 	migrator outboxdriver.Migrator
 	close    func()
 	leaseTTL time.Duration // 0 when leadership is not a lease (PostgreSQL's ends with the session)
+	// cdc opens the CDC source of the table (PostgreSQL only; nil elsewhere).
+	cdc func(*pgcdc.Config) (*pgcdc.Source, error)
 }
 
 // dbOptions are driver settings from flags.
@@ -91,7 +94,7 @@ func openPostgres(ctx context.Context, dsn string, table outboxdriver.Table) (*d
 		pool.Close()
 		return nil, err
 	}
-	return &database{store: store, migrator: m, close: pool.Close}, nil
+	return &database{store: store, migrator: m, close: pool.Close, cdc: drv.CDC}, nil
 }
 
 // openTable opens --db for the --table of a command that reads or manages an existing

@@ -4,10 +4,12 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"log/slog"
 	"strings"
 
 	"github.com/outboxd/outbox/outboxdriver"
 	"github.com/outboxd/outbox/outboxdriver/outboxpgx"
+	"github.com/outboxd/outbox/pgcdc"
 )
 
 func runMigrate(ctx context.Context, args []string, stdout, stderr io.Writer) error {
@@ -17,6 +19,9 @@ func runMigrate(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	payload := fs.String("payload-type", string(outboxdriver.PayloadJSON), "payload column type: json (jsonb) or bytes (bytea)")
 	print := fs.Bool("print", false, "print the SQL instead of running it")
 	partitioned := fs.Bool("partitioned", false, "PostgreSQL: partition the new table by day on created_at; cleanup then drops whole published days")
+	cdc := fs.Bool("cdc", false, "PostgreSQL: also create the CDC relay's publication and replication slot, so events are captured from now on (required before producers use the insert-delete or table-less write modes)")
+	slot := fs.String("slot", "", "with --cdc: the replication slot (default outbox_<schema>_<table>)")
+	publication := fs.String("publication", "", "with --cdc: the publication (default: the slot's name)")
 	if err := parse(fs, args); err != nil {
 		return err
 	}
@@ -56,8 +61,22 @@ func runMigrate(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	}
 	if len(applied) == 0 {
 		fmt.Fprintf(stdout, "%s is up to date\n", table)
+	} else {
+		fmt.Fprintf(stdout, "%s: applied migrations %v\n", table, applied)
+	}
+	if !*cdc {
 		return nil
 	}
-	fmt.Fprintf(stdout, "%s: applied migrations %v\n", table, applied)
+	if db.cdc == nil {
+		return usageErr("--cdc needs PostgreSQL (--db postgres://...)")
+	}
+	src, err := db.cdc(&pgcdc.Config{Slot: *slot, Publication: *publication, Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		return usageErr("%v", err)
+	}
+	if err := src.Init(ctx); err != nil {
+		return fmt.Errorf("cdc setup for %s: %w", table, err)
+	}
+	fmt.Fprintf(stdout, "%s: replication slot %s ready\n", table, src.Slot())
 	return nil
 }

@@ -21,6 +21,7 @@ import (
 	"github.com/outboxd/outbox/internal/redact"
 	"github.com/outboxd/outbox/outboxdriver"
 	"github.com/outboxd/outbox/outboxdriver/outboxsqlite"
+	"github.com/outboxd/outbox/pgcdc"
 	"github.com/outboxd/outbox/relay"
 	"github.com/outboxd/outbox/relay/relayprom"
 )
@@ -30,7 +31,12 @@ func runRelay(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	dsn := fs.String("db", "", "database URL: postgres://user@host:5432/db or sqlite://PATH")
 	brokerURL := fs.String("broker", "", "broker URL: "+brokerSchemes)
 	tableName := fs.String("table", outboxdriver.DefaultSchema+"."+outboxdriver.DefaultTable, "outbox table, [schema.]name")
-	mode := fs.String("mode", "poll", "poll (claim rows with FOR UPDATE SKIP LOCKED); cdc is not built yet")
+	mode := fs.String("mode", "poll", "poll (claim rows with FOR UPDATE SKIP LOCKED) or cdc (PostgreSQL: read the events from the WAL by logical replication)")
+	var cdcCfg pgcdc.Config
+	fs.StringVar(&cdcCfg.Slot, "slot", "", "cdc: the replication slot (default outbox_<schema>_<table>)")
+	fs.StringVar(&cdcCfg.Publication, "publication", "", "cdc: the publication (default: the slot's name)")
+	fs.BoolVar(&cdcCfg.RecreateSlot, "recreate-slot", false, "cdc: replace a lost slot and publish every unpublished row still in the table again (docs/cdc.md)")
+	fs.IntVar(&cdcCfg.MaxPending, "max-pending", pgcdc.MaxPendingDefault, "cdc: most events read from the WAL and not yet acknowledged (bounds memory)")
 	batch := fs.Int("batch-size", relay.BatchSizeDefault, "most events claimed and published at once")
 	poll := fs.Duration("poll-interval", relay.PollIntervalDefault, "how often to look for events when no notification arrives")
 	del := fs.Bool("delete", false, "delete rows once published instead of marking them")
@@ -74,8 +80,8 @@ func runRelay(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	if *topic == "" {
 		*topic = defaultTopicTemplate(scheme)
 	}
-	if *mode != "poll" {
-		return usageErr("--mode %q: only poll is built so far", *mode)
+	if *mode != "poll" && *mode != "cdc" {
+		return usageErr("--mode %q: want poll or cdc", *mode)
 	}
 	logger, err := newLogger(stderr, *logLevel, *logFormat)
 	if err != nil {
@@ -119,13 +125,25 @@ func runRelay(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	if _, err := db.store.Status(ctx); err != nil {
 		return fmt.Errorf("%s: %w", table, err)
 	}
+	store := db.store
+	if *mode == "cdc" {
+		if db.cdc == nil {
+			return usageErr("--mode cdc needs PostgreSQL (--db postgres://...)")
+		}
+		cdcCfg.Logger, cdcCfg.FlowPastDeadLetters, cdcCfg.Failpoint = logger, *flowPast, cfg.Failpoint
+		src, err := db.cdc(&cdcCfg)
+		if err != nil {
+			return usageErr("%v", err)
+		}
+		store = src
+	}
 	pub, err := openBroker(ctx, *brokerURL, bo)
 	if err != nil {
 		return err
 	}
 	defer pub.Close()
 	reg := prometheus.NewRegistry()
-	metrics, err := relayprom.New(reg, db.store)
+	metrics, err := relayprom.New(reg, store)
 	if err != nil {
 		return err
 	}
@@ -138,18 +156,18 @@ func runRelay(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	if tracer != nil {
 		cfg.Tracer = tracer
 	}
-	r, err := relay.New(db.store, pub, cfg)
+	r, err := relay.New(store, pub, cfg)
 	if err != nil {
 		return err
 	}
 	if *httpAddr != "" {
-		stopHTTP, err := serveHTTP(ctx, *httpAddr, reg, db.store, r, logger)
+		stopHTTP, err := serveHTTP(ctx, *httpAddr, reg, store, r, logger)
 		if err != nil {
 			return err
 		}
 		defer stopHTTP()
 	}
-	logger.Info("relay starting", "db", redact.URL(*dsn), "broker", redact.URL(*brokerURL), "table", table.String())
+	logger.Info("relay starting", "mode", *mode, "db", redact.URL(*dsn), "broker", redact.URL(*brokerURL), "table", table.String())
 	err = r.Run(ctx)
 	st := r.Stats()
 	logger.Info("relay stopped", "published", st.Published, "failed", st.Failed)

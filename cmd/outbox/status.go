@@ -30,13 +30,33 @@ func runStatus(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	if *asJSON {
 		enc := json.NewEncoder(stdout)
 		enc.SetIndent("", "  ")
+		type slot struct {
+			Name          string `json:"name"`
+			Exists        bool   `json:"exists"`
+			Active        bool   `json:"active"`
+			WALStatus     string `json:"wal_status"`
+			RetainedBytes int64  `json:"retained_wal_bytes"`
+			LagBytes      int64  `json:"lag_bytes"`
+			SafeBytes     int64  `json:"safe_wal_bytes"`
+			Backfilled    bool   `json:"backfilled"`
+		}
+		slots := []slot{}
+		for _, s := range st.Slots {
+			slots = append(slots, slot(s))
+		}
 		return enc.Encode(struct {
-			Table              string  `json:"table"`
-			Unpublished        int64   `json:"unpublished"`
-			OldestAgeSeconds   float64 `json:"oldest_unpublished_age_seconds"`
-			PublishedKept      int64   `json:"published_kept"`
-			FailingUnpublished int64   `json:"failing"`
-		}{st.Table, st.Unpublished, st.OldestAge.Seconds(), st.Published, st.Failing})
+			Table              string     `json:"table"`
+			Unpublished        int64      `json:"unpublished"`
+			OldestAgeSeconds   float64    `json:"oldest_unpublished_age_seconds"`
+			PublishedKept      int64      `json:"published_kept"`
+			FailingUnpublished int64      `json:"failing"`
+			Dead               int64      `json:"dead_letters"`
+			HeldAggregates     int64      `json:"held_aggregates"`
+			ActiveRelay        string     `json:"active_relay"`
+			ActiveSince        *time.Time `json:"active_since"`
+			Slots              []slot     `json:"cdc_slots"`
+		}{st.Table, st.Unpublished, st.OldestAge.Seconds(), st.Published, st.Failing, st.Dead, st.HeldKeys,
+			st.ActiveRelay, timeOrNil(st.ActiveSince), slots})
 	}
 	fmt.Fprintf(stdout, "table:                 %s\n", st.Table)
 	fmt.Fprintf(stdout, "unpublished:           %d\n", st.Unpublished)
@@ -52,7 +72,38 @@ func runStatus(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	default:
 		fmt.Fprintf(stdout, "active relay:          %s, since %s\n", st.ActiveRelay, st.ActiveSince.UTC().Format(time.RFC3339))
 	}
+	for _, sl := range st.Slots {
+		state := sl.WALStatus
+		switch {
+		case !sl.Exists:
+			state = "LOST (dropped): recover with `outbox relay --mode cdc --recreate-slot`"
+		case sl.WALStatus == "lost":
+			state = "LOST (invalidated): recover with `outbox relay --mode cdc --recreate-slot`"
+		case sl.Active:
+			state += ", streaming"
+		default:
+			state += ", no relay streaming"
+		}
+		safe := "unlimited (max_slot_wal_keep_size unset)"
+		if sl.SafeBytes >= 0 {
+			safe = bytesText(sl.SafeBytes)
+		}
+		fmt.Fprintf(stdout, "cdc slot %s: %s; lag %s, retained WAL %s, safe %s; backfilled %v\n",
+			sl.Name, state, bytesText(sl.LagBytes), bytesText(sl.RetainedBytes), safe, sl.Backfilled)
+	}
 	return nil
+}
+
+func bytesText(n int64) string {
+	switch {
+	case n >= 1<<30:
+		return fmt.Sprintf("%.1f GiB", float64(n)/(1<<30))
+	case n >= 1<<20:
+		return fmt.Sprintf("%.1f MiB", float64(n)/(1<<20))
+	case n >= 1<<10:
+		return fmt.Sprintf("%.1f KiB", float64(n)/(1<<10))
+	}
+	return fmt.Sprintf("%d B", n)
 }
 
 func timeOrNil(t time.Time) *time.Time {

@@ -39,6 +39,7 @@ type Metrics struct {
 	store       outboxdriver.Store
 
 	unpublished, oldest, failing, dead, held *prometheus.Desc
+	slotRetained, slotLag, slotSafe, slotOK  *prometheus.Desc
 	scrapeErrors                             prometheus.Counter
 }
 
@@ -67,6 +68,14 @@ func New(reg prometheus.Registerer, store outboxdriver.Store) (*Metrics, error) 
 		failing:     prometheus.NewDesc("outbox_failing_events", "Unpublished events with at least one failed attempt.", nil, nil),
 		dead:        prometheus.NewDesc("outbox_dead_letters", "Events in the dead-letter table.", nil, nil),
 		held:        prometheus.NewDesc("outbox_held_aggregates", "Aggregates whose events wait behind a dead letter.", nil, nil),
+		slotRetained: prometheus.NewDesc("outbox_cdc_slot_retained_wal_bytes",
+			"WAL the CDC relay's replication slot keeps on disk (from its restart position).", []string{"slot"}, nil),
+		slotLag: prometheus.NewDesc("outbox_cdc_slot_lag_bytes",
+			"WAL written since the slot's confirmed position: the CDC relay's backlog.", []string{"slot"}, nil),
+		slotSafe: prometheus.NewDesc("outbox_cdc_slot_safe_wal_bytes",
+			"WAL that may still be written before PostgreSQL invalidates the slot (max_slot_wal_keep_size); -1: unlimited.", []string{"slot"}, nil),
+		slotOK: prometheus.NewDesc("outbox_cdc_slot_ok",
+			"1 while the slot exists and its wal_status is not lost; 0: the slot is lost (see docs/cdc.md).", []string{"slot", "wal_status"}, nil),
 	}
 	for _, c := range []prometheus.Collector{m.published, m.failed, m.latency, m.batchSize, m.publishTime, m.leader, m.scrapeErrors, m} {
 		if err := reg.Register(c); err != nil {
@@ -120,7 +129,7 @@ func (m *Metrics) LeaderChanged(leader bool) {
 
 // Describe implements prometheus.Collector (the status gauges).
 func (m *Metrics) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{m.unpublished, m.oldest, m.failing, m.dead, m.held} {
+	for _, d := range []*prometheus.Desc{m.unpublished, m.oldest, m.failing, m.dead, m.held, m.slotRetained, m.slotLag, m.slotSafe, m.slotOK} {
 		ch <- d
 	}
 }
@@ -142,6 +151,16 @@ func (m *Metrics) Collect(ch chan<- prometheus.Metric) {
 	ch <- prometheus.MustNewConstMetric(m.failing, prometheus.GaugeValue, float64(st.Failing))
 	ch <- prometheus.MustNewConstMetric(m.dead, prometheus.GaugeValue, float64(st.Dead))
 	ch <- prometheus.MustNewConstMetric(m.held, prometheus.GaugeValue, float64(st.HeldKeys))
+	for _, sl := range st.Slots {
+		ok := 0.0
+		if sl.Exists && sl.WALStatus != "lost" {
+			ok = 1
+		}
+		ch <- prometheus.MustNewConstMetric(m.slotOK, prometheus.GaugeValue, ok, sl.Name, sl.WALStatus)
+		ch <- prometheus.MustNewConstMetric(m.slotRetained, prometheus.GaugeValue, float64(sl.RetainedBytes), sl.Name)
+		ch <- prometheus.MustNewConstMetric(m.slotLag, prometheus.GaugeValue, float64(sl.LagBytes), sl.Name)
+		ch <- prometheus.MustNewConstMetric(m.slotSafe, prometheus.GaugeValue, float64(sl.SafeBytes), sl.Name)
+	}
 }
 
 // PublishedCounter is the published_total series of topic (for tests and dashboards).
