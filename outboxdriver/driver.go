@@ -31,6 +31,9 @@ var (
 	ErrNotSupported = errors.New("outboxdriver: not supported by this driver")
 	// ErrLeadershipLost means the relay's leadership session ended.
 	ErrLeadershipLost = errors.New("relay leadership lost")
+	// ErrNeedsOperator wraps errors a relay cannot get past by retrying (a lost
+	// replication slot, a server without logical decoding): the relay stops with it.
+	ErrNeedsOperator = errors.New("an operator must act")
 )
 
 // Driver is one database binding, generic over the transaction type the caller uses

@@ -242,8 +242,8 @@ func (s *Source) start(ctx context.Context, lead outboxdriver.Leadership) (*sess
 	}
 	lost := (si.exists && si.walStatus == "lost") || (!si.exists && registered && backfilled != nil)
 	if lost && !s.cfg.RecreateSlot {
-		return nil, fmt.Errorf("%w: slot %q (wal_status %q): events written since its last confirmed position may be gone from the WAL; "+
-			"recover with `outbox relay --mode cdc --recreate-slot` (docs/cdc.md)", ErrSlotLost, s.cfg.Slot, map[bool]string{true: si.walStatus, false: "dropped"}[si.exists])
+		return nil, fmt.Errorf("%w (%w): slot %q (wal_status %q): events written since its last confirmed position may be gone from the WAL; "+
+			"recover with `outbox relay --mode cdc --recreate-slot` (docs/cdc.md)", ErrSlotLost, outboxdriver.ErrNeedsOperator, s.cfg.Slot, map[bool]string{true: si.walStatus, false: "dropped"}[si.exists])
 	}
 
 	conn, err := s.connect(ctx)
@@ -269,7 +269,7 @@ func (s *Source) start(ctx context.Context, lead outboxdriver.Leadership) (*sess
 		if si.confirmed, err = s.createSlot(ctx, conn); err != nil {
 			return nil, err
 		}
-		backfilled, until = nil, nil
+		backfilled, until = nil, nil // read again below
 	} else if !registered {
 		// A slot made by hand: publish the rows before it too (duplicates, never a gap).
 		if _, err := s.pool.Exec(ctx, `INSERT INTO `+s.qCDC+` (slot) VALUES ($1) ON CONFLICT DO NOTHING`, s.cfg.Slot); err != nil {
@@ -279,12 +279,12 @@ func (s *Source) start(ctx context.Context, lead outboxdriver.Leadership) (*sess
 	sess := &session{src: s, lead: lead, q: newQueue(s.cfg.MaxPending), done: make(chan struct{})}
 	sess.q.confirmed = uint64(si.confirmed)
 	if backfilled == nil {
-		// Every row committed before the slot existed has a seq at most this (a
-		// later maximum only adds duplicates).
+		// A relay that died between creating the slot and recording its backfill
+		// bound: take today's maximum (duplicates, never a gap).
 		if until == nil {
 			var n int64
 			if err := s.pool.QueryRow(ctx, `WITH m AS (SELECT coalesce(max(seq), 0) AS n FROM `+s.qTable+`)
-UPDATE `+s.qCDC+` SET backfill_until = m.n FROM m WHERE slot = $1 RETURNING backfill_until`, s.cfg.Slot).Scan(&n); err != nil {
+UPDATE `+s.qCDC+` SET backfill_until = coalesce(backfill_until, m.n) FROM m WHERE slot = $1 RETURNING backfill_until`, s.cfg.Slot).Scan(&n); err != nil {
 				return nil, fmt.Errorf("pgcdc: %w", interpret(err))
 			}
 			until = &n
@@ -365,7 +365,7 @@ func (s *Source) checkServer(ctx context.Context) error {
 		return fmt.Errorf("pgcdc: %w", interpret(err))
 	}
 	if walLevel != "logical" {
-		return fmt.Errorf("%w (it is %s)", ErrWALLevel, walLevel)
+		return fmt.Errorf("%w (it is %s; %w)", ErrWALLevel, walLevel, outboxdriver.ErrNeedsOperator)
 	}
 	if keep == "-1" {
 		s.log.Warn("pgcdc: max_slot_wal_keep_size is unset: a stopped relay's slot keeps WAL without limit; set it and watch the slot lag",
@@ -407,6 +407,12 @@ ON CONFLICT (slot) DO UPDATE SET created_at = now(), backfill_until = NULL, back
 	lsn, err := pglogrepl.ParseLSN(res.ConsistentPoint)
 	if err != nil {
 		return 0, fmt.Errorf("pgcdc: %w", err)
+	}
+	// Every row committed before the slot existed has a seq at most this (a later
+	// maximum would only add duplicates).
+	if _, err := s.pool.Exec(ctx, `UPDATE `+s.qCDC+` SET backfill_until = (SELECT coalesce(max(seq), 0) FROM `+s.qTable+`)
+WHERE slot = $1`, s.cfg.Slot); err != nil {
+		return 0, fmt.Errorf("pgcdc: %w", interpret(err))
 	}
 	return lsn, nil
 }

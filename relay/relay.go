@@ -131,6 +131,8 @@ func (r *Relay) Stop(ctx context.Context) error {
 
 // Run relays until ctx ends, then drains in-flight work and returns nil. While another
 // relay is active it waits as a hot standby and takes over when that one goes away.
+// It returns early only with an error an operator must fix
+// (outboxdriver.ErrNeedsOperator, such as a lost replication slot).
 func (r *Relay) Run(ctx context.Context) error {
 	bo := r.newBackoff()
 	for ctx.Err() == nil {
@@ -138,6 +140,10 @@ func (r *Relay) Run(ctx context.Context) error {
 		if err != nil {
 			if ctx.Err() != nil {
 				break
+			}
+			if errors.Is(err, outboxdriver.ErrNeedsOperator) {
+				r.log.Error("relay: stopping", "err", err)
+				return err
 			}
 			r.log.Error("relay: cannot reach the database to take leadership", "err", err)
 			sleep(ctx, bo.next())

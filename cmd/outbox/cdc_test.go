@@ -1,0 +1,172 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/outboxd/outbox/internal/testenv"
+	"github.com/outboxd/outbox/outboxdriver"
+)
+
+// cdcTable migrates an outbox table in a schema of the test's own with `outbox
+// migrate --cdc` (publication and slot), and drops the slot when the test ends.
+func cdcTable(t *testing.T, url string, pool *pgxpool.Pool) (outboxdriver.Table, string) {
+	t.Helper()
+	var level string
+	if err := pool.QueryRow(context.Background(), "SHOW wal_level").Scan(&level); err != nil {
+		t.Fatal(err)
+	}
+	if level != "logical" {
+		testenv.Missing(t, "PostgreSQL has wal_level=%s; the CDC tests need logical (.ci/run sets it)", level)
+	}
+	schema := testenv.Schema(t, url)
+	table := outboxdriver.Table{Schema: schema, Name: "outbox"}
+	slot := "outbox_" + schema + "_outbox"
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+		defer cancel()
+		for ctx.Err() == nil {
+			if _, err := pool.Exec(ctx, `SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE slot_name = $1`, slot); err == nil {
+				break
+			}
+			time.Sleep(100 * time.Millisecond)
+		}
+		_, _ = pool.Exec(ctx, `DROP PUBLICATION IF EXISTS `+pgx.Identifier{slot}.Sanitize())
+	})
+	stdout, stderr, code := runCLI(t, nil, "migrate", "--db", url, "--table", schema+".outbox", "--cdc")
+	if code != 0 || !strings.Contains(stdout, "replication slot "+slot+" ready") {
+		t.Fatalf("migrate --cdc: %s%s", stdout, stderr)
+	}
+	return table, slot
+}
+
+// writeMode writes n events over aggs aggregates in transactions of 10 with the given
+// write mode, and returns the ids per aggregate in write order.
+func writeMode(t *testing.T, pool *pgxpool.Pool, table outboxdriver.Table, mode outboxdriver.WriteMode, aggs, n int) map[string][]string {
+	t.Helper()
+	table.Write = mode
+	return writeEvents(t, pool, table, aggs, n)
+}
+
+// TestCDCKill kills a CDC relay with SIGKILL at two points: after an event was read
+// from the WAL and before it was published, and after the broker acknowledged a
+// batch and before the position was confirmed. Producers write (table-less) while it
+// dies; the next relay publishes everything, in order per aggregate.
+func TestCDCKill(t *testing.T) {
+	t.Parallel()
+	for _, fp := range []string{"wal.after-receive-before-publish:1500", "relay.after-publish-before-mark:20"} {
+		t.Run(strings.Split(fp, ":")[0], func(t *testing.T) {
+			url := testenv.DatabaseURL(t)
+			pool := testenv.Pool(t, url)
+			table, _ := cdcTable(t, url, pool)
+			ns := newNATSScope(t)
+			const n, batch = 3000, 50
+			args := []string{"--db", url, "--table", table.Schema + ".outbox", "--broker", ns.url, "--mode", "cdc",
+				"--topic-template", ns.template(), "--batch-size", fmt.Sprint(batch)}
+			first := startRelayProc(t, []string{"OUTBOX_FAILPOINT=" + fp}, args...)
+			want := writeMode(t, pool, table, outboxdriver.WriteMessage, 7, n)
+			select {
+			case <-first.done:
+			case <-time.After(60 * time.Second):
+				t.Fatal("the failpoint never killed the relay")
+			}
+			if ws, ok := first.cmd.ProcessState.Sys().(syscall.WaitStatus); !ok || ws.Signal() != syscall.SIGKILL {
+				t.Fatalf("first relay ended with %v, want SIGKILL:\n%s", first.cmd.ProcessState, first.output())
+			}
+			second := startRelayProc(t, nil, args...)
+			checkOrder(t, want, ns.read(t, n))
+			_ = second.cmd.Process.Signal(syscall.SIGTERM)
+			<-second.done
+			dups, distinct := ns.duplicates()
+			t.Logf("%s: %d distinct, %d published again (batch %d)", fp, distinct, dups, batch)
+			if dups > 2*batch {
+				t.Errorf("%d duplicates: more than the batch in flight and the one before", dups)
+			}
+		})
+	}
+}
+
+// TestCDCStatusAndLostSlot: `outbox status` shows the slot; a dropped slot stops the
+// relay with a clear error, and --recreate-slot recovers the rows still in the table.
+func TestCDCStatusAndLostSlot(t *testing.T) {
+	t.Parallel()
+	url := testenv.DatabaseURL(t)
+	pool := testenv.Pool(t, url)
+	table, slot := cdcTable(t, url, pool)
+	ns := newNATSScope(t)
+	args := []string{"--db", url, "--table", table.Schema + ".outbox", "--broker", ns.url, "--mode", "cdc", "--topic-template", ns.template()}
+	relay := startRelayProc(t, nil, args...)
+	want := writeMode(t, pool, table, outboxdriver.WriteRows, 3, 100)
+	checkOrder(t, want, ns.read(t, 100))
+
+	var st struct {
+		Unpublished int64 `json:"unpublished"`
+		Slots       []struct {
+			Name       string `json:"name"`
+			Exists     bool   `json:"exists"`
+			Active     bool   `json:"active"`
+			Backfilled bool   `json:"backfilled"`
+		} `json:"cdc_slots"`
+	}
+	var stdout string
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+		out, stderr, code := runCLI(t, nil, "status", "--db", url, "--table", table.Schema+".outbox", "--json")
+		if code != 0 {
+			t.Fatal(stderr)
+		}
+		stdout = out
+		if err := json.Unmarshal([]byte(stdout), &st); err != nil {
+			t.Fatal(err)
+		}
+		if len(st.Slots) == 1 && st.Slots[0].Backfilled || time.Now().After(deadline) {
+			break
+		}
+	}
+	if len(st.Slots) != 1 || st.Slots[0].Name != slot || !st.Slots[0].Exists || !st.Slots[0].Active || !st.Slots[0].Backfilled || st.Unpublished != 0 {
+		t.Fatalf("status: %s", stdout)
+	}
+
+	_ = relay.cmd.Process.Signal(syscall.SIGTERM)
+	<-relay.done
+	ctx := context.Background()
+	if _, err := pool.Exec(ctx, `SELECT pg_drop_replication_slot($1)`, slot); err != nil {
+		t.Fatal(err)
+	}
+	// Rows written while the slot was gone: only the table has them.
+	more := writeMode(t, pool, table, outboxdriver.WriteRows, 3, 30)
+	stdout, _, _ = runCLI(t, nil, "status", "--db", url, "--table", table.Schema+".outbox")
+	var stderr string
+	var code int
+	if !strings.Contains(stdout, "LOST") {
+		t.Fatalf("status does not say the slot is lost:\n%s", stdout)
+	}
+	_, stderr, code = runCLI(t, nil, append([]string{"relay", "--http="}, args...)...)
+	if code == 0 || !strings.Contains(stderr, "replication slot lost") || !strings.Contains(stderr, "--recreate-slot") {
+		t.Fatalf("relay on a lost slot: exit %d, %s", code, stderr)
+	}
+	recovered := startRelayProc(t, nil, append(args, "--recreate-slot")...)
+	// Every row still in the table is published again (the 100 old ones are dropped
+	// by JetStream's dedup), the 30 new ones for the first time.
+	got := ns.read(t, 100+30)
+	seen := map[string]bool{}
+	for _, m := range got {
+		seen[m.ID] = true
+	}
+	for _, ids := range more {
+		for _, id := range ids {
+			if !seen[id] {
+				t.Fatalf("event %s written while the slot was lost was not recovered", id)
+			}
+		}
+	}
+	_ = recovered.cmd.Process.Signal(syscall.SIGTERM)
+	<-recovered.done
+}
