@@ -136,12 +136,15 @@ func New(pool *pgxpool.Pool, inner outboxdriver.Store, table outboxdriver.Table,
 var _ outboxdriver.Store = (*Source)(nil)
 
 // buryStatement inserts dead letters from arrays, for a jsonb or bytea payload.
-func buryStatement(dead string, bytesPayload bool) string {
+func buryStatement(table, dead string, bytesPayload bool) string {
 	arg, expr := "text", "p::jsonb"
 	if bytesPayload {
 		arg, expr = "bytea", "p"
 	}
-	return `INSERT INTO ` + dead + ` (id, aggregatetype, aggregateid, type, payload, headers, tracingspancontext, seq, created_at, attempts, error, holds_key)
+	// The row (rows mode) leaves the table in the same statement, so a replay can
+	// insert it again and a backfill never sees it.
+	return `WITH gone AS (DELETE FROM ` + table + ` WHERE id = ANY($1::uuid[]))
+INSERT INTO ` + dead + ` (id, aggregatetype, aggregateid, type, payload, headers, tracingspancontext, seq, created_at, attempts, error, holds_key)
 SELECT id, at, aid, t, ` + expr + `, h::jsonb, tc, seq, coalesce(ca, now()), n, err, hold
 FROM unnest($1::uuid[], $2::text[], $3::text[], $4::text[], $5::` + arg + `[], $6::text[], $7::text[],
             $8::bigint[], $9::timestamptz[], $10::int[], $11::text[], $12::bool[]) AS u(id, at, aid, t, p, h, tc, seq, ca, n, err, hold)
@@ -372,7 +375,7 @@ func (s *Source) checkServer(ctx context.Context) error {
 			"slot", s.cfg.Slot)
 	}
 	s.bytesPayload = payloadType == "bytea"
-	s.buryStmt = buryStatement(s.qDead, s.bytesPayload)
+	s.buryStmt = buryStatement(s.qTable, s.qDead, s.bytesPayload)
 	return nil
 }
 

@@ -1,0 +1,284 @@
+package pgcdc_test
+
+import (
+	"context"
+	"fmt"
+	"runtime"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/outboxd/outbox"
+	"github.com/outboxd/outbox/broker/memory"
+	natspub "github.com/outboxd/outbox/broker/nats"
+	"github.com/outboxd/outbox/internal/testenv"
+	"github.com/outboxd/outbox/outboxdriver"
+	"github.com/outboxd/outbox/outboxdriver/outboxpgx"
+	"github.com/outboxd/outbox/pgcdc"
+	"github.com/outboxd/outbox/relay"
+)
+
+// Rows committed before the slot exists (and while it is being created) are published
+// by the backfill; nothing falls in the gap (failure class 7).
+func TestStartDuringBurstBackfillsRowsBeforeTheSlot(t *testing.T) {
+	e := setup(t, outboxdriver.WriteRows)
+	var wrote sync.WaitGroup
+	wrote.Add(1)
+	go func() { defer wrote.Done(); e.produce(t, 4, 150) }()
+	time.Sleep(50 * time.Millisecond) // the burst is under way: some rows predate the slot
+	src, err := e.drv.CDC(&pgcdc.Config{Logger: quiet(), StatusInterval: 100 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	b := memory.New(0)
+	e.startRelay(t, src, b, nil)
+	wrote.Wait()
+	waitMessages(t, b, 4*150)
+	checkDelivery(t, b.Messages(), 4, 150)
+}
+
+// A standby relay waits on the table lock and takes over when the active one stops;
+// order holds across the handover.
+func TestStandbyTakesOver(t *testing.T) {
+	e := setup(t, outboxdriver.WriteMessage)
+	b := memory.New(0)
+	active := e.startRelay(t, e.source(t, nil), b, nil)
+	e.startRelay(t, e.source(t, nil), b, nil)
+	var wrote sync.WaitGroup
+	wrote.Add(1)
+	go func() { defer wrote.Done(); e.produce(t, 4, 150) }()
+	time.Sleep(100 * time.Millisecond)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if err := active.Stop(ctx); err != nil {
+		t.Fatal(err)
+	}
+	wrote.Wait()
+	waitMessages(t, b, 4*150)
+	checkDelivery(t, b.Messages(), 4, 150)
+}
+
+// While the outbox is quiet and the rest of the database busy, keepalives still move
+// the slot forward: it does not pin WAL (failure class 8).
+func TestIdleSlotAdvances(t *testing.T) {
+	e := setup(t, outboxdriver.WriteRows)
+	b := memory.New(0)
+	e.startRelay(t, e.source(t, nil), b, nil)
+	ctx := context.Background()
+	other := pgx.Identifier{e.table.Schema, "busy"}.Sanitize()
+	if _, err := e.pool.Exec(ctx, `CREATE TABLE `+other+` (v text)`); err != nil {
+		t.Fatal(err)
+	}
+	lag := func() int64 {
+		var n int64
+		if err := e.pool.QueryRow(ctx, `SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), confirmed_flush_lsn)::bigint
+FROM pg_replication_slots WHERE slot_name = $1`, e.slot).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	for i := 0; i < 20; i++ {
+		if _, err := e.pool.Exec(ctx, `INSERT INTO `+other+` SELECT repeat('x', 1000) FROM generate_series(1, 1000)`); err != nil {
+			t.Fatal(err)
+		}
+	}
+	written := lag()
+	deadline := time.Now().Add(20 * time.Second)
+	for lag() > written/10 {
+		if time.Now().After(deadline) {
+			t.Fatalf("slot still %d bytes behind after the busy writes (%d at first)", lag(), written)
+		}
+		// Any WAL activity makes the server send its position.
+		if _, err := e.pool.Exec(ctx, `INSERT INTO `+other+` VALUES ('tick')`); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	t.Logf("lag fell from %d to %d bytes with no outbox event", written, lag())
+}
+
+// A refused event is retried, then dead-lettered holding its aggregate; the
+// aggregate's later events wait in the dead letters too; other aggregates flow; a
+// replay of the aggregate publishes them all in order.
+func TestDeadLettersAndReplay(t *testing.T) {
+	for _, mode := range []outboxdriver.WriteMode{outboxdriver.WriteRows, outboxdriver.WriteMessage} {
+		t.Run(string(mode), func(t *testing.T) {
+			e := setup(t, mode)
+			b := memory.New(0)
+			b.Refuse("agg-0", true)
+			src := e.source(t, nil)
+			e.startRelay(t, src, b, &relay.Config{MaxAttempts: 2, RetryMin: 10 * time.Millisecond, RetryMax: 20 * time.Millisecond})
+			e.produce(t, 3, 20)
+			msgs := waitMessages(t, b, 2*20)
+			for _, m := range msgs {
+				if m.AggregateID == "agg-0" {
+					t.Fatalf("a refused aggregate's event was published: %+v", m)
+				}
+			}
+			ctx := context.Background()
+			deadline := time.Now().Add(20 * time.Second)
+			for {
+				dead, err := src.ListDead(ctx, &outboxdriver.DeadFilter{AggregateID: "agg-0"})
+				if err != nil {
+					t.Fatal(err)
+				}
+				if len(dead) == 20 {
+					if !dead[0].HoldsKey || !strings.Contains(dead[1].Error, "waiting behind a dead letter") {
+						t.Fatalf("dead letters: %+v / %+v", dead[0], dead[1])
+					}
+					break
+				}
+				if time.Now().After(deadline) {
+					t.Fatalf("%d of 20 events of the refused aggregate in the dead letters", len(dead))
+				}
+				time.Sleep(50 * time.Millisecond)
+			}
+			b.RefuseNone("agg-0")
+			if n, err := src.ReplayDead(ctx, &outboxdriver.DeadFilter{AggregateID: "agg-0"}); err != nil || n != 20 {
+				t.Fatalf("replay: %d, %v", n, err)
+			}
+			waitMessages(t, b, 3*20)
+			checkDelivery(t, b.Messages(), 3, 20)
+		})
+	}
+}
+
+// A delayed event waits for its time; a non-transactional logical message (which
+// PostgreSQL sends even when its transaction rolls back) goes to the dead letters.
+func TestDelayedAndNonTransactional(t *testing.T) {
+	e := setup(t, outboxdriver.WriteMessage)
+	b := memory.New(0)
+	src := e.source(t, nil)
+	e.startRelay(t, src, b, nil)
+	ctx := context.Background()
+	w, _ := outbox.NewWriter(e.drv, nil)
+	at := time.Now().Add(700 * time.Millisecond)
+	err := pgx.BeginFunc(ctx, e.pool, func(tx pgx.Tx) error {
+		return w.WriteTx(ctx, tx, outbox.Event{AggregateType: "order", AggregateID: "late", Type: "Reminder", Payload: []byte(`{}`), NotBefore: at})
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	content, _ := pgcdc.EncodeMessage(&outboxdriver.InsertEvent{ID: "0190d2a4-5b6c-7d8e-9f00-112233445566", AggregateType: "order", AggregateID: "nt", Type: "T", Payload: []byte(`{}`)})
+	if _, err := e.pool.Exec(ctx, `SELECT pg_logical_emit_message(false, $1, $2::bytea)`, e.table.MessagePrefix, content); err != nil {
+		t.Fatal(err)
+	}
+	msgs := waitMessages(t, b, 1)
+	if got := time.Now(); got.Before(at) || msgs[0].AggregateID != "late" {
+		t.Fatalf("delayed event published %v early: %+v", at.Sub(got), msgs[0])
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		dead, err := src.ListDead(ctx, &outboxdriver.DeadFilter{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(dead) == 1 && strings.Contains(dead[0].Error, "transactional = false") {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("dead letters: %+v", dead)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	if n := len(b.Messages()); n != 1 {
+		t.Fatalf("%d messages published, want only the delayed one", n)
+	}
+}
+
+// One transaction of 100,000 events streams through with bounded memory: the relay
+// holds at most MaxPending of them at a time.
+func TestLargeTransactionBoundedMemory(t *testing.T) {
+	if testing.Short() {
+		t.Skip("100,000 events")
+	}
+	e := setup(t, outboxdriver.WriteMessage)
+	url := testenv.NATSURL(t)
+	nc, err := nats.Connect(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	js, _ := jetstream.New(nc)
+	ctx := context.Background()
+	stream := testenv.UniqueName("cdcbig")
+	s, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: stream, Subjects: []string{stream + ".>"}, Storage: jetstream.MemoryStorage})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = js.DeleteStream(context.Background(), stream) }()
+	pub, err := natspub.New(js, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pub.Close()
+
+	src := e.source(t, &pgcdc.Config{MaxPending: 2000}) // the slot exists before the write
+	const n, size = 100_000, 1000
+	pad := strings.Repeat("x", size)
+	evs := make([]outbox.Event, n)
+	for i := range evs {
+		evs[i] = outbox.Event{AggregateType: "big", AggregateID: fmt.Sprint(i % 100), Type: "T", Payload: []byte(`{"p":"` + pad + `"}`)}
+	}
+	// A connection of its own: pgx keeps a connection's (here 100 MB) write buffer,
+	// which is the producer's memory, not the relay's.
+	conn, err := pgx.Connect(ctx, e.url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	w, _ := outbox.NewWriter(outboxpgx.New(nil, &e.table), nil)
+	if err := pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error { return w.WriteTx(ctx, tx, evs...) }); err != nil {
+		t.Fatal(err)
+	}
+	_ = conn.Close(ctx)
+	evs = nil
+
+	var peak atomic.Uint64
+	stop := make(chan struct{})
+	var sampled sync.WaitGroup
+	sampled.Add(1)
+	go func() {
+		defer sampled.Done()
+		var m runtime.MemStats
+		for {
+			select {
+			case <-stop:
+				return
+			case <-time.After(50 * time.Millisecond):
+			}
+			runtime.GC() // the live heap: what the relay holds, not garbage awaiting collection
+			runtime.ReadMemStats(&m)
+			if m.HeapAlloc > peak.Load() {
+				peak.Store(m.HeapAlloc)
+			}
+		}
+	}()
+	start := time.Now()
+	e.startRelay(t, src, pub, &relay.Config{TopicTemplate: stream + ".${aggregatetype}"})
+	for {
+		info, err := s.Info(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if info.State.Msgs >= n {
+			break
+		}
+		if time.Since(start) > 120*time.Second {
+			t.Fatalf("%d of %d events published", info.State.Msgs, n)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	close(stop)
+	sampled.Wait()
+	live := peak.Load()
+	t.Logf("100,000 events (%d MB) in one transaction in %v; live heap at most %d MiB", n*size/1_000_000, time.Since(start).Round(time.Millisecond), live>>20)
+	if live > 48<<20 {
+		t.Fatalf("live heap reached %d MiB for a %d MB transaction: memory is not bounded", live>>20, n*size>>20)
+	}
+}
