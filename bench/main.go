@@ -3,6 +3,7 @@
 //	go run ./bench drain   [-events 200000] [-batch 1000] [-delete]   relay throughput and RSS
 //	go run ./bench produce [-tx 20000] [-conns 8] [-per-tx 1]           writer vs hand-written INSERT
 //	go run ./bench notify  [-seconds 5] [-conns 16]                     what NOTIFY costs producers
+//	go run ./bench latency [-rate 5000] [-seconds 10] [-mode cdc] [-write message]  commit-to-broker latency
 //
 // Each run works in a schema and stream of its own and removes them afterwards. The
 // results are recorded in docs/benchmarks.md.
@@ -15,10 +16,12 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"sort"
 	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/google/uuid"
@@ -28,14 +31,17 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/outboxd/outbox"
+	natspub "github.com/outboxd/outbox/broker/nats"
 	"github.com/outboxd/outbox/internal/testenv"
 	"github.com/outboxd/outbox/outboxdriver"
 	"github.com/outboxd/outbox/outboxdriver/outboxpgx"
+	"github.com/outboxd/outbox/pgcdc"
+	"github.com/outboxd/outbox/relay"
 )
 
 func main() {
 	if len(os.Args) < 2 {
-		fmt.Fprintln(os.Stderr, "usage: bench drain|produce|notify [flags]")
+		fmt.Fprintln(os.Stderr, "usage: bench drain|produce|notify|latency [flags]")
 		os.Exit(2)
 	}
 	dbURL := env("TEST_DATABASE_URL", testenv.DatabaseURLDefault)
@@ -48,6 +54,8 @@ func main() {
 		err = produce(dbURL, os.Args[2:])
 	case "notify":
 		err = notify(dbURL, os.Args[2:])
+	case "latency":
+		err = latency(dbURL, natsURL, os.Args[2:])
 	default:
 		err = fmt.Errorf("unknown benchmark %q", os.Args[1])
 	}
@@ -104,6 +112,10 @@ func drain(dbURL, natsURL string, args []string) error {
 	events := fs.Int("events", 200_000, "backlog size")
 	batch := fs.Int("batch", 1000, "relay batch size")
 	del := fs.Bool("delete", false, "relay deletes rows instead of marking them")
+	mode := fs.String("mode", "poll", "relay mode: poll or cdc")
+	write := fs.String("write", "rows", "cdc: the writer's mode: rows, insert-delete or message (table-less)")
+	perTx := fs.Int("per-tx", 1000, "events per producer transaction in the backlog")
+	storage := fs.String("storage", "file", "the JetStream stream's storage: file or memory")
 	_ = fs.Parse(args)
 	ctx := context.Background()
 
@@ -112,11 +124,19 @@ func drain(dbURL, natsURL string, args []string) error {
 		return err
 	}
 	defer drop()
+	table.Write = outboxdriver.WriteMode(*write)
+	if *mode == "cdc" {
+		stopCDC, err := initCDC(ctx, pool, table)
+		if err != nil {
+			return err
+		}
+		defer stopCDC()
+	}
 	w, _ := outbox.NewWriter(outboxpgx.New(pool, &table), &outbox.Config{NotifyInterval: -1})
-	fmt.Printf("writing a backlog of %d events (~%d-byte payloads)...\n", *events, len(payload(0)))
-	for i := 0; i < *events; i += 1000 {
-		evs := make([]outbox.Event, 0, 1000)
-		for j := i; j < min(i+1000, *events); j++ {
+	fmt.Printf("writing a backlog of %d events (~%d-byte payloads, %d per transaction, %s)...\n", *events, len(payload(0)), *perTx, table.Write)
+	for i := 0; i < *events; i += *perTx {
+		evs := make([]outbox.Event, 0, *perTx)
+		for j := i; j < min(i+*perTx, *events); j++ {
 			evs = append(evs, outbox.Event{AggregateType: "order", AggregateID: fmt.Sprintf("customer-%04d", j%1000), Type: "OrderPlaced", Payload: payload(j)})
 		}
 		if err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error { return w.WriteTx(ctx, tx, evs...) }); err != nil {
@@ -134,7 +154,11 @@ func drain(dbURL, natsURL string, args []string) error {
 	defer nc.Close()
 	js, _ := jetstream.New(nc)
 	prefix := testenv.UniqueName("bench")
-	if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: prefix, Subjects: []string{prefix + ".>"}, Storage: jetstream.FileStorage}); err != nil {
+	st := jetstream.FileStorage
+	if *storage == "memory" {
+		st = jetstream.MemoryStorage
+	}
+	if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: prefix, Subjects: []string{prefix + ".>"}, Storage: st}); err != nil {
 		return err
 	}
 	defer func() { _ = js.DeleteStream(context.Background(), prefix) }()
@@ -143,18 +167,20 @@ func drain(dbURL, natsURL string, args []string) error {
 	if out, err := exec.Command("go", "build", "-o", bin, "./cmd/outbox").CombinedOutput(); err != nil {
 		return fmt.Errorf("build relay: %v\n%s", err, out)
 	}
-	rargs := []string{"relay", "--http=", "--db", dbURL, "--broker", natsURL, "--table", table.Schema + "." + table.Name,
+	rargs := []string{"relay", "--http=", "--db", dbURL, "--broker", natsURL, "--table", table.Schema + "." + table.Name, "--mode", *mode,
 		"--topic-template", prefix + ".${aggregatetype}", "--batch-size", strconv.Itoa(*batch), "--log-level", env("BENCH_RELAY_LOG", "warn")}
 	if *del {
 		rargs = append(rargs, "--delete")
 	}
 	cmd := exec.Command(bin, rargs...)
 	cmd.Stderr = os.Stderr
+	natsPID := pidOf("nats-server")
+	natsCPU := cpuSeconds(natsPID)
 	start := time.Now()
 	if err := cmd.Start(); err != nil {
 		return err
 	}
-	defer func() { _ = cmd.Process.Kill(); _ = cmd.Wait() }()
+	defer stopProcess(cmd)
 	// Watch the stream, not the table: counting a 200,000-row backlog every few
 	// milliseconds would steal the CPU the relay is being measured on.
 	var peakRSS int64
@@ -173,7 +199,7 @@ func drain(dbURL, natsURL string, args []string) error {
 	}
 	elapsed := time.Since(start)
 	q := "SELECT count(*) FROM " + pgx.Identifier{table.Schema, table.Name}.Sanitize() + " WHERE published_at IS NULL"
-	for {
+	for *mode == "poll" {
 		var left int64
 		if err := pool.QueryRow(ctx, q).Scan(&left); err != nil {
 			return err
@@ -186,9 +212,55 @@ func drain(dbURL, natsURL string, args []string) error {
 	marked := time.Since(start)
 	peakRSS = max(peakRSS, hwm(cmd.Process.Pid))
 	cpu := cpuSeconds(cmd.Process.Pid)
-	fmt.Printf("drained %d events in %v (all marked after %v): %.0f events/s (batch %d, delete=%v); stream holds %d; relay peak RSS %.1f MiB, relay CPU %.1fs\n",
-		*events, elapsed.Round(time.Millisecond), marked.Round(time.Millisecond), float64(*events)/elapsed.Seconds(), *batch, *del, stored, float64(peakRSS)/1024, cpu)
+	natsCPU = cpuSeconds(natsPID) - natsCPU
+	if *mode == "cdc" {
+		var walsender int
+		_ = pool.QueryRow(ctx, `SELECT coalesce(max(pid), 0) FROM pg_stat_replication WHERE application_name = 'outbox relay (cdc)'`).Scan(&walsender)
+		fmt.Printf("CPU during the drain: PostgreSQL walsender %.1fs, nats-server %.1fs\n", cpuSeconds(walsender), natsCPU)
+	} else {
+		fmt.Printf("CPU during the drain: nats-server %.1fs\n", natsCPU)
+	}
+	fmt.Printf("drained %d events in %v (all marked after %v): %.0f events/s (mode %s, write %s, batch %d, delete=%v, %s storage); stream holds %d; relay peak RSS %.1f MiB, relay CPU %.1fs\n",
+		*events, elapsed.Round(time.Millisecond), marked.Round(time.Millisecond), float64(*events)/elapsed.Seconds(), *mode, table.Write, *batch, *del, *storage, stored, float64(peakRSS)/1024, cpu)
 	return nil
+}
+
+// initCDC creates the table's publication and slot (as `outbox migrate --cdc`) and
+// returns a func that drops them.
+func initCDC(ctx context.Context, pool *pgxpool.Pool, table outboxdriver.Table) (func(), error) {
+	src, err := outboxpgx.New(pool, &table).CDC(&pgcdc.Config{})
+	if err != nil {
+		return nil, err
+	}
+	if err := src.Init(ctx); err != nil {
+		return nil, err
+	}
+	return func() {
+		c := context.Background()
+		for i := 0; i < 100; i++ { // the relay's walsender may still be ending
+			if _, err := pool.Exec(c, "SELECT pg_drop_replication_slot($1)", src.Slot()); err == nil {
+				break
+			}
+			time.Sleep(100 * time.Millisecond)
+		}
+		_, _ = pool.Exec(c, "DROP PUBLICATION IF EXISTS "+pgx.Identifier{src.Slot()}.Sanitize())
+	}, nil
+}
+
+// stopProcess asks a relay to stop (so it can flush a CPU profile) and kills it if it
+// does not within 10 s.
+func stopProcess(cmd *exec.Cmd) {
+	_ = cmd.Process.Signal(syscall.SIGTERM)
+	t := time.AfterFunc(10*time.Second, func() { _ = cmd.Process.Kill() })
+	_ = cmd.Wait()
+	t.Stop()
+}
+
+// pidOf is the pid of the first process named name (0 if none).
+func pidOf(name string) int {
+	out, _ := exec.Command("pgrep", "-o", "-x", name).Output()
+	pid, _ := strconv.Atoi(strings.TrimSpace(string(out)))
+	return pid
 }
 
 // cpuSeconds is a process's user+system CPU time so far.
@@ -349,4 +421,159 @@ func notify(dbURL string, args []string) error {
 		fmt.Printf("%-36s %6.0f commits/s (%d producers)\n", v.name, float64(n.Load())/float64(*seconds), *conns)
 	}
 	return nil
+}
+
+// latency writes events at a steady rate (one per transaction) while a relay runs, and
+// measures from each producer's COMMIT returning to JetStream storing the message (its
+// timestamp; the acknowledgement follows at once).
+func latency(dbURL, natsURL string, args []string) error {
+	fs := flag.NewFlagSet("latency", flag.ExitOnError)
+	rate := fs.Int("rate", 5000, "events per second")
+	seconds := fs.Int("seconds", 10, "how long to write")
+	mode := fs.String("mode", "cdc", "relay mode: poll or cdc")
+	write := fs.String("write", "message", "the writer's mode: rows, insert-delete or message")
+	conns := fs.Int("conns", 8, "producer connections")
+	inProcess := fs.Bool("in-process", false, "run the relay inside the benchmark instead of as `outbox relay`")
+	perTx := fs.Int("per-tx", 1, "events per transaction")
+	_ = fs.Parse(args)
+	ctx := context.Background()
+	pool, table, drop, err := scratch(ctx, dbURL, int32(*conns+2))
+	if err != nil {
+		return err
+	}
+	defer drop()
+	table.Write = outboxdriver.WriteMode(*write)
+	if *mode == "cdc" {
+		stopCDC, err := initCDC(ctx, pool, table)
+		if err != nil {
+			return err
+		}
+		defer stopCDC()
+	}
+	nc, err := nats.Connect(natsURL)
+	if err != nil {
+		return err
+	}
+	defer nc.Close()
+	js, _ := jetstream.New(nc)
+	prefix := testenv.UniqueName("benchlat")
+	if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: prefix, Subjects: []string{prefix + ".>"}, Storage: jetstream.FileStorage}); err != nil {
+		return err
+	}
+	defer func() { _ = js.DeleteStream(context.Background(), prefix) }()
+	if *inProcess {
+		stop, err := inProcessRelay(ctx, pool, table, js, *mode, prefix)
+		if err != nil {
+			return err
+		}
+		defer stop()
+	} else {
+		bin := filepath.Join(os.TempDir(), "outbox-bench-relay")
+		if out, err := exec.Command("go", "build", "-o", bin, "./cmd/outbox").CombinedOutput(); err != nil {
+			return fmt.Errorf("build relay: %v\n%s", err, out)
+		}
+		cmd := exec.Command(bin, "relay", "--http=", "--db", dbURL, "--broker", natsURL, "--table", table.Schema+"."+table.Name,
+			"--mode", *mode, "--topic-template", prefix+".${aggregatetype}", "--log-level", env("BENCH_RELAY_LOG", "warn"))
+		cmd.Stderr = os.Stderr
+		if err := cmd.Start(); err != nil {
+			return err
+		}
+		defer stopProcess(cmd)
+	}
+	time.Sleep(time.Second) // the relay is up and streaming
+
+	w, _ := outbox.NewWriter(outboxpgx.New(pool, &table), nil)
+	var committed sync.Map // id -> time
+	total := *rate * *seconds / *perTx * *perTx
+	var wg sync.WaitGroup
+	var werr atomic.Value
+	txs := total / *perTx
+	per := time.Duration(float64(time.Second) * float64(*conns) * float64(*perTx) / float64(*rate))
+	start := time.Now()
+	for c := 0; c < *conns; c++ {
+		wg.Add(1)
+		go func(c int) {
+			defer wg.Done()
+			next := start.Add(time.Duration(c) * per / time.Duration(*conns))
+			for i := c; i < txs; i += *conns {
+				time.Sleep(time.Until(next))
+				next = next.Add(per)
+				evs := make([]outbox.Event, *perTx)
+				for j := range evs {
+					k := i**perTx + j
+					evs[j] = outbox.Event{AggregateType: "order", AggregateID: fmt.Sprintf("customer-%04d", k%1000), Type: "OrderPlaced", Payload: payload(k)}
+				}
+				if err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error { return w.WriteTx(ctx, tx, evs...) }); err != nil {
+					werr.Store(err)
+					return
+				}
+				now := time.Now()
+				for _, ev := range evs {
+					committed.Store(ev.ID, now) // the writer filled in the ids
+				}
+			}
+		}(c)
+	}
+	wg.Wait()
+	if err, _ := werr.Load().(error); err != nil {
+		return err
+	}
+	wrote := time.Since(start)
+	// The broker's own receive time of each message (JetStream's timestamp, on this
+	// machine's clock) minus the producer's COMMIT returning.
+	ctx2, cancel := context.WithTimeout(ctx, 60*time.Second)
+	defer cancel()
+	cons, err := js.OrderedConsumer(ctx2, prefix, jetstream.OrderedConsumerConfig{})
+	if err != nil {
+		return err
+	}
+	var lat []time.Duration
+	for len(lat) < total && ctx2.Err() == nil {
+		batch, err := cons.Fetch(1000, jetstream.FetchMaxWait(time.Second))
+		if err != nil {
+			return err
+		}
+		for m := range batch.Messages() {
+			md, err := m.Metadata()
+			if err != nil {
+				return err
+			}
+			if c, ok := committed.Load(m.Headers().Get("Nats-Msg-Id")); ok {
+				lat = append(lat, max(0, md.Timestamp.Sub(c.(time.Time))))
+			}
+		}
+	}
+	if len(lat) < total {
+		return fmt.Errorf("only %d of %d events arrived", len(lat), total)
+	}
+	sort.Slice(lat, func(i, j int) bool { return lat[i] < lat[j] })
+	q := func(p float64) time.Duration { return lat[int(p*float64(len(lat)-1))].Round(10 * time.Microsecond) }
+	fmt.Printf("%d events at %.0f/s, %d per transaction (mode %s, write %s, relay in process %v): commit-to-broker latency p50 %v, p90 %v, p99 %v, max %v\n",
+		total, float64(total)/wrote.Seconds(), *perTx, *mode, table.Write, *inProcess, q(0.5), q(0.9), q(0.99), lat[len(lat)-1].Round(10*time.Microsecond))
+	return nil
+}
+
+func inProcessRelay(ctx context.Context, pool *pgxpool.Pool, table outboxdriver.Table, js jetstream.JetStream, mode, prefix string) (func(), error) {
+	drv := outboxpgx.New(pool, &table)
+	store, err := drv.Store()
+	if err != nil {
+		return nil, err
+	}
+	if mode == "cdc" {
+		if store, err = drv.CDC(nil); err != nil {
+			return nil, err
+		}
+	}
+	pub, err := natspub.New(js, nil)
+	if err != nil {
+		return nil, err
+	}
+	r, err := relay.New(store, pub, &relay.Config{TopicTemplate: prefix + ".${aggregatetype}"})
+	if err != nil {
+		return nil, err
+	}
+	if err := r.Start(ctx); err != nil {
+		return nil, err
+	}
+	return func() { _ = r.Stop(ctx); _ = pub.Close() }, nil
 }

@@ -193,14 +193,20 @@ func (p *Publisher) Publish(ctx context.Context, msgs []broker.Message) []broker
 			stop = err
 			continue
 		}
-		hdr := make(nats.Header, m.HeaderCount()+2)
+		n := m.HeaderCount() + 2
+		hdr := make(nats.Header, n)
+		vals := make([]string, 0, n) // one backing array for every one-value header
+		set := func(k, v string) {
+			vals = append(vals, v)
+			hdr[k] = vals[len(vals)-1 : len(vals) : len(vals)]
+		}
 		size := len(m.Payload)
 		m.EachHeader(func(k, v string) {
-			hdr[k] = []string{v}
+			set(k, v)
 			size += len(k) + len(v) + 4
 		})
-		hdr[jetstream.MsgIDHeader] = []string{m.ID}
-		hdr[HeaderKey] = []string{m.Key}
+		set(jetstream.MsgIDHeader, m.ID)
+		set(HeaderKey, m.Key)
 		nm := &nats.Msg{Subject: m.Topic, Data: m.Payload, Header: hdr}
 		// Refuse what the server would refuse, before sending: the key's later
 		// messages can then be held back instead of overtaking this one.

@@ -11,6 +11,7 @@ import (
 	"io"
 	"os"
 	"os/signal"
+	"runtime/pprof"
 	"sort"
 	"strings"
 	"syscall"
@@ -47,9 +48,18 @@ func commands() []command {
 
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	// OUTBOX_CPUPROFILE=FILE writes a CPU profile of the run (a debugging aid: see
+	// docs/benchmarks.md for how the relay's hot paths were found).
+	if f := os.Getenv("OUTBOX_CPUPROFILE"); f != "" {
+		if out, err := os.Create(f); err == nil && pprof.StartCPUProfile(out) == nil {
+			defer func() { pprof.StopCPUProfile(); _ = out.Close() }()
+		}
+	}
 	code := run(ctx, os.Args[1:], os.Stdout, os.Stderr)
 	stop()
-	os.Exit(code)
+	if code != 0 {
+		os.Exit(code)
+	}
 }
 
 func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
