@@ -34,6 +34,7 @@ var (
 const (
 	MaxPendingDefault     = 10_000
 	StatusIntervalDefault = time.Second
+	ClaimLingerDefault    = time.Millisecond
 )
 
 var slotNameRE = regexp.MustCompile(`^[a-z0-9_]{1,63}$`)
@@ -51,6 +52,9 @@ type Config struct {
 	MaxPending int
 	// StatusInterval is how often the confirmed position is reported to PostgreSQL.
 	StatusInterval time.Duration
+	// ClaimLinger is how long a claim that found only a few events waits for more
+	// before handing them out. Default ClaimLingerDefault; negative: no wait.
+	ClaimLinger time.Duration
 	// RecreateSlot replaces a lost slot: a new one is created and every row still
 	// unpublished in the table is published again (the documented recovery).
 	RecreateSlot bool
@@ -113,6 +117,9 @@ func New(pool *pgxpool.Pool, inner outboxdriver.Store, table outboxdriver.Table,
 	}
 	if c.StatusInterval == 0 {
 		c.StatusInterval = StatusIntervalDefault
+	}
+	if c.ClaimLinger == 0 {
+		c.ClaimLinger = ClaimLingerDefault
 	}
 	if c.MaxPending < 1 || c.StatusInterval < 0 {
 		return nil, errors.New("pgcdc: MaxPending must be positive and StatusInterval not negative")
@@ -506,8 +513,22 @@ func (s *Source) Claim(ctx context.Context, p *outboxdriver.ClaimParams) (outbox
 			return c, nil // rows still wait for a retry
 		}
 	}
-	for {
+	for lingered := false; ; {
 		out, held := ss.q.take(p.Limit, time.Now(), ss.holds)
+		if len(held) == 0 && len(out) > 0 && len(out) < p.Limit && !lingered && s.cfg.ClaimLinger > 0 {
+			// A trickle: wait a moment for the rest of the transaction and its
+			// neighbours, so a batch is not one event (per-event batches cost a
+			// round of wake-ups in the relay, the broker and the walsender each).
+			ss.q.giveBack(out)
+			lingered = true
+			t := time.NewTimer(s.cfg.ClaimLinger)
+			select {
+			case <-t.C:
+			case <-ctx.Done():
+			}
+			t.Stop()
+			continue
+		}
 		if len(held) == 0 {
 			return &claim{ss: ss, es: out}, nil
 		}
