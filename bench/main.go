@@ -15,7 +15,6 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
-	"os/signal"
 	"path/filepath"
 	"sort"
 	"strconv"
@@ -57,8 +56,7 @@ func main() {
 		err = notify(dbURL, os.Args[2:])
 	case "latency":
 		err = latency(dbURL, natsURL, os.Args[2:])
-	case "relayonly":
-		err = relayOnly(dbURL, natsURL, os.Args[2:])
+
 	default:
 		err = fmt.Errorf("unknown benchmark %q", os.Args[1])
 	}
@@ -470,13 +468,6 @@ func latency(dbURL, natsURL string, args []string) error {
 			return err
 		}
 		defer stop()
-	} else if os.Getenv("BENCH_RELAYONLY") != "" {
-		cmd := exec.Command(os.Args[0], "relayonly", table.Schema, *mode, prefix)
-		cmd.Stderr = os.Stderr
-		if err := cmd.Start(); err != nil {
-			return err
-		}
-		defer stopProcess(cmd)
 	} else {
 		bin := filepath.Join(os.TempDir(), "outbox-bench-relay")
 		if out, err := exec.Command("go", "build", "-o", bin, "./cmd/outbox").CombinedOutput(); err != nil {
@@ -588,26 +579,3 @@ func inProcessRelay(ctx context.Context, pool *pgxpool.Pool, table outboxdriver.
 	return func() { _ = r.Stop(ctx); _ = pub.Close() }, nil
 }
 
-func relayOnly(dbURL, natsURL string, args []string) error {
-	ctx, cancel := signal.NotifyContext(context.Background(), syscall.SIGTERM)
-	defer cancel()
-	pool, err := pgxpool.New(ctx, dbURL)
-	if err != nil {
-		return err
-	}
-	defer pool.Close()
-	nc, err := nats.Connect(natsURL)
-	if err != nil {
-		return err
-	}
-	defer nc.Close()
-	js, _ := jetstream.New(nc)
-	table := outboxdriver.Table{Schema: args[0], Name: "outbox"}
-	stop, err := inProcessRelay(ctx, pool, table, js, args[1], args[2])
-	if err != nil {
-		return err
-	}
-	<-ctx.Done()
-	stop()
-	return nil
-}
