@@ -578,4 +578,3 @@ func inProcessRelay(ctx context.Context, pool *pgxpool.Pool, table outboxdriver.
 	}
 	return func() { _ = r.Stop(ctx); _ = pub.Close() }, nil
 }
-
