@@ -96,7 +96,9 @@ func TestBadInputGetsOneClearLine(t *testing.T) {
 		{"unreachable broker", []string{"relay", "--db", url, "--table", schema + ".outbox", "--broker", "nats://u:hunter2@127.0.0.1:1"}, 1, "connect to NATS"},
 		{"bad batch", []string{"relay", "--db", url, "--broker", "nats://127.0.0.1:1", "--batch-size", "-5"}, 2, "BatchSize"},
 		{"bad template", []string{"relay", "--db", url, "--broker", "nats://127.0.0.1:1", "--topic-template", "a.${who}"}, 2, "unknown placeholder"},
-		{"cdc", []string{"relay", "--mode", "cdc", "--broker", "stdout:"}, 2, "only poll"},
+		{"unknown mode", []string{"relay", "--db", url, "--mode", "wal", "--broker", "stdout:"}, 2, "want poll or cdc"},
+		{"cdc on sqlite", []string{"relay", "--db", "sqlite://" + t.TempDir() + "/x.db", "--mode", "cdc", "--broker", "stdout:"}, 2, "--mode cdc needs PostgreSQL"},
+		{"bad slot name", []string{"relay", "--db", url, "--table", schema + ".outbox", "--mode", "cdc", "--slot", "Bad-Slot", "--broker", "stdout:"}, 2, "slot and publication names"},
 		{"extra args", []string{"status", "now"}, 2, "unexpected arguments"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -123,7 +125,7 @@ func TestEnvironmentVariables(t *testing.T) {
 	url := testenv.DatabaseURL(t)
 	schema := testenv.Schema(t, url)
 	stdout, stderr, code := runCLI(t, []string{"OUTBOX_DB=" + url, "OUTBOX_TABLE=" + schema + ".events"}, "migrate")
-	if code != 0 || !strings.Contains(stdout, "applied migrations [1 2]") {
+	if code != 0 || !strings.Contains(stdout, "applied migrations [1 2 3]") {
 		t.Fatalf("migrate via env: code %d, %s %s", code, stdout, stderr)
 	}
 	stdout, _, code = runCLI(t, []string{"OUTBOX_DB=" + url, "OUTBOX_TABLE=" + schema + ".events"}, "migrate")

@@ -83,6 +83,9 @@ func runRelay(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	if *mode != "poll" && *mode != "cdc" {
 		return usageErr("--mode %q: want poll or cdc", *mode)
 	}
+	if *mode == "cdc" && !strings.HasPrefix(*dsn, "postgres://") && !strings.HasPrefix(*dsn, "postgresql://") {
+		return usageErr("--mode cdc needs PostgreSQL (--db postgres://...)")
+	}
 	logger, err := newLogger(stderr, *logLevel, *logFormat)
 	if err != nil {
 		return err
@@ -127,9 +130,6 @@ func runRelay(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	}
 	store := db.store
 	if *mode == "cdc" {
-		if db.cdc == nil {
-			return usageErr("--mode cdc needs PostgreSQL (--db postgres://...)")
-		}
 		cdcCfg.Logger, cdcCfg.FlowPastDeadLetters, cdcCfg.Failpoint = logger, *flowPast, cfg.Failpoint
 		src, err := db.cdc(&cdcCfg)
 		if err != nil {
