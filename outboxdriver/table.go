@@ -1,6 +1,8 @@
 package outboxdriver
 
 import (
+	"crypto/md5"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"regexp"
@@ -9,8 +11,10 @@ import (
 
 // Defaults for the outbox table.
 const (
-	DefaultSchema = "public"
-	DefaultTable  = "outbox"
+	DefaultSchema     = "public"
+	DefaultTable      = "outbox"
+	PartitionsDefault = 64
+	PartitionsMax     = 4096
 )
 
 // ErrInvalidIdentifier is returned for a table or schema name that is not a plain
@@ -39,6 +43,9 @@ type Table struct {
 	// created_at (PostgreSQL): cleanup then drops whole published days instead of
 	// deleting rows. Event ids are not enforced unique across days.
 	Partitioned bool
+	// Partitions is how many partitions the rows are hashed into by aggregate
+	// (PostgreSQL), fixed at migration. 0 means PartitionsDefault.
+	Partitions int
 	// Write is how the writer stores events ("" means WriteRows). The other modes
 	// are for the PostgreSQL CDC relay, which reads events from the WAL.
 	Write WriteMode
@@ -90,6 +97,9 @@ func (t Table) WithDefaults() Table {
 	if t.Write == "" {
 		t.Write = WriteRows
 	}
+	if t.Partitions == 0 {
+		t.Partitions = PartitionsDefault
+	}
 	if t.MessagePrefix == "" {
 		t.MessagePrefix = t.Schema + "." + t.Name
 	}
@@ -108,6 +118,9 @@ func (t Table) Validate() error {
 	default:
 		return fmt.Errorf("invalid payload type %q (want %q or %q)", t.Payload, PayloadJSON, PayloadBytes)
 	}
+	if t.Partitions < 1 || t.Partitions > PartitionsMax {
+		return fmt.Errorf("invalid number of partitions %d (want 1..%d)", t.Partitions, PartitionsMax)
+	}
 	switch t.Write {
 	case WriteRows, WriteInsertDelete, WriteMessage:
 	default:
@@ -118,3 +131,10 @@ func (t Table) Validate() error {
 
 // String returns schema.name, unquoted.
 func (t Table) String() string { return t.Schema + "." + t.Name }
+
+// PartitionOf is the partition of an aggregate, as the database computes it (the
+// first 32 bits of md5(aggregatetype, U+001F, aggregateid), modulo partitions).
+func PartitionOf(aggregateType, aggregateID string, partitions int) int {
+	sum := md5.Sum([]byte(aggregateType + "\x1f" + aggregateID))
+	return int(binary.BigEndian.Uint32(sum[:4]) % uint32(partitions))
+}

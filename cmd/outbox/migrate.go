@@ -19,6 +19,7 @@ func runMigrate(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	payload := fs.String("payload-type", string(outboxdriver.PayloadJSON), "payload column type: json (jsonb) or bytes (bytea)")
 	print := fs.Bool("print", false, "print the SQL instead of running it")
 	partitioned := fs.Bool("partitioned", false, "PostgreSQL: partition the new table by day on created_at; cleanup then drops whole published days")
+	partitions := fs.Int("partitions", outboxdriver.PartitionsDefault, "PostgreSQL: how many partitions rows are hashed into by aggregate (fixed once migrated)")
 	cdc := fs.Bool("cdc", false, "PostgreSQL: also create the CDC relay's publication and replication slot, so events are captured from now on (required before producers use the insert-delete or table-less write modes)")
 	slot := fs.String("slot", "", "with --cdc: the replication slot (default outbox_<schema>_<table>)")
 	publication := fs.String("publication", "", "with --cdc: the publication (default: the slot's name)")
@@ -30,6 +31,10 @@ func runMigrate(ctx context.Context, args []string, stdout, stderr io.Writer) er
 		return err
 	}
 	table.Partitioned = *partitioned
+	table.Partitions = *partitions
+	if err := table.Validate(); err != nil {
+		return usageErr("--partitions: %v", err)
+	}
 	if *print && !strings.HasPrefix(*dsn, "sqlite:") && !strings.HasPrefix(*dsn, "mysql:") {
 		m, err := outboxpgx.New(nil, &table).Migrator()
 		if err != nil {

@@ -2,6 +2,7 @@ package outboxpgx_test
 
 import (
 	"context"
+	"fmt"
 	"testing"
 	"time"
 
@@ -136,5 +137,52 @@ func TestAdoptDebeziumTable(t *testing.T) {
 	rows := c.Rows()
 	if len(rows) != 2 || rows[0].Type != "OrderCreated" || rows[1].Type != "OrderShipped" || rows[0].Seq >= rows[1].Seq {
 		t.Fatalf("rows after adoption: %+v", rows)
+	}
+}
+
+// TestPartitionComputedByDatabase: a row inserted by plain SQL with only the five
+// Debezium columns gets its partition from the database, the same one Go computes, and
+// the rows spread over the partitions.
+func TestPartitionComputedByDatabase(t *testing.T) {
+	url := testenv.DatabaseURL(t)
+	pool := testenv.Pool(t, url)
+	schema := testenv.Schema(t, url)
+	ctx := context.Background()
+	for _, p := range []int{0, 8} {
+		table := outboxdriver.Table{Schema: schema, Name: fmt.Sprintf("outbox_p%d", p), Partitions: p}
+		m, _ := outboxpgx.New(pool, &table).Migrator()
+		if _, err := m.Migrate(ctx); err != nil {
+			t.Fatal(err)
+		}
+		want := table.WithDefaults().Partitions
+		qt := pgx.Identifier{schema, table.Name}.Sanitize()
+		if _, err := pool.Exec(ctx, `INSERT INTO `+qt+` (id, aggregatetype, aggregateid, type, payload)
+SELECT gen_random_uuid(), 'order', 'agg-' || i || 'é', 'T', '{}' FROM generate_series(1, 2000) AS i`); err != nil {
+			t.Fatal(err)
+		}
+		rows, err := pool.Query(ctx, `SELECT aggregatetype, aggregateid, partition FROM `+qt)
+		if err != nil {
+			t.Fatal(err)
+		}
+		counts := make([]int, want)
+		for rows.Next() {
+			var at, aid string
+			var part int
+			if err := rows.Scan(&at, &aid, &part); err != nil {
+				t.Fatal(err)
+			}
+			if got := outboxdriver.PartitionOf(at, aid, want); got != part {
+				t.Fatalf("%s/%s: database partition %d, Go %d", at, aid, part, got)
+			}
+			counts[part]++
+		}
+		if err := rows.Err(); err != nil {
+			t.Fatal(err)
+		}
+		for i, n := range counts {
+			if n < 2000/want/3 {
+				t.Fatalf("%d partitions: partition %d holds %d of 2000 rows: %v", want, i, n, counts)
+			}
+		}
 	}
 }

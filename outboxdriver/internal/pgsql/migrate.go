@@ -4,6 +4,7 @@ import (
 	"context"
 	"embed"
 	"fmt"
+	"strconv"
 	"strings"
 	"time"
 
@@ -29,6 +30,8 @@ func (s *Statements) Migrations() ([]migrations.Migration, error) {
 		"Partitioned":      map[bool]string{true: "yes"}[t.Partitioned],
 		"DefaultPartition": pgx.Identifier{t.Schema, t.Name + "_default"}.Sanitize(),
 		"CDCTable":         s.cdc,
+		"Partitions":       strconv.Itoa(t.Partitions),
+		"PartitionIndex":   pgx.Identifier{t.Name + "_partition_idx"}.Sanitize(),
 	})
 }
 
