@@ -2,6 +2,7 @@ package pgcdc_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strconv"
 	"sync"
@@ -110,6 +111,107 @@ func TestPostgresRestart(t *testing.T) {
 			dups := checkDelivery(t, b.Messages(), aggs, per)
 			t.Logf("%s: %d messages for %d events (%d repeats)", mode, len(b.Messages()), aggs*per, dups)
 		})
+	}
+}
+
+// TestInvalidatedSlot: PostgreSQL invalidates a slot that falls behind
+// max_slot_wal_keep_size (failure class 6). The relay stops with ErrSlotLost (never
+// streams on as if nothing happened); --recreate-slot republishes the rows still in the
+// table, the ones written while the slot was behind included.
+func TestInvalidatedSlot(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts a PostgreSQL server")
+	}
+	c := testenv.NewCluster(t)
+	ctx := context.Background()
+	pool, err := pgxpool.New(ctx, c.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	table := outboxdriver.Table{Schema: "lost"}
+	drv := outboxpgx.New(pool, &table)
+	m, _ := drv.Migrator()
+	if _, err := m.Migrate(ctx); err != nil {
+		t.Fatal(err)
+	}
+	src, err := drv.CDC(&pgcdc.Config{Logger: quiet()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := src.Init(ctx); err != nil {
+		t.Fatal(err)
+	}
+	w, _ := outbox.NewWriter(drv, nil)
+	var ids []string
+	for i := 0; i < 10; i++ {
+		evs := []outbox.Event{{AggregateType: "order", AggregateID: "a", Type: "T", Payload: []byte(`{"i":` + strconv.Itoa(i) + `}`)}}
+		if err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error { return w.WriteTx(ctx, tx, evs...) }); err != nil {
+			t.Fatal(err)
+		}
+		ids = append(ids, evs[0].ID)
+	}
+	// No relay runs: the slot falls behind until PostgreSQL gives up on it.
+	for _, q := range []string{`ALTER SYSTEM SET max_slot_wal_keep_size = '1MB'`, `SELECT pg_reload_conf()`, `CREATE TABLE lost.filler (v text)`} {
+		if _, err := pool.Exec(ctx, q); err != nil {
+			t.Fatal(err)
+		}
+	}
+	deadline := time.Now().Add(60 * time.Second)
+	for {
+		var status string
+		if err := pool.QueryRow(ctx, `SELECT coalesce(wal_status, '') FROM pg_replication_slots WHERE slot_name = $1`, src.Slot()).Scan(&status); err != nil {
+			t.Fatal(err)
+		}
+		if status == "lost" {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the slot was not invalidated (wal_status %q)", status)
+		}
+		for _, q := range []string{`INSERT INTO lost.filler SELECT repeat('x', 1000) FROM generate_series(1, 2000)`, `SELECT pg_switch_wal()`, `CHECKPOINT`} {
+			if _, err := pool.Exec(ctx, q); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	b := memory.New(0)
+	r, err := relay.New(src, b, &relay.Config{Logger: quiet(), BackoffMin: 20 * time.Millisecond, BackoffMax: 100 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	err = r.Run(rctx)
+	if !errors.Is(err, pgcdc.ErrSlotLost) || !errors.Is(err, outboxdriver.ErrNeedsOperator) {
+		t.Fatalf("relay on an invalidated slot: %v, want ErrSlotLost", err)
+	}
+	st, err := src.Status(ctx)
+	if err != nil || len(st.Slots) != 1 || st.Slots[0].WALStatus != "lost" {
+		t.Fatalf("status of a lost slot: %+v, %v", st, err)
+	}
+
+	recovered, err := drv.CDC(&pgcdc.Config{Logger: quiet(), RecreateSlot: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r2, err := relay.New(recovered, b, &relay.Config{Logger: quiet()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := r2.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	defer func() {
+		sctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+		defer cancel()
+		_ = r2.Stop(sctx)
+	}()
+	msgs := waitMessages(t, b, len(ids))
+	for i, id := range ids {
+		if msgs[i].ID != id {
+			t.Fatalf("recovered event %d is %s, want %s (in order)", i, msgs[i].ID, id)
+		}
 	}
 }
 
