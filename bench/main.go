@@ -120,19 +120,11 @@ func drain(dbURL, natsURL string, args []string) error {
 	_ = fs.Parse(args)
 	ctx := context.Background()
 
-	pool, table, drop, err := scratch(ctx, dbURL, 8)
+	pool, table, drop, err := scratchFor(ctx, dbURL, 8, *mode, *write)
 	if err != nil {
 		return err
 	}
 	defer drop()
-	table.Write = outboxdriver.WriteMode(*write)
-	if *mode == "cdc" {
-		stopCDC, err := initCDC(ctx, pool, table)
-		if err != nil {
-			return err
-		}
-		defer stopCDC()
-	}
 	w, _ := outbox.NewWriter(outboxpgx.New(pool, &table), &outbox.Config{NotifyInterval: -1})
 	fmt.Printf("writing a backlog of %d events (~%d-byte payloads, %d per transaction, %s)...\n", *events, len(payload(0)), *perTx, table.Write)
 	for i := 0; i < *events; i += *perTx {
@@ -226,6 +218,25 @@ func drain(dbURL, natsURL string, args []string) error {
 	return nil
 }
 
+// scratchFor is scratch for a relay mode and a write mode: in CDC mode the slot is
+// created before anything is written, and dropped with the schema.
+func scratchFor(ctx context.Context, dbURL string, conns int32, mode, write string) (*pgxpool.Pool, outboxdriver.Table, func(), error) {
+	pool, table, drop, err := scratch(ctx, dbURL, conns)
+	if err != nil {
+		return nil, table, nil, err
+	}
+	table.Write = outboxdriver.WriteMode(write)
+	if mode != "cdc" {
+		return pool, table, drop, nil
+	}
+	stopCDC, err := initCDC(ctx, pool, table)
+	if err != nil {
+		drop()
+		return nil, table, nil, err
+	}
+	return pool, table, func() { stopCDC(); drop() }, nil
+}
+
 // initCDC creates the table's publication and slot (as `outbox migrate --cdc`) and
 // returns a func that drops them.
 func initCDC(ctx context.Context, pool *pgxpool.Pool, table outboxdriver.Table) (func(), error) {
@@ -237,14 +248,9 @@ func initCDC(ctx context.Context, pool *pgxpool.Pool, table outboxdriver.Table) 
 		return nil, err
 	}
 	return func() {
-		c := context.Background()
-		for i := 0; i < 100; i++ { // the relay's walsender may still be ending
-			if _, err := pool.Exec(c, "SELECT pg_drop_replication_slot($1)", src.Slot()); err == nil {
-				break
-			}
-			time.Sleep(100 * time.Millisecond)
+		if err := testenv.DropSlot(context.Background(), pool, src.Slot()); err != nil {
+			fmt.Fprintln(os.Stderr, "bench:", err)
 		}
-		_, _ = pool.Exec(c, "DROP PUBLICATION IF EXISTS "+pgx.Identifier{src.Slot()}.Sanitize())
 	}, nil
 }
 
@@ -438,19 +444,11 @@ func latency(dbURL, natsURL string, args []string) error {
 	perTx := fs.Int("per-tx", 1, "events per transaction")
 	_ = fs.Parse(args)
 	ctx := context.Background()
-	pool, table, drop, err := scratch(ctx, dbURL, int32(*conns+2))
+	pool, table, drop, err := scratchFor(ctx, dbURL, int32(*conns+2), *mode, *write)
 	if err != nil {
 		return err
 	}
 	defer drop()
-	table.Write = outboxdriver.WriteMode(*write)
-	if *mode == "cdc" {
-		stopCDC, err := initCDC(ctx, pool, table)
-		if err != nil {
-			return err
-		}
-		defer stopCDC()
-	}
 	nc, err := nats.Connect(natsURL)
 	if err != nil {
 		return err

@@ -40,13 +40,7 @@ func setup(t testing.TB, mode outboxdriver.WriteMode) *cdcEnv {
 	t.Helper()
 	url := testenv.DatabaseURL(t)
 	pool := testenv.Pool(t, url)
-	var level string
-	if err := pool.QueryRow(context.Background(), "SHOW wal_level").Scan(&level); err != nil {
-		t.Fatal(err)
-	}
-	if level != "logical" {
-		testenv.Missing(t, "PostgreSQL has wal_level=%s; the CDC tests need logical (.ci/run sets it)", level)
-	}
+	testenv.LogicalReplication(t, pool)
 	schema := testenv.Schema(t, url)
 	table := outboxdriver.Table{Schema: schema, Write: mode}
 	drv := outboxpgx.New(pool, &table)
@@ -61,17 +55,8 @@ func setup(t testing.TB, mode outboxdriver.WriteMode) *cdcEnv {
 
 // dropSlot removes a test's slot and publication: a forgotten slot pins WAL forever.
 func dropSlot(t testing.TB, pool *pgxpool.Pool, slot string) {
-	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
-	defer cancel()
-	for ctx.Err() == nil {
-		_, err := pool.Exec(ctx, `SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE slot_name = $1`, slot)
-		if err == nil {
-			break
-		}
-		time.Sleep(100 * time.Millisecond) // still active: its walsender is ending
-	}
-	if _, err := pool.Exec(ctx, `DROP PUBLICATION IF EXISTS `+pgx.Identifier{slot}.Sanitize()); err != nil {
-		t.Errorf("drop publication: %v", err)
+	if err := testenv.DropSlot(context.Background(), pool, slot); err != nil {
+		t.Error(err)
 	}
 }
 

@@ -25,16 +25,8 @@ import (
 // test's own while producers write and a CDC relay streams: nothing committed is lost,
 // order per aggregate holds, and the relay resumes by itself.
 func TestPostgresRestart(t *testing.T) {
-	if testing.Short() {
-		t.Skip("starts a PostgreSQL server")
-	}
-	c := testenv.NewCluster(t)
+	c, pool := cluster(t)
 	ctx := context.Background()
-	pool, err := pgxpool.New(ctx, c.URL)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer pool.Close()
 	for _, mode := range []outboxdriver.WriteMode{outboxdriver.WriteRows, outboxdriver.WriteMessage} {
 		t.Run(string(mode), func(t *testing.T) {
 			table := outboxdriver.Table{Schema: "restart_" + string(mode[0]), Write: mode}
@@ -119,16 +111,8 @@ func TestPostgresRestart(t *testing.T) {
 // streams on as if nothing happened); --recreate-slot republishes the rows still in the
 // table, the ones written while the slot was behind included.
 func TestInvalidatedSlot(t *testing.T) {
-	if testing.Short() {
-		t.Skip("starts a PostgreSQL server")
-	}
-	c := testenv.NewCluster(t)
+	_, pool := cluster(t)
 	ctx := context.Background()
-	pool, err := pgxpool.New(ctx, c.URL)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer pool.Close()
 	table := outboxdriver.Table{Schema: "lost"}
 	drv := outboxpgx.New(pool, &table)
 	m, _ := drv.Migrator()
@@ -213,6 +197,21 @@ func TestInvalidatedSlot(t *testing.T) {
 			t.Fatalf("recovered event %d is %s, want %s (in order)", i, msgs[i].ID, id)
 		}
 	}
+}
+
+// cluster starts a PostgreSQL server of the test's own and returns a pool on it.
+func cluster(t *testing.T) (*testenv.Cluster, *pgxpool.Pool) {
+	t.Helper()
+	if testing.Short() {
+		t.Skip("starts a PostgreSQL server")
+	}
+	c := testenv.NewCluster(t)
+	pool, err := pgxpool.New(context.Background(), c.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	return c, pool
 }
 
 // delivered reports whether every aggregate's last event arrived.

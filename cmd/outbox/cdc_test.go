@@ -9,7 +9,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/outboxd/outbox/internal/testenv"
@@ -20,26 +19,14 @@ import (
 // migrate --cdc` (publication and slot), and drops the slot when the test ends.
 func cdcTable(t *testing.T, url string, pool *pgxpool.Pool) (outboxdriver.Table, string) {
 	t.Helper()
-	var level string
-	if err := pool.QueryRow(context.Background(), "SHOW wal_level").Scan(&level); err != nil {
-		t.Fatal(err)
-	}
-	if level != "logical" {
-		testenv.Missing(t, "PostgreSQL has wal_level=%s; the CDC tests need logical (.ci/run sets it)", level)
-	}
+	testenv.LogicalReplication(t, pool)
 	schema := testenv.Schema(t, url)
 	table := outboxdriver.Table{Schema: schema, Name: "outbox"}
 	slot := "outbox_" + schema + "_outbox"
 	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
-		defer cancel()
-		for ctx.Err() == nil {
-			if _, err := pool.Exec(ctx, `SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE slot_name = $1`, slot); err == nil {
-				break
-			}
-			time.Sleep(100 * time.Millisecond)
+		if err := testenv.DropSlot(context.Background(), pool, slot); err != nil {
+			t.Error(err)
 		}
-		_, _ = pool.Exec(ctx, `DROP PUBLICATION IF EXISTS `+pgx.Identifier{slot}.Sanitize())
 	})
 	stdout, stderr, code := runCLI(t, nil, "migrate", "--db", url, "--table", schema+".outbox", "--cdc")
 	if code != 0 || !strings.Contains(stdout, "replication slot "+slot+" ready") {

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 )
 
 // Cluster is a PostgreSQL server of a test's own (initdb in a temporary directory, on
@@ -112,4 +113,40 @@ func (c *Cluster) Stop(t testing.TB, mode string) {
 		cmd = exec.Command("runuser", "-u", c.asUser, "--", filepath.Join(c.bin, "pg_ctl"), "-D", c.dir, "-m", mode, "-w", "stop")
 	}
 	_ = cmd.Run() // already stopped is fine
+}
+
+// LogicalReplication checks the server behind pool has wal_level=logical: the CDC
+// tests are missing without it (.ci/run sets it).
+func LogicalReplication(t testing.TB, pool interface {
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+}) {
+	t.Helper()
+	var level string
+	if err := pool.QueryRow(context.Background(), "SHOW wal_level").Scan(&level); err != nil {
+		t.Fatal(err)
+	}
+	if level != "logical" {
+		Missing(t, "PostgreSQL has wal_level=%s; the CDC tests need logical (.ci/run sets it)", level)
+	}
+}
+
+// DropSlot drops a replication slot and its publication of the same name, waiting
+// while the slot is still active (its walsender ending): a forgotten slot pins WAL.
+func DropSlot(ctx context.Context, pool interface {
+	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
+}, slot string) error {
+	ctx, cancel := context.WithTimeout(ctx, 20*time.Second)
+	defer cancel()
+	for {
+		_, err := pool.Exec(ctx, `SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE slot_name = $1`, slot)
+		if err == nil {
+			break
+		}
+		if ctx.Err() != nil {
+			return fmt.Errorf("drop slot %s: %w", slot, err)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	_, err := pool.Exec(ctx, `DROP PUBLICATION IF EXISTS `+pgx.Identifier{slot}.Sanitize())
+	return err
 }
