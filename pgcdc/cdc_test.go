@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
-	"os"
 	"strconv"
 	"sync"
 	"testing"
@@ -60,16 +59,7 @@ func dropSlot(t testing.TB, pool *pgxpool.Pool, slot string) {
 	}
 }
 
-func quiet() *slog.Logger {
-	if os.Getenv("CDC_DEBUG") != "" {
-		return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug}))
-	}
-	return slog.New(slog.NewTextHandler(discard{}, &slog.HandlerOptions{Level: slog.LevelError + 4}))
-}
-
-type discard struct{}
-
-func (discard) Write(p []byte) (int, error) { return len(p), nil }
+func quiet() *slog.Logger { return testenv.QuietLogger() }
 
 func (e *cdcEnv) source(t testing.TB, cfg *pgcdc.Config) *pgcdc.Source {
 	t.Helper()
@@ -94,31 +84,7 @@ func (e *cdcEnv) source(t testing.TB, cfg *pgcdc.Config) *pgcdc.Source {
 
 func (e *cdcEnv) startRelay(t testing.TB, store outboxdriver.Store, pub broker.Publisher, cfg *relay.Config) *relay.Relay {
 	t.Helper()
-	if cfg == nil {
-		cfg = &relay.Config{}
-	}
-	if cfg.Logger == nil {
-		cfg.Logger = quiet()
-	}
-	cfg.BackoffMin, cfg.BackoffMax = 20*time.Millisecond, 200*time.Millisecond
-	if cfg.LeaderRetry == 0 {
-		cfg.LeaderRetry = 50 * time.Millisecond
-	}
-	r, err := relay.New(store, pub, cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := r.Start(context.Background()); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-		defer cancel()
-		if err := r.Stop(ctx); err != nil {
-			t.Errorf("stop: %v", err)
-		}
-	})
-	return r
+	return testenv.StartRelay(t, store, pub, cfg)
 }
 
 // produce writes perAgg events for each of aggs aggregates, each in its own

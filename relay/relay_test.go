@@ -65,43 +65,11 @@ func setupB(t testing.TB) *env {
 	return &env{pool: pool, drv: drv, store: store, w: w, table: table.WithDefaults()}
 }
 
-func quietLogger() *slog.Logger {
-	return slog.New(slog.NewTextHandler(discard{}, &slog.HandlerOptions{Level: slog.LevelError + 4}))
-}
-
-type discard struct{}
-
-func (discard) Write(p []byte) (int, error) { return len(p), nil }
+func quietLogger() *slog.Logger { return testenv.QuietLogger() }
 
 func startRelay(t *testing.T, e *env, pub broker.Publisher, cfg *relay.Config) *relay.Relay {
 	t.Helper()
-	if cfg == nil {
-		cfg = &relay.Config{}
-	}
-	if cfg.Logger == nil {
-		cfg.Logger = quietLogger()
-	}
-	if cfg.BackoffMax == 0 {
-		cfg.BackoffMin, cfg.BackoffMax = 20*time.Millisecond, 200*time.Millisecond
-	}
-	if cfg.LeaderRetry == 0 {
-		cfg.LeaderRetry = 50 * time.Millisecond
-	}
-	r, err := relay.New(e.store, pub, cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := r.Start(context.Background()); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-		defer cancel()
-		if err := r.Stop(ctx); err != nil {
-			t.Errorf("stop: %v", err)
-		}
-	})
-	return r
+	return testenv.StartRelay(t, e.store, pub, cfg)
 }
 
 // produce writes perAgg events for each of aggs aggregates from several goroutines,
