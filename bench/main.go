@@ -16,6 +16,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -117,6 +118,7 @@ func drain(dbURL, natsURL string, args []string) error {
 	write := fs.String("write", "rows", "cdc: the writer's mode: rows, insert-delete or message (table-less)")
 	perTx := fs.Int("per-tx", 1000, "events per producer transaction in the backlog")
 	storage := fs.String("storage", "file", "the JetStream stream's storage: file or memory")
+	relays := fs.Int("relays", 0, "poll mode: run this many relays as a group (--group); 0: one relay, not a group")
 	_ = fs.Parse(args)
 	ctx := context.Background()
 
@@ -165,15 +167,25 @@ func drain(dbURL, natsURL string, args []string) error {
 	if *del {
 		rargs = append(rargs, "--delete")
 	}
-	cmd := exec.Command(bin, rargs...)
-	cmd.Stderr = os.Stderr
+	var cmds []*exec.Cmd
+	for i := 0; i < max(*relays, 1); i++ {
+		args := rargs
+		if *relays > 0 {
+			args = append(slices.Clone(rargs), "--group", "--relay-id", fmt.Sprintf("bench-%d", i))
+		}
+		cmd := exec.Command(bin, args...)
+		cmd.Stderr = os.Stderr
+		cmds = append(cmds, cmd)
+	}
 	natsPID := pidOf("nats-server")
 	natsCPU := cpuSeconds(natsPID)
 	start := time.Now()
-	if err := cmd.Start(); err != nil {
-		return err
+	for _, cmd := range cmds {
+		if err := cmd.Start(); err != nil {
+			return err
+		}
+		defer stopProcess(cmd)
 	}
-	defer stopProcess(cmd)
 	// Watch the stream, not the table: counting a 200,000-row backlog every few
 	// milliseconds would steal the CPU the relay is being measured on.
 	var peakRSS int64
@@ -184,7 +196,9 @@ func drain(dbURL, natsURL string, args []string) error {
 			return err
 		}
 		stored = info.CachedInfo().State.Msgs
-		peakRSS = max(peakRSS, hwm(cmd.Process.Pid))
+		for _, cmd := range cmds {
+			peakRSS = max(peakRSS, hwm(cmd.Process.Pid))
+		}
 		if time.Since(start) > 10*time.Minute {
 			return fmt.Errorf("stream holds %d of %d after 10 minutes", stored, *events)
 		}
@@ -203,8 +217,11 @@ func drain(dbURL, natsURL string, args []string) error {
 		time.Sleep(50 * time.Millisecond)
 	}
 	marked := time.Since(start)
-	peakRSS = max(peakRSS, hwm(cmd.Process.Pid))
-	cpu := cpuSeconds(cmd.Process.Pid)
+	var cpu float64
+	for _, cmd := range cmds {
+		peakRSS = max(peakRSS, hwm(cmd.Process.Pid))
+		cpu += cpuSeconds(cmd.Process.Pid)
+	}
 	natsCPU = cpuSeconds(natsPID) - natsCPU
 	if *mode == "cdc" {
 		var walsender int
@@ -213,8 +230,8 @@ func drain(dbURL, natsURL string, args []string) error {
 	} else {
 		fmt.Printf("CPU during the drain: nats-server %.1fs\n", natsCPU)
 	}
-	fmt.Printf("drained %d events in %v (all marked after %v): %.0f events/s (mode %s, write %s, batch %d, delete=%v, %s storage); stream holds %d; relay peak RSS %.1f MiB, relay CPU %.1fs\n",
-		*events, elapsed.Round(time.Millisecond), marked.Round(time.Millisecond), float64(*events)/elapsed.Seconds(), *mode, table.Write, *batch, *del, *storage, stored, float64(peakRSS)/1024, cpu)
+	fmt.Printf("drained %d events in %v (all marked after %v): %.0f events/s (mode %s, write %s, batch %d, delete=%v, %s storage, %d relays in a group); stream holds %d; relay peak RSS %.1f MiB, relays' CPU %.1fs\n",
+		*events, elapsed.Round(time.Millisecond), marked.Round(time.Millisecond), float64(*events)/elapsed.Seconds(), *mode, table.Write, *batch, *del, *storage, *relays, stored, float64(peakRSS)/1024, cpu)
 	return nil
 }
 

@@ -95,6 +95,7 @@ type Row struct {
 	TraceContext  string
 	CreatedAt     time.Time
 	Attempts      int
+	Partition     int // the aggregate's partition (PostgreSQL; 0 elsewhere)
 }
 
 // Store is what the relay needs from the database.
@@ -155,6 +156,63 @@ type ClaimParams struct {
 	// backfill of the rows written before its replication slot). PostgreSQL only:
 	// other drivers return ErrNotSupported when it is set.
 	MaxSeq int64
+	// Group, when set, claims only the partitions of its leases, and the claim's
+	// write-back applies only while the relay still holds those leases (GroupStore).
+	Group *ClaimGroup
+}
+
+// ClaimGroup is what a relay of a group claims under.
+type ClaimGroup struct {
+	RelayID string
+	Leases  []Lease
+	// TTL bounds how long the claim's transaction may sit idle (a paused relay's
+	// session is ended by the database, so its row locks go).
+	TTL time.Duration
+}
+
+// GroupStore lets several relays run at once, each owning some of the table's
+// partitions through leases with epochs (PostgreSQL). The state machine is in package
+// relay's documentation.
+type GroupStore interface {
+	Store
+	// Heartbeat records the relay as alive and returns the live relays (a heartbeat
+	// younger than TTL), sorted, and the number of partitions.
+	Heartbeat(ctx context.Context, p *HeartbeatParams) (*Membership, error)
+	// Leases gives up the relay's leases outside Want, renews those it holds in Want,
+	// takes those of Want that are free or expired (each with a new epoch), and returns
+	// the leases it holds.
+	Leases(ctx context.Context, p *LeaseParams) ([]Lease, error)
+	// Barrier returns once no other session holds locks on unpublished rows of the
+	// partitions (a previous owner's claim in flight), or fails when ctx ends first.
+	Barrier(ctx context.Context, partitions []int) error
+	// Leave deregisters the relay and frees its leases.
+	Leave(ctx context.Context, relayID string) error
+}
+
+// HeartbeatParams identify a relay.
+type HeartbeatParams struct {
+	RelayID string
+	Info    string // shown in `outbox status`
+	TTL     time.Duration
+}
+
+// Membership is the live relays of a table.
+type Membership struct {
+	Relays     []string
+	Partitions int
+}
+
+// LeaseParams say which partitions a relay wants.
+type LeaseParams struct {
+	RelayID string
+	Want    []int
+	TTL     time.Duration
+}
+
+// Lease is a relay's hold on a partition.
+type Lease struct {
+	Partition int
+	Epoch     int64
 }
 
 // Claim is a set of locked rows.
@@ -220,11 +278,23 @@ type Status struct {
 	// ActiveSince when it took it, where the database knows (zero otherwise).
 	ActiveRelay string
 	ActiveSince time.Time
+	// Relays are the live and recently seen relays of a group, with their partitions,
+	// and PartitionBacklog the unpublished rows per partition (group mode only).
+	Relays           []RelayStatus
+	PartitionBacklog []int64
 	// Slots are the CDC relay's replication slots for this table (PostgreSQL). In CDC
 	// mode rows are not marked when published: Unpublished and OldestAge then count
 	// only the rows written before a slot that its backfill has yet to publish, and the
 	// backlog is the slot's lag.
 	Slots []SlotStatus
+}
+
+// RelayStatus is one relay of a group.
+type RelayStatus struct {
+	ID, Info     string
+	HeartbeatAge time.Duration
+	Partitions   []int
+	OldestLease  time.Duration // how long it has held its longest-held partition
 }
 
 // SlotStatus is one replication slot of the CDC relay.

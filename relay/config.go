@@ -55,6 +55,12 @@ type Hooks interface {
 	LeaderChanged(leader bool)
 }
 
+// GroupHooks, implemented by a Hooks value as well, is told how many partitions this
+// relay owns whenever that changes (group mode).
+type GroupHooks interface {
+	PartitionsOwned(n int)
+}
+
 // PublishTracer traces publishing. StartPublish is called just before a batch goes to
 // the broker; it may rewrite each message's trace headers (traceparent, tracestate) so
 // consumers continue from the publish span. The returned func is called with the
@@ -120,7 +126,25 @@ type Config struct {
 	// Failpoint, for fault-injection tests only, is called at the named points
 	// (FailpointAfterClaim, FailpointAfterPublish).
 	Failpoint func(name string)
+	// Group, when set, makes this relay one of several active relays of the table,
+	// each owning some of its partitions (the store must be an
+	// outboxdriver.GroupStore: PostgreSQL). Without it one relay is active and the
+	// others wait.
+	Group *GroupConfig
 }
+
+// GroupConfig configures a member of a group of active relays.
+type GroupConfig struct {
+	// RelayID names this relay; unique in the group. Default DefaultRelayID().
+	RelayID string
+	// LeaseTTL is how long a partition lease lasts unrenewed: a relay that dies or
+	// pauses loses its partitions this long after its last renewal (renewals come
+	// every third of it). Default LeaseTTLDefault.
+	LeaseTTL time.Duration
+}
+
+// LeaseTTLDefault is GroupConfig.LeaseTTL's default.
+const LeaseTTLDefault = 10 * time.Second
 
 func (c *Config) withDefaults() (Config, *broker.Template, error) {
 	var out Config
@@ -160,6 +184,17 @@ func (c *Config) withDefaults() (Config, *broker.Template, error) {
 	}
 	if out.Failpoint == nil {
 		out.Failpoint = func(string) {}
+	}
+	if out.Group != nil {
+		g := *out.Group
+		if g.RelayID == "" {
+			g.RelayID = DefaultRelayID()
+		}
+		def(&g.LeaseTTL, LeaseTTLDefault)
+		if g.LeaseTTL < 300*time.Millisecond {
+			return out, nil, fmt.Errorf("relay: Group.LeaseTTL must be at least 300ms, got %v", g.LeaseTTL)
+		}
+		out.Group = &g
 	}
 	switch {
 	case out.BatchSize < 1 || out.BatchSize > 100_000:

@@ -36,6 +36,7 @@ type Relay struct {
 type stats struct {
 	published, failed, batches, claims, dead, cleaned atomic.Int64
 	brokerDownSince                                   atomic.Int64 // unix nanos; 0 while the broker answers
+	partitions                                        atomic.Int64 // partitions owned in a group
 	leader                                            atomic.Bool
 }
 
@@ -48,7 +49,8 @@ type Stats struct {
 	Cleaned   int64 // published rows deleted after the retention
 	// BrokerDownSince is when the broker became unreachable (zero while it answers).
 	BrokerDownSince time.Time
-	Leader          bool // whether this relay is the active one now
+	Leader          bool // whether this relay is the active one now (a group member: active)
+	Partitions      int  // partitions this group member owns now
 }
 
 // New returns a relay reading from store and publishing to pub.
@@ -84,7 +86,8 @@ func (r *Relay) Stats() Stats {
 			}
 			return time.Time{}
 		}(),
-		Leader: r.stats.leader.Load(),
+		Leader:     r.stats.leader.Load(),
+		Partitions: int(r.stats.partitions.Load()),
 	}
 }
 
@@ -134,6 +137,9 @@ func (r *Relay) Stop(ctx context.Context) error {
 // It returns early only with an error an operator must fix
 // (outboxdriver.ErrNeedsOperator, such as a lost replication slot).
 func (r *Relay) Run(ctx context.Context) error {
+	if r.cfg.Group != nil {
+		return r.runGroup(ctx)
+	}
 	bo := r.newBackoff()
 	for ctx.Err() == nil {
 		lead, err := r.store.AcquireLeadership(ctx)
@@ -159,7 +165,7 @@ func (r *Relay) Run(ctx context.Context) error {
 		if r.cfg.Hooks != nil {
 			r.cfg.Hooks.LeaderChanged(true)
 		}
-		err = r.lead(ctx, lead)
+		err = r.lead(ctx, singleTerm{lead, r.cfg.LeaderCheck})
 		r.stats.leader.Store(false)
 		if r.cfg.Hooks != nil {
 			r.cfg.Hooks.LeaderChanged(false)
@@ -181,10 +187,11 @@ type claimResult struct {
 	err   error
 }
 
-func (r *Relay) startClaim(ctx context.Context) chan claimResult {
+func (r *Relay) startClaim(ctx context.Context, t term) chan claimResult {
 	ch := make(chan claimResult, 1)
+	p := t.claimParams(r.cfg.BatchSize) // taken now: the term may change before the claim runs
 	go func() {
-		c, err := r.store.Claim(ctx, &outboxdriver.ClaimParams{Limit: r.cfg.BatchSize})
+		c, err := r.store.Claim(ctx, p)
 		ch <- claimResult{c, err}
 	}()
 	return ch
@@ -195,7 +202,7 @@ func (r *Relay) startClaim(ctx context.Context) chan claimResult {
 // after batch n's mark committed), so a key's messages reach the broker in write order
 // and a crash republishes at most one batch; the claim of the next batch overlaps with
 // the publishing and marking of the current one.
-func (r *Relay) lead(ctx context.Context, lead outboxdriver.Leadership) error {
+func (r *Relay) lead(ctx context.Context, t term) error {
 	// work outlives ctx by DrainTimeout, so a stop finishes the batch in hand.
 	work, cancelWork := context.WithCancel(context.WithoutCancel(ctx))
 	defer cancelWork()
@@ -231,15 +238,21 @@ func (r *Relay) lead(ctx context.Context, lead outboxdriver.Leadership) error {
 			r.releasePending(work, next)
 			return nil
 		}
-		if time.Since(lastCheck) >= r.cfg.LeaderCheck {
-			if err := lead.Check(work); err != nil {
+		if time.Since(lastCheck) >= t.interval() {
+			if t.quiet() {
+				// The term may change what this relay owns: nothing may be in hand.
+				r.releasePending(work, next)
+				next = nil
+				markWG.Wait()
+			}
+			if err := t.check(work); err != nil {
 				r.releasePending(work, next)
 				return err
 			}
 			lastCheck = time.Now()
 		}
 		if next == nil {
-			next = r.startClaim(work)
+			next = r.startClaim(work, t)
 		}
 		waitStart := time.Now()
 		cr := <-next
@@ -265,7 +278,16 @@ func (r *Relay) lead(ctx context.Context, lead outboxdriver.Leadership) error {
 		r.cfg.Failpoint(FailpointAfterClaim)
 		full := len(rows) == r.cfg.BatchSize
 		if full && ctx.Err() == nil {
-			next = r.startClaim(work) // prefetch while this batch is on the wire
+			next = r.startClaim(work, t) // prefetch while this batch is on the wire
+		}
+		if !t.publishable(rows) {
+			// A lease ran out (a pause, a slow database): another relay may own these
+			// rows now. Publish nothing; check the term again first.
+			r.log.Warn("relay: partition lease expired before publishing; batch given back", "rows", len(rows))
+			_ = cr.claim.Release(work)
+			r.releasePending(work, next)
+			next, lastCheck = nil, time.Time{}
+			continue
 		}
 		msgs, idx, results := r.route(rows)
 		// The previous batch's mark must have landed before this one goes out: after a

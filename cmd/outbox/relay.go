@@ -53,6 +53,9 @@ func runRelay(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	fs.StringVar(&bo.amqpExchange, "amqp-exchange", amqp.ExchangeDefault, "RabbitMQ: the topic exchange")
 	fs.Int64Var(&bo.redisMaxLen, "redis-maxlen", 0, "Redis: trim each stream to about this many entries (0: no trimming)")
 	leaseTTL := fs.Duration("lease-ttl", outboxsqlite.LeaseTTLDefault, "SQLite only: how long leadership lasts unrenewed; a standby takes over this long after the active relay dies")
+	group := fs.Bool("group", false, "PostgreSQL, poll mode: run as one of several active relays, each owning some of the table's partitions (every relay of the table needs it)")
+	relayID := fs.String("relay-id", "", "with --group: this relay's name in the group (default host-pid-random)")
+	partitionLease := fs.Duration("partition-lease", relay.LeaseTTLDefault, "with --group: how long a partition lease lasts unrenewed (a dead or paused relay's partitions move this long after its last renewal)")
 	httpAddr := fs.String("http", "127.0.0.1:9464", "address for /metrics, /healthz and /readyz (empty: none); loopback unless you say otherwise")
 	configPath := fs.String("config", "", "a YAML (.yaml) or properties file of flag values and Debezium Outbox Event Router options; flags and OUTBOX_* variables win over it")
 	logLevel := fs.String("log-level", "info", "debug, info, warn or error")
@@ -83,8 +86,12 @@ func runRelay(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	if *mode != "poll" && *mode != "cdc" {
 		return usageErr("--mode %q: want poll or cdc", *mode)
 	}
-	if *mode == "cdc" && !strings.HasPrefix(*dsn, "postgres://") && !strings.HasPrefix(*dsn, "postgresql://") {
+	isPG := strings.HasPrefix(*dsn, "postgres://") || strings.HasPrefix(*dsn, "postgresql://")
+	if *mode == "cdc" && !isPG {
 		return usageErr("--mode cdc needs PostgreSQL (--db postgres://...)")
+	}
+	if *group && (*mode != "poll" || !isPG) {
+		return usageErr("--group needs PostgreSQL in poll mode")
 	}
 	logger, err := newLogger(stderr, *logLevel, *logFormat)
 	if err != nil {
@@ -106,6 +113,9 @@ func runRelay(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		TopicTemplate:       *topic,
 		Logger:              logger,
 		Failpoint:           failpointFromEnv(),
+	}
+	if *group {
+		cfg.Group = &relay.GroupConfig{RelayID: *relayID, LeaseTTL: *partitionLease}
 	}
 	if len(routerOpts) > 0 {
 		router, err := debezium.New(routerOpts)

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"strings"
 	"time"
 
 	"github.com/outboxd/outbox/outboxdriver"
@@ -44,19 +45,32 @@ func runStatus(ctx context.Context, args []string, stdout, stderr io.Writer) err
 		for _, s := range st.Slots {
 			slots = append(slots, slot(s))
 		}
+		type relayJSON struct {
+			ID                  string  `json:"id"`
+			Info                string  `json:"info"`
+			HeartbeatAgeSeconds float64 `json:"heartbeat_age_seconds"`
+			Partitions          []int   `json:"partitions"`
+			OldestLeaseSeconds  float64 `json:"oldest_lease_seconds"`
+		}
+		relays := []relayJSON{}
+		for _, rs := range st.Relays {
+			relays = append(relays, relayJSON{rs.ID, rs.Info, rs.HeartbeatAge.Seconds(), rs.Partitions, rs.OldestLease.Seconds()})
+		}
 		return enc.Encode(struct {
-			Table              string     `json:"table"`
-			Unpublished        int64      `json:"unpublished"`
-			OldestAgeSeconds   float64    `json:"oldest_unpublished_age_seconds"`
-			PublishedKept      int64      `json:"published_kept"`
-			FailingUnpublished int64      `json:"failing"`
-			Dead               int64      `json:"dead_letters"`
-			HeldAggregates     int64      `json:"held_aggregates"`
-			ActiveRelay        string     `json:"active_relay"`
-			ActiveSince        *time.Time `json:"active_since"`
-			Slots              []slot     `json:"cdc_slots"`
+			Table              string      `json:"table"`
+			Unpublished        int64       `json:"unpublished"`
+			OldestAgeSeconds   float64     `json:"oldest_unpublished_age_seconds"`
+			PublishedKept      int64       `json:"published_kept"`
+			FailingUnpublished int64       `json:"failing"`
+			Dead               int64       `json:"dead_letters"`
+			HeldAggregates     int64       `json:"held_aggregates"`
+			ActiveRelay        string      `json:"active_relay"`
+			ActiveSince        *time.Time  `json:"active_since"`
+			Slots              []slot      `json:"cdc_slots"`
+			Relays             []relayJSON `json:"relays"`
+			PartitionBacklog   []int64     `json:"partition_backlog"`
 		}{st.Table, st.Unpublished, st.OldestAge.Seconds(), st.Published, st.Failing, st.Dead, st.HeldKeys,
-			st.ActiveRelay, timeOrNil(st.ActiveSince), slots})
+			st.ActiveRelay, timeOrNil(st.ActiveSince), slots, relays, st.PartitionBacklog})
 	}
 	fmt.Fprintf(stdout, "table:                 %s\n", st.Table)
 	fmt.Fprintf(stdout, "unpublished:           %d\n", st.Unpublished)
@@ -71,6 +85,19 @@ func runStatus(ctx context.Context, args []string, stdout, stderr io.Writer) err
 		fmt.Fprintf(stdout, "active relay:          %s\n", st.ActiveRelay)
 	default:
 		fmt.Fprintf(stdout, "active relay:          %s, since %s\n", st.ActiveRelay, st.ActiveSince.UTC().Format(time.RFC3339))
+	}
+	if len(st.Relays) > 0 {
+		fmt.Fprintf(stdout, "relays in the group:   %d\n", len(st.Relays))
+		for _, rs := range st.Relays {
+			var backlog int64
+			for _, p := range rs.Partitions {
+				if p < len(st.PartitionBacklog) {
+					backlog += st.PartitionBacklog[p]
+				}
+			}
+			fmt.Fprintf(stdout, "  %s: heartbeat %s ago, %d partitions %s, held for up to %s, backlog %d\n", rs.ID,
+				rs.HeartbeatAge.Round(time.Millisecond), len(rs.Partitions), ranges(rs.Partitions), rs.OldestLease.Round(time.Second), backlog)
+		}
 	}
 	for _, sl := range st.Slots {
 		state := sl.WALStatus
@@ -92,6 +119,27 @@ func runStatus(ctx context.Context, args []string, stdout, stderr io.Writer) err
 			sl.Name, state, bytesText(sl.LagBytes), bytesText(sl.RetainedBytes), safe, sl.Backfilled)
 	}
 	return nil
+}
+
+// ranges writes partitions as "0-3,8,10-11".
+func ranges(ps []int) string {
+	var b strings.Builder
+	for i := 0; i < len(ps); {
+		j := i
+		for j+1 < len(ps) && ps[j+1] == ps[j]+1 {
+			j++
+		}
+		if b.Len() > 0 {
+			b.WriteByte(',')
+		}
+		if j > i {
+			fmt.Fprintf(&b, "%d-%d", ps[i], ps[j])
+		} else {
+			fmt.Fprintf(&b, "%d", ps[i])
+		}
+		i = j + 1
+	}
+	return "[" + b.String() + "]"
 }
 
 func bytesText(n int64) string {

@@ -9,16 +9,24 @@
 //	outbox_relay_commit_to_ack_seconds             write (created_at) to broker acknowledgement
 //	outbox_relay_batch_size                        rows per published batch
 //	outbox_relay_publish_seconds                   time the broker took for a batch
-//	outbox_relay_leader                            1 while this relay is the active one
+//	outbox_relay_leader                            1 while this relay is the active one (or an active group member)
+//	outbox_relay_partitions_owned                  partitions this group member owns
 //	outbox_unpublished_events                      backlog (from the table, at scrape)
 //	outbox_oldest_unpublished_age_seconds          age of the oldest unpublished event
 //	outbox_failing_events                          unpublished events with failed attempts
 //	outbox_dead_letters                            events in the dead-letter table
 //	outbox_held_aggregates                         aggregates waiting behind a dead letter
+//	outbox_group_relays                            live relays of the group (at scrape)
+//	outbox_partition_unpublished_events{partition} backlog per partition (group mode)
+//	outbox_cdc_slot_lag_bytes{slot}                CDC: WAL written since the slot's confirmed position
+//	outbox_cdc_slot_retained_wal_bytes{slot}       CDC: WAL the slot keeps on disk
+//	outbox_cdc_slot_safe_wal_bytes{slot}           CDC: WAL left before max_slot_wal_keep_size invalidates it
+//	outbox_cdc_slot_ok{slot,wal_status}            CDC: 0 when the slot is lost
 package relayprom
 
 import (
 	"context"
+	"strconv"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -36,14 +44,19 @@ type Metrics struct {
 	batchSize   prometheus.Histogram
 	publishTime prometheus.Histogram
 	leader      prometheus.Gauge
+	partitions  prometheus.Gauge
 	store       outboxdriver.Store
 
 	unpublished, oldest, failing, dead, held *prometheus.Desc
 	slotRetained, slotLag, slotSafe, slotOK  *prometheus.Desc
+	groupRelays, partitionBacklog            *prometheus.Desc
 	scrapeErrors                             prometheus.Counter
 }
 
-var _ relay.Hooks = (*Metrics)(nil)
+var (
+	_ relay.Hooks      = (*Metrics)(nil)
+	_ relay.GroupHooks = (*Metrics)(nil)
+)
 
 // New registers the metrics on reg. store, when not nil, is read at every scrape for
 // the backlog gauges (with a 5 s timeout).
@@ -59,7 +72,9 @@ func New(reg prometheus.Registerer, store outboxdriver.Store) (*Metrics, error) 
 			Help: "Rows per published batch.", Buckets: prometheus.ExponentialBuckets(1, 4, 8)}),
 		publishTime: prometheus.NewHistogram(prometheus.HistogramOpts{Name: "outbox_relay_publish_seconds",
 			Help: "Time the broker took to answer for a batch.", Buckets: prometheus.ExponentialBuckets(0.0005, 2, 14)}),
-		leader: prometheus.NewGauge(prometheus.GaugeOpts{Name: "outbox_relay_leader", Help: "1 while this relay is the active one."}),
+		leader: prometheus.NewGauge(prometheus.GaugeOpts{Name: "outbox_relay_leader", Help: "1 while this relay is the active one (in a group: an active member)."}),
+		partitions: prometheus.NewGauge(prometheus.GaugeOpts{Name: "outbox_relay_partitions_owned",
+			Help: "Partitions this relay owns (group mode; 0 otherwise)."}),
 		scrapeErrors: prometheus.NewCounter(prometheus.CounterOpts{Name: "outbox_status_scrape_errors_total",
 			Help: "Failed reads of the outbox table's status."}),
 		store:       store,
@@ -74,10 +89,13 @@ func New(reg prometheus.Registerer, store outboxdriver.Store) (*Metrics, error) 
 			"WAL written since the slot's confirmed position: the CDC relay's backlog.", []string{"slot"}, nil),
 		slotSafe: prometheus.NewDesc("outbox_cdc_slot_safe_wal_bytes",
 			"WAL that may still be written before PostgreSQL invalidates the slot (max_slot_wal_keep_size); -1: unlimited.", []string{"slot"}, nil),
+		groupRelays: prometheus.NewDesc("outbox_group_relays", "Relays of the group seen by the database (group mode).", nil, nil),
+		partitionBacklog: prometheus.NewDesc("outbox_partition_unpublished_events",
+			"Unpublished events per partition (group mode).", []string{"partition"}, nil),
 		slotOK: prometheus.NewDesc("outbox_cdc_slot_ok",
 			"1 while the slot exists and its wal_status is not lost; 0: the slot is lost (see docs/cdc.md).", []string{"slot", "wal_status"}, nil),
 	}
-	for _, c := range []prometheus.Collector{m.published, m.failed, m.latency, m.batchSize, m.publishTime, m.leader, m.scrapeErrors, m} {
+	for _, c := range []prometheus.Collector{m.published, m.failed, m.latency, m.batchSize, m.publishTime, m.leader, m.partitions, m.scrapeErrors, m} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}
@@ -118,6 +136,9 @@ func (m *Metrics) BatchPublished(outcomes []relay.Outcome, publishTime time.Dura
 	}
 }
 
+// PartitionsOwned implements relay.GroupHooks.
+func (m *Metrics) PartitionsOwned(n int) { m.partitions.Set(float64(n)) }
+
 // LeaderChanged implements relay.Hooks.
 func (m *Metrics) LeaderChanged(leader bool) {
 	if leader {
@@ -129,7 +150,7 @@ func (m *Metrics) LeaderChanged(leader bool) {
 
 // Describe implements prometheus.Collector (the status gauges).
 func (m *Metrics) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{m.unpublished, m.oldest, m.failing, m.dead, m.held, m.slotRetained, m.slotLag, m.slotSafe, m.slotOK} {
+	for _, d := range []*prometheus.Desc{m.unpublished, m.oldest, m.failing, m.dead, m.held, m.slotRetained, m.slotLag, m.slotSafe, m.slotOK, m.groupRelays, m.partitionBacklog} {
 		ch <- d
 	}
 }
@@ -151,6 +172,12 @@ func (m *Metrics) Collect(ch chan<- prometheus.Metric) {
 	ch <- prometheus.MustNewConstMetric(m.failing, prometheus.GaugeValue, float64(st.Failing))
 	ch <- prometheus.MustNewConstMetric(m.dead, prometheus.GaugeValue, float64(st.Dead))
 	ch <- prometheus.MustNewConstMetric(m.held, prometheus.GaugeValue, float64(st.HeldKeys))
+	if len(st.Relays) > 0 {
+		ch <- prometheus.MustNewConstMetric(m.groupRelays, prometheus.GaugeValue, float64(len(st.Relays)))
+		for p, n := range st.PartitionBacklog {
+			ch <- prometheus.MustNewConstMetric(m.partitionBacklog, prometheus.GaugeValue, float64(n), strconv.Itoa(p))
+		}
+	}
 	for _, sl := range st.Slots {
 		ok := 0.0
 		if sl.Exists && sl.WALStatus != "lost" {

@@ -32,6 +32,8 @@ func (s *Statements) Migrations() ([]migrations.Migration, error) {
 		"CDCTable":         s.cdc,
 		"Partitions":       strconv.Itoa(t.Partitions),
 		"PartitionIndex":   pgx.Identifier{t.Name + "_partition_idx"}.Sanitize(),
+		"RelaysTable":      s.relays,
+		"LeasesTable":      s.leases,
 	})
 }
 

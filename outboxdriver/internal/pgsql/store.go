@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"hash/fnv"
+	"strconv"
 	"strings"
 	"time"
 
@@ -28,9 +29,14 @@ type Statements struct {
 	insertValues []string // insertValues[n] inserts n rows with VALUES, for small n
 	dead         string   // quoted dead-letter table
 	cdc          string   // quoted CDC slot bookkeeping table
+	relays       string   // quoted relay registry (several active relays)
+	leases       string   // quoted partition leases
 	statusCDC    string
 
 	insert, claim, markPublished, deletePublished, recordFailure, moveDead, status string
+	// The same write-backs, applied only while the relay holds the partitions' leases
+	// at the epochs it claimed under (several active relays).
+	fencedMark, fencedDelete, fencedFailure, fencedDead string
 }
 
 // NewStatements validates t and builds its statements.
@@ -57,6 +63,8 @@ func NewStatements(t outboxdriver.Table) (*Statements, error) {
 	// one prepared plan) serves any number of rows.
 	s.dead = pgx.Identifier{t.Schema, t.Name + "_dead"}.Sanitize()
 	s.cdc = pgx.Identifier{t.Schema, t.Name + "_cdc"}.Sanitize()
+	s.relays = pgx.Identifier{t.Schema, t.Name + "_relays"}.Sanitize()
+	s.leases = pgx.Identifier{t.Schema, t.Name + "_leases"}.Sanitize()
 	s.insertValues = make([]string, maxValuesRows+1)
 	for n := 1; n <= maxValuesRows; n++ {
 		var b strings.Builder
@@ -76,16 +84,17 @@ FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], ` + payloadArg + `, 
 	// A row is claimed when it is due, no earlier row of its aggregate is failing
 	// (waiting for a retry), and no dead letter holds its aggregate: a failing event
 	// blocks only its own aggregate, in order.
-	s.claim = `SELECT o.seq, o.id::text, o.aggregatetype, o.aggregateid, o.type, o.payload, o.headers::text, o.tracingspancontext, o.created_at, o.attempts
+	s.claim = `SELECT o.seq, o.id::text, o.aggregatetype, o.aggregateid, o.type, o.payload, o.headers::text, o.tracingspancontext, o.created_at, o.attempts, o.partition
 FROM ` + q + ` AS o
 WHERE o.published_at IS NULL AND o.available_at <= now() AND ($2 <= 0 OR o.seq <= $2)
+  AND ($3::smallint[] IS NULL OR o.partition = ANY($3::smallint[]))
   AND NOT EXISTS (SELECT 1 FROM ` + q + ` AS f WHERE f.published_at IS NULL AND f.attempts > 0
                   AND f.aggregatetype = o.aggregatetype AND f.aggregateid = o.aggregateid AND f.seq < o.seq)
   AND NOT EXISTS (SELECT 1 FROM ` + s.dead + ` AS d WHERE d.holds_key
                   AND d.aggregatetype = o.aggregatetype AND d.aggregateid = o.aggregateid)
 ORDER BY o.seq LIMIT $1 FOR UPDATE OF o SKIP LOCKED`
-	s.markPublished = `UPDATE ` + q + ` SET published_at = now(), last_error = NULL WHERE id = ANY($1::uuid[])`
-	s.deletePublished = `DELETE FROM ` + q + ` WHERE id = ANY($1::uuid[])`
+	s.markPublished = `UPDATE ` + q + ` AS o SET published_at = now(), last_error = NULL WHERE o.id = ANY($1::uuid[])`
+	s.deletePublished = `DELETE FROM ` + q + ` AS o WHERE o.id = ANY($1::uuid[])`
 	s.recordFailure = `UPDATE ` + q + ` AS o SET attempts = o.attempts + f.n, last_error = f.err,
        available_at = coalesce(f.retry, o.available_at)
 FROM unnest($1::uuid[], $2::text[], $3::int[], $4::timestamptz[]) AS f(id, err, n, retry) WHERE o.id = f.id`
@@ -102,9 +111,25 @@ SELECT * FROM moved`
        (SELECT count(*) FROM ` + s.dead + `),
        (SELECT count(DISTINCT (aggregatetype, aggregateid)) FROM ` + s.dead + ` WHERE holds_key)
 FROM ` + q
+	const held = " AND o.partition IN (SELECT partition FROM held)"
+	s.fencedMark = "WITH " + s.heldLeases(2) + " " + s.markPublished + held
+	s.fencedDelete = "WITH " + s.heldLeases(2) + " " + s.deletePublished + held
+	s.fencedFailure = "WITH " + s.heldLeases(5) + " " + s.recordFailure + held
+	s.fencedDead = strings.Replace(strings.Replace(s.moveDead, "WITH ", "WITH "+s.heldLeases(5)+", ", 1),
+		"WHERE o.id = f.id", "WHERE o.id = f.id"+held, 1)
 	s.statusCDC = `SELECT count(*), coalesce(extract(epoch FROM now() - min(created_at)), 0)::float8 FROM ` + q + `
 WHERE published_at IS NULL AND seq <= (SELECT coalesce(max(backfill_until), 0) FROM ` + s.cdc + ` WHERE backfilled_at IS NULL)`
 	return s, nil
+}
+
+// heldLeases is a CTE, "held", of the partitions still leased to the relay ($n) at
+// the epochs it claimed under ($n+1 partitions, $n+2 epochs). It is read once per
+// statement, and locks the lease rows (FOR SHARE), so a takeover waits for this
+// write-back to commit, or this write-back sees the takeover and applies to nothing.
+func (s *Statements) heldLeases(n int) string {
+	return fmt.Sprintf(`held AS MATERIALIZED (SELECT l.partition FROM %s AS l
+  JOIN unnest($%d::smallint[], $%d::bigint[]) AS h(p, e) ON h.p = l.partition AND h.e = l.epoch
+  WHERE l.owner = $%d AND l.lease_until > now() FOR SHARE OF l)`, s.leases, n+1, n+2, n)
 }
 
 // Table returns the table.
@@ -277,12 +302,25 @@ func (s *Store) Claim(ctx context.Context, p *outboxdriver.ClaimParams) (outboxd
 	if err != nil {
 		return nil, InterpretError(err)
 	}
-	rows, err := tx.Query(ctx, s.S.claim, p.Limit, p.MaxSeq)
+	var parts []int16
+	if p.Group != nil {
+		parts = make([]int16, 0, len(p.Group.Leases))
+		for _, l := range p.Group.Leases {
+			parts = append(parts, int16(l.Partition))
+		}
+		// A paused relay's claim must not hold its rows past its lease: the server
+		// ends the session (and its locks) when the transaction idles that long.
+		if err := tx.Exec(ctx, "SELECT set_config('idle_in_transaction_session_timeout', $1, true)", strconv.FormatInt(p.Group.TTL.Milliseconds(), 10)); err != nil {
+			_ = tx.Rollback(context.WithoutCancel(ctx))
+			return nil, InterpretError(err)
+		}
+	}
+	rows, err := tx.Query(ctx, s.S.claim, p.Limit, p.MaxSeq, parts)
 	if err != nil {
 		_ = tx.Rollback(context.WithoutCancel(ctx))
 		return nil, InterpretError(err)
 	}
-	c := &claim{s: s, tx: tx}
+	c := &claim{s: s, tx: tx, group: p.Group}
 	c.rows, err = scanRows(rows)
 	if err != nil {
 		_ = tx.Rollback(context.WithoutCancel(ctx))
@@ -309,10 +347,11 @@ func scanRows(rows Rows) ([]outboxdriver.Row, error) {
 			headers *string
 			trace   *string
 		)
-		if err := rows.Scan(&r.Seq, &r.ID, &r.AggregateType, &r.AggregateID, &r.Type, &payload, &headers, &trace, &r.CreatedAt, &r.Attempts); err != nil {
+		var partition int16
+		if err := rows.Scan(&r.Seq, &r.ID, &r.AggregateType, &r.AggregateID, &r.Type, &payload, &headers, &trace, &r.CreatedAt, &r.Attempts, &partition); err != nil {
 			return nil, err
 		}
-		r.Payload, r.PayloadNull = payload, payload == nil
+		r.Payload, r.PayloadNull, r.Partition = payload, payload == nil, int(partition)
 		if headers != nil {
 			r.Headers = outboxdriver.ParseHeaders([]byte(*headers))
 		}
@@ -325,9 +364,19 @@ func scanRows(rows Rows) ([]outboxdriver.Row, error) {
 }
 
 type claim struct {
-	s    *Store
-	tx   Tx
-	rows []outboxdriver.Row
+	s     *Store
+	tx    Tx
+	rows  []outboxdriver.Row
+	group *outboxdriver.ClaimGroup // nil: the single active relay, no fencing
+}
+
+// fenceArgs are the arguments of Statements.fence for the claim's leases.
+func (c *claim) fenceArgs() []any {
+	parts, epochs := make([]int16, len(c.group.Leases)), make([]int64, len(c.group.Leases))
+	for i, l := range c.group.Leases {
+		parts[i], epochs[i] = int16(l.Partition), l.Epoch
+	}
+	return []any{c.group.RelayID, parts, epochs}
 }
 
 func (c *claim) Rows() []outboxdriver.Row { return c.rows }
@@ -339,11 +388,16 @@ func (c *claim) Complete(ctx context.Context, p *outboxdriver.CompleteParams) er
 	tx := c.tx
 	c.tx = nil
 	if len(p.Published) > 0 {
-		stmt := c.s.S.markPublished
-		if p.Delete {
+		stmt, args := c.s.S.markPublished, []any{p.Published}
+		switch {
+		case c.group != nil && p.Delete:
+			stmt, args = c.s.S.fencedDelete, append(args, c.fenceArgs()...)
+		case c.group != nil:
+			stmt, args = c.s.S.fencedMark, append(args, c.fenceArgs()...)
+		case p.Delete:
 			stmt = c.s.S.deletePublished
 		}
-		if err := tx.Exec(ctx, stmt, p.Published); err != nil {
+		if err := tx.Exec(ctx, stmt, args...); err != nil {
 			_ = tx.Rollback(context.WithoutCancel(ctx))
 			return InterpretError(err)
 		}
@@ -379,13 +433,17 @@ func (c *claim) recordFailures(ctx context.Context, tx Tx, failed []outboxdriver
 		}
 		ids, errs, ns, retries = append(ids, f.ID), append(errs, f.Error), append(ns, n), append(retries, availableAt(f.RetryAt))
 	}
+	failure, dead, fence := c.s.S.recordFailure, c.s.S.moveDead, []any(nil)
+	if c.group != nil {
+		failure, dead, fence = c.s.S.fencedFailure, c.s.S.fencedDead, c.fenceArgs()
+	}
 	if len(ids) > 0 {
-		if err := tx.Exec(ctx, c.s.S.recordFailure, ids, errs, ns, retries); err != nil {
+		if err := tx.Exec(ctx, failure, append([]any{ids, errs, ns, retries}, fence...)...); err != nil {
 			return err
 		}
 	}
 	if len(dids) > 0 {
-		if err := tx.Exec(ctx, c.s.S.moveDead, dids, derrs, dns, holds); err != nil {
+		if err := tx.Exec(ctx, dead, append([]any{dids, derrs, dns, holds}, fence...)...); err != nil {
 			return err
 		}
 	}
@@ -491,6 +549,9 @@ WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 1 AND l.database = 
 	}
 	rows.Close()
 	if st.Slots, err = s.slots(ctx); err != nil {
+		return nil, err
+	}
+	if err := s.groupStatus(ctx, st); err != nil {
 		return nil, err
 	}
 	if len(st.Slots) > 0 {

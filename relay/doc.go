@@ -1,0 +1,56 @@
+// Package relay publishes committed outbox events to a broker: claim, publish, then
+// mark (or delete) only what the broker acknowledged, with per-event retries, dead
+// letters and per-aggregate ordering. The store (package outboxdriver) is either a
+// table polled with FOR UPDATE SKIP LOCKED or the CDC source of package pgcdc.
+//
+// # One active relay (the default)
+//
+// The relay takes the table's lock (a PostgreSQL advisory lock, a lease row on
+// SQLite). The others wait as hot standbys and retry every LeaderRetry; the active one
+// checks its lock every LeaderCheck.
+//
+// # Several active relays (Config.Group, PostgreSQL)
+//
+// Every row belongs to one of P partitions, computed by the database from
+// (aggregatetype, aggregateid) and fixed at migration, so all events of an aggregate
+// share a partition. Each partition has a lease row: owner, epoch, lease_until.
+// A member relay goes through these states:
+//
+//	joining ──heartbeat──▶ member ──every LeaseTTL/3, between batches──▶ rebalancing ─┐
+//	   ▲                     ▲                                                      │
+//	   │                     └──────────── leases renewed / taken / released ◀──────┘
+//	   └── error (database gone, lease call failed): backoff, then join again
+//	stop ──▶ leave (leases freed at once, registry row removed)
+//
+// Rebalancing, one transaction per step, always with nothing in hand (the prefetched
+// claim is given back and the previous batch's mark has landed, so a handover drains
+// in-flight work first):
+//
+//  1. Heartbeat: upsert this relay's registry row; read the live relays (heartbeat
+//     younger than LeaseTTL), sorted by id.
+//  2. Share: partition p belongs to the (p mod n)-th live relay.
+//  3. Leases: free this relay's leases outside its share; renew those it holds; take
+//     those of its share that are free or expired, each with epoch+1. A partition held
+//     by a relay that is alive is never taken: the new owner waits until the old one
+//     releases it or its lease expires.
+//  4. Barrier: for a partition just taken, lock every unpublished row of it once
+//     (waiting behind any claim a previous owner still holds), then let go. A paused
+//     owner's claim cannot outlive its lease for long: claims run with
+//     idle_in_transaction_session_timeout = LeaseTTL, so the server ends the session
+//     and its row locks.
+//
+// Fencing. A member claims only rows of partitions it holds, and:
+//
+//   - before publishing a batch it checks that its leases are still valid by its own
+//     clock (renewed at t, trusted until t + 3/4·LeaseTTL); otherwise it gives the batch
+//     back unpublished and rebalances;
+//   - its write-back (mark, delete, failure, dead letter) applies only to rows whose
+//     partition is still leased to it at the epoch it claimed under, in the same
+//     statement. A relay that lost a partition while paused therefore cannot mark or
+//     delete its rows afterwards: the new owner publishes them again (a duplicate within
+//     the in-flight window, absorbed by the broker's dedup id and the inbox), and
+//     order per aggregate holds because only one relay at a time claims a partition.
+//
+// Do not run relays with and without Config.Group on the same table: the two modes do
+// not exclude each other.
+package relay
