@@ -175,6 +175,10 @@ type ClaimGroup struct {
 // relay's documentation.
 type GroupStore interface {
 	Store
+	// AcquireMembership tries once to join the table's group. It returns (nil, nil)
+	// while a relay outside the group is active (AcquireLeadership excludes members,
+	// and members exclude it).
+	AcquireMembership(ctx context.Context) (Leadership, error)
 	// Heartbeat records the relay as alive and returns the live relays (a heartbeat
 	// younger than TTL), sorted, and the number of partitions.
 	Heartbeat(ctx context.Context, p *HeartbeatParams) (*Membership, error)

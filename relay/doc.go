@@ -51,6 +51,7 @@
 //     the in-flight window, absorbed by the broker's dedup id and the inbox), and
 //     order per aggregate holds because only one relay at a time claims a partition.
 //
-// Do not run relays with and without Config.Group on the same table: the two modes do
-// not exclude each other.
+// Group members hold the table's lock shared; a relay outside the group (and the CDC
+// relay) holds it exclusively. So the two kinds never run at once on a table: members
+// wait while a single active relay runs, and the other way round.
 package relay

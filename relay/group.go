@@ -44,10 +44,11 @@ func (singleTerm) claimParams(limit int) *outboxdriver.ClaimParams {
 
 // groupTerm is a group member's: the partitions assigned to it, leased with epochs.
 type groupTerm struct {
-	r   *Relay
-	gs  outboxdriver.GroupStore
-	id  string
-	ttl time.Duration
+	r      *Relay
+	gs     outboxdriver.GroupStore
+	member outboxdriver.Leadership // the table lock, shared with the other members
+	id     string
+	ttl    time.Duration
 
 	ready      map[int]outboxdriver.Lease // leased, and no previous owner's claim left
 	validUntil time.Time                  // by this relay's clock, with a margin
@@ -81,6 +82,9 @@ func (g *groupTerm) publishable(rows []outboxdriver.Row) bool {
 // A partition that changed hands is used only once the previous owner's claims have
 // ended (the barrier), so a paused owner's locked rows are never overtaken.
 func (g *groupTerm) check(ctx context.Context) error {
+	if err := g.member.Check(ctx); err != nil {
+		return err
+	}
 	m, err := g.gs.Heartbeat(ctx, &outboxdriver.HeartbeatParams{RelayID: g.id, Info: hostInfo(), TTL: g.ttl})
 	if err != nil {
 		return err
@@ -144,9 +148,28 @@ func (r *Relay) runGroup(ctx context.Context) error {
 		}
 	}()
 	bo := r.newBackoff()
+	waiting := false
 	for ctx.Err() == nil {
-		g := &groupTerm{r: r, gs: gs, id: id, ttl: ttl}
+		member, err := gs.AcquireMembership(ctx)
+		if err != nil || member == nil {
+			switch {
+			case ctx.Err() != nil:
+			case err != nil:
+				r.log.Error("relay: cannot reach the database to join the group", "err", err)
+				sleep(ctx, bo.next())
+			default:
+				if !waiting {
+					r.log.Warn("relay: a relay outside the group (no --group, or CDC) holds the table; waiting")
+					waiting = true
+				}
+				sleep(ctx, r.cfg.LeaderRetry)
+			}
+			continue
+		}
+		waiting = false
+		g := &groupTerm{r: r, gs: gs, id: id, ttl: ttl, member: member}
 		if err := g.check(ctx); err != nil {
+			r.releaseLock(ctx, member)
 			if ctx.Err() == nil {
 				r.log.Error("relay: cannot join the group", "err", err)
 				sleep(ctx, bo.next())
@@ -159,7 +182,8 @@ func (r *Relay) runGroup(ctx context.Context) error {
 		if r.cfg.Hooks != nil {
 			r.cfg.Hooks.LeaderChanged(true)
 		}
-		err := r.lead(ctx, g)
+		err = r.lead(ctx, g)
+		r.releaseLock(ctx, member)
 		r.stats.leader.Store(false)
 		r.setPartitions(0)
 		if r.cfg.Hooks != nil {

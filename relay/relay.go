@@ -170,15 +170,20 @@ func (r *Relay) Run(ctx context.Context) error {
 		if r.cfg.Hooks != nil {
 			r.cfg.Hooks.LeaderChanged(false)
 		}
-		relCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
-		_ = lead.Release(relCtx)
-		cancel()
+		r.releaseLock(ctx, lead)
 		if err != nil && ctx.Err() == nil {
 			r.log.Warn("relay: stepped down", "err", err)
 			sleep(ctx, bo.next())
 		}
 	}
 	return nil
+}
+
+// releaseLock gives a table lock back, even when ctx has ended.
+func (r *Relay) releaseLock(ctx context.Context, l outboxdriver.Leadership) {
+	relCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+	defer cancel()
+	_ = l.Release(relCtx)
 }
 
 // claimResult is a claim in progress or done.

@@ -461,3 +461,37 @@ func TestRelayCleanup(t *testing.T) {
 		t.Fatalf("after cleanup: %+v; want the published row gone and the delayed one kept", st)
 	}
 }
+
+// TestGroupExcludesSingleRelay: a group member waits while a relay outside the group
+// is active on the table, and takes over when it stops.
+func TestGroupExcludesSingleRelay(t *testing.T) {
+	e := setup(t)
+	b := memory.New(0)
+	single := startRelay(t, e, b, nil)
+	waitFor := func(what string, cond func() bool) {
+		t.Helper()
+		deadline := time.Now().Add(15 * time.Second)
+		for !cond() {
+			if time.Now().After(deadline) {
+				t.Fatalf("timed out waiting for %s", what)
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+	}
+	waitFor("the single relay to lead", func() bool { return single.Stats().Leader })
+	member := startRelay(t, e, b, &relay.Config{Group: &relay.GroupConfig{RelayID: "m", LeaseTTL: time.Second}})
+	time.Sleep(300 * time.Millisecond)
+	if member.Stats().Leader {
+		t.Fatal("a group member runs alongside the single active relay")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := single.Stop(ctx); err != nil {
+		t.Fatal(err)
+	}
+	waitFor("the member to own every partition", func() bool { return member.Stats().Partitions == 64 })
+	produce(t, e, 4, 20)
+	if _, err := b.Wait(ctx, "", 80); err != nil {
+		t.Fatalf("%v: %d of 80 published by the member", err, len(b.Messages()))
+	}
+}

@@ -91,6 +91,9 @@ func TestGroupOfRelays(t *testing.T) {
 	}
 	dups, distinct := ns.duplicates()
 	t.Logf("%d distinct events, %d published more than once (handovers)", distinct, dups)
+	if dups > 3*20 {
+		t.Errorf("%d duplicates: more than the batches in flight at the three handovers (batch 20)", dups)
+	}
 
 	// The survivors share the partitions between them.
 	deadline := time.Now().Add(20 * time.Second)

@@ -463,24 +463,36 @@ func (c *claim) Release(ctx context.Context) error {
 // a dedicated connection: if the relay dies, PostgreSQL closes the session and the
 // lock is free for a standby at once.
 func (s *Store) AcquireLeadership(ctx context.Context) (outboxdriver.Leadership, error) {
+	return s.advisoryLock(ctx, "pg_try_advisory_lock", "pg_advisory_unlock")
+}
+
+// AcquireMembership implements outboxdriver.GroupStore: the same lock as the single
+// active relay's, shared, so group members run together and never alongside a relay
+// that is not in the group (nor a CDC relay).
+func (s *Store) AcquireMembership(ctx context.Context) (outboxdriver.Leadership, error) {
+	return s.advisoryLock(ctx, "pg_try_advisory_lock_shared", "pg_advisory_unlock_shared")
+}
+
+func (s *Store) advisoryLock(ctx context.Context, try, unlock string) (outboxdriver.Leadership, error) {
 	conn, err := s.DB.Conn(ctx)
 	if err != nil {
 		return nil, InterpretError(err)
 	}
 	var got bool
-	if err := QueryRow(ctx, conn, "SELECT pg_try_advisory_lock($1)", []any{s.S.lockKey}, &got); err != nil {
+	if err := QueryRow(ctx, conn, "SELECT "+try+"($1)", []any{s.S.lockKey}, &got); err != nil {
 		_ = conn.Close()
 		return nil, InterpretError(err)
 	}
 	if !got {
 		return nil, conn.Close()
 	}
-	return &leadership{conn: conn, key: s.S.lockKey}, nil
+	return &leadership{conn: conn, key: s.S.lockKey, unlock: unlock}, nil
 }
 
 type leadership struct {
-	conn Conn
-	key  int64
+	conn   Conn
+	key    int64
+	unlock string
 }
 
 func (l *leadership) Check(ctx context.Context) error {
@@ -504,7 +516,7 @@ func (l *leadership) Release(ctx context.Context) error {
 	}
 	conn := l.conn
 	l.conn = nil
-	err := conn.Exec(ctx, "SELECT pg_advisory_unlock($1)", l.key)
+	err := conn.Exec(ctx, "SELECT "+l.unlock+"($1)", l.key)
 	if cerr := conn.Close(); err == nil {
 		err = cerr
 	}
