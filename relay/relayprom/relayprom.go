@@ -16,7 +16,8 @@
 //	outbox_failing_events                          unpublished events with failed attempts
 //	outbox_dead_letters                            events in the dead-letter table
 //	outbox_held_aggregates                         aggregates waiting behind a dead letter
-//	outbox_group_relays                            live relays of the group (at scrape)
+//	outbox_group_relays                            relays of the group (at scrape)
+//	outbox_group_partitions                        partitions of the table (group mode)
 //	outbox_partition_unpublished_events{partition} backlog per partition (group mode)
 //	outbox_cdc_slot_lag_bytes{slot}                CDC: WAL written since the slot's confirmed position
 //	outbox_cdc_slot_retained_wal_bytes{slot}       CDC: WAL the slot keeps on disk
@@ -49,7 +50,8 @@ type Metrics struct {
 
 	unpublished, oldest, failing, dead, held *prometheus.Desc
 	slotRetained, slotLag, slotSafe, slotOK  *prometheus.Desc
-	groupRelays, partitionBacklog            *prometheus.Desc
+	groupRelays, groupPartitions             *prometheus.Desc
+	partitionBacklog                         *prometheus.Desc
 	scrapeErrors                             prometheus.Counter
 }
 
@@ -89,7 +91,8 @@ func New(reg prometheus.Registerer, store outboxdriver.Store) (*Metrics, error) 
 			"WAL written since the slot's confirmed position: the CDC relay's backlog.", []string{"slot"}, nil),
 		slotSafe: prometheus.NewDesc("outbox_cdc_slot_safe_wal_bytes",
 			"WAL that may still be written before PostgreSQL invalidates the slot (max_slot_wal_keep_size); -1: unlimited.", []string{"slot"}, nil),
-		groupRelays: prometheus.NewDesc("outbox_group_relays", "Relays of the group seen by the database (group mode).", nil, nil),
+		groupRelays:     prometheus.NewDesc("outbox_group_relays", "Relays of the group seen by the database (group mode).", nil, nil),
+		groupPartitions: prometheus.NewDesc("outbox_group_partitions", "Partitions of the table (group mode).", nil, nil),
 		partitionBacklog: prometheus.NewDesc("outbox_partition_unpublished_events",
 			"Unpublished events per partition (group mode).", []string{"partition"}, nil),
 		slotOK: prometheus.NewDesc("outbox_cdc_slot_ok",
@@ -150,7 +153,7 @@ func (m *Metrics) LeaderChanged(leader bool) {
 
 // Describe implements prometheus.Collector (the status gauges).
 func (m *Metrics) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{m.unpublished, m.oldest, m.failing, m.dead, m.held, m.slotRetained, m.slotLag, m.slotSafe, m.slotOK, m.groupRelays, m.partitionBacklog} {
+	for _, d := range []*prometheus.Desc{m.unpublished, m.oldest, m.failing, m.dead, m.held, m.slotRetained, m.slotLag, m.slotSafe, m.slotOK, m.groupRelays, m.groupPartitions, m.partitionBacklog} {
 		ch <- d
 	}
 }
@@ -174,6 +177,7 @@ func (m *Metrics) Collect(ch chan<- prometheus.Metric) {
 	ch <- prometheus.MustNewConstMetric(m.held, prometheus.GaugeValue, float64(st.HeldKeys))
 	if len(st.Relays) > 0 {
 		ch <- prometheus.MustNewConstMetric(m.groupRelays, prometheus.GaugeValue, float64(len(st.Relays)))
+		ch <- prometheus.MustNewConstMetric(m.groupPartitions, prometheus.GaugeValue, float64(len(st.PartitionBacklog)))
 		for p, n := range st.PartitionBacklog {
 			ch <- prometheus.MustNewConstMetric(m.partitionBacklog, prometheus.GaugeValue, float64(n), strconv.Itoa(p))
 		}
