@@ -51,6 +51,10 @@
 //     the in-flight window, absorbed by the broker's dedup id and the inbox), and
 //     order per aggregate holds because only one relay at a time claims a partition.
 //
+// A batch whose publishing outlasts LeaseTTL loses its claim (the server ends the idle
+// transaction) and is published again later: keep LeaseTTL well above the broker's
+// slowest answer.
+//
 // Group members hold the table's lock shared; a relay outside the group (and the CDC
 // relay) holds it exclusively. So the two kinds never run at once on a table: members
 // wait while a single active relay runs, and the other way round.

@@ -540,21 +540,31 @@ func (s *Store) Status(ctx context.Context) (*outboxdriver.Status, error) {
 	}
 	st.OldestAge = time.Duration(ageSec * float64(time.Second))
 	// Who holds the leadership lock: a session, so pg_stat_activity says who it is.
-	rows, err := s.DB.Query(ctx, `SELECT a.pid, coalesce(host(a.client_addr), 'local'), a.application_name, a.backend_start
+	rows, err := s.DB.Query(ctx, `SELECT a.pid, coalesce(host(a.client_addr), 'local'), a.application_name, a.backend_start, l.mode
 FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid
 WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 1 AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
-  AND l.classid::bigint = (($1::bigint >> 32) & 4294967295) AND l.objid::bigint = ($1::bigint & 4294967295)`, s.S.lockKey)
+  AND l.classid::bigint = (($1::bigint >> 32) & 4294967295) AND l.objid::bigint = ($1::bigint & 4294967295)
+ORDER BY a.backend_start`, s.S.lockKey)
 	if err != nil {
 		return nil, InterpretError(err)
 	}
 	defer rows.Close()
-	if rows.Next() {
+	for n := 1; rows.Next(); n++ {
 		var pid int
-		var addr, app string
-		if err := rows.Scan(&pid, &addr, &app, &st.ActiveSince); err != nil {
+		var addr, app, mode string
+		var since time.Time
+		if err := rows.Scan(&pid, &addr, &app, &since, &mode); err != nil {
 			return nil, InterpretError(err)
 		}
-		st.ActiveRelay = fmt.Sprintf("pid %d on %s (%s)", pid, addr, app)
+		switch {
+		case mode == "ShareLock": // members of a group of relays hold it shared
+			st.ActiveRelay = fmt.Sprintf("%d relays in a group (see below)", n)
+		default:
+			st.ActiveRelay = fmt.Sprintf("pid %d on %s (%s)", pid, addr, app)
+		}
+		if n == 1 {
+			st.ActiveSince = since
+		}
 	}
 	if err := rows.Err(); err != nil {
 		return nil, InterpretError(err)
