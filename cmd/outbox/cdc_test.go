@@ -124,8 +124,15 @@ func TestCDCStatusAndLostSlot(t *testing.T) {
 	_ = relay.cmd.Process.Signal(syscall.SIGTERM)
 	<-relay.done
 	ctx := context.Background()
-	if _, err := pool.Exec(ctx, `SELECT pg_drop_replication_slot($1)`, slot); err != nil {
-		t.Fatal(err)
+	// The stopped relay's walsender may still be ending: retry while the slot is active.
+	for deadline := time.Now().Add(20 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+		_, err := pool.Exec(ctx, `SELECT pg_drop_replication_slot($1)`, slot)
+		if err == nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal(err)
+		}
 	}
 	// Rows written while the slot was gone: only the table has them.
 	more := writeMode(t, pool, table, outboxdriver.WriteRows, 3, 30)
