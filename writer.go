@@ -12,6 +12,7 @@ import (
 
 	"github.com/google/uuid"
 
+	"github.com/outboxd/outbox/internal/wire"
 	"github.com/outboxd/outbox/outboxdriver"
 )
 
@@ -30,7 +31,6 @@ const (
 	maxAggregateTypeBytes = 255
 	maxAggregateIDBytes   = 1024
 	maxTypeBytes          = 255
-	maxHeaderNameBytes    = 255
 	maxHeaderValueBytes   = 8 << 10
 )
 
@@ -193,11 +193,13 @@ func (w *Writer[TTx]) prepare(i int, ev *Event, row *outboxdriver.InsertEvent) e
 			if ReservedHeader(k) {
 				return bad("Headers", "%q is reserved by the wire format", k)
 			}
-			if err := checkText(k, maxHeaderNameBytes); err != "" {
-				return bad("Headers", "name %q: %s", k, err)
+			// What every broker can carry (NATS and HTTP header blocks are the
+			// strictest): the relay would refuse anything else at publish time.
+			if problem := wire.HeaderNameProblem(k); problem != "" {
+				return bad("Headers", "name %q: %s", k, problem)
 			}
-			if len(v) > maxHeaderValueBytes || !utf8.ValidString(v) || strings.IndexByte(v, 0) >= 0 {
-				return bad("Headers", "value of %q must be valid UTF-8 without NUL, at most %d bytes", k, maxHeaderValueBytes)
+			if problem := wire.HeaderValueProblem(v); problem != "" || len(v) > maxHeaderValueBytes {
+				return bad("Headers", "value of %q must be valid UTF-8 without control characters, at most %d bytes", k, maxHeaderValueBytes)
 			}
 		}
 		h, err := json.Marshal(ev.Headers)

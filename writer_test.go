@@ -61,6 +61,9 @@ func TestValidation(t *testing.T) {
 		{"too many headers", func(e *outbox.Event) { e.Headers = map[string]string{"a": "1", "b": "2", "c": "3"} }, "Headers"},
 		{"reserved header", func(e *outbox.Event) { e.Headers = map[string]string{"traceparent": "x"} }, "Headers"},
 		{"bad header value", func(e *outbox.Event) { e.Headers = map[string]string{"a": "\xff"} }, "Headers"},
+		{"header name with a space", func(e *outbox.Event) { e.Headers = map[string]string{"a b": "1"} }, "Headers"},
+		{"header name with a colon", func(e *outbox.Event) { e.Headers = map[string]string{"a:b": "1"} }, "Headers"},
+		{"header value with a newline", func(e *outbox.Event) { e.Headers = map[string]string{"a": "1\r\nb: 2"} }, "Headers"},
 	} {
 		ev := ok
 		tc.mut(&ev)

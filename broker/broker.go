@@ -13,6 +13,9 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+	"time"
+
+	"github.com/outboxd/outbox/internal/wire"
 )
 
 // Wire-format header names, set on every message (see EachHeader).
@@ -152,6 +155,14 @@ type TopicEscaper interface {
 	EscapeTopicToken(s string) string
 }
 
+// TopicValidator is implemented by publishers that can tell a topic the broker would
+// refuse. The relay checks its topic template with it at start (with sample values
+// in place of the event's), so a bad template is a configuration error, not a dead
+// letter per event.
+type TopicValidator interface {
+	ValidateTopic(topic string) error
+}
+
 // Sentinel errors for classification.
 var (
 	// ErrPermanent: the broker refused this message and will refuse it again (too
@@ -219,13 +230,64 @@ func (h *KeyHold) Held(key string) error {
 	return nil
 }
 
-// FailAll returns n results that all carry err.
-func FailAll(n int, err error) []Result {
+// AllUnavailable returns n results that all carry err as a connection failure: for a
+// batch that could not be sent at all because the connection is down (no message is
+// charged an attempt). A failure of one message must never be spread over a batch
+// with it: that is what the per-message results are for.
+func AllUnavailable(n int, err error) []Result {
+	if !IsUnavailable(err) {
+		err = Unavailable(err)
+	}
 	rs := make([]Result, n)
 	for i := range rs {
 		rs[i].Err = err
 	}
 	return rs
+}
+
+// RetryAfterError is a refusal that says when the message may be tried again (an
+// HTTP Retry-After, a broker's throttle time). The relay waits at least After.
+type RetryAfterError struct {
+	Err   error
+	After time.Duration
+}
+
+func (e *RetryAfterError) Error() string { return e.Err.Error() }
+func (e *RetryAfterError) Unwrap() error { return e.Err }
+
+// RetryAfter wraps err with the wait the broker asked for.
+func RetryAfter(err error, d time.Duration) error { return &RetryAfterError{Err: err, After: d} }
+
+// RetryAfterOf returns the wait err asks for (0 if none).
+func RetryAfterOf(err error) time.Duration {
+	var ra *RetryAfterError
+	if errors.As(err, &ra) {
+		return ra.After
+	}
+	return 0
+}
+
+// CheckHeaders refuses, permanently, a message whose headers cannot travel intact on
+// a broker with text headers (NATS, HTTP, MQTT): a name that is not a token, a value
+// with a control character or invalid UTF-8. The Go writer never writes such a
+// header; a plain-SQL producer can. Publishers with such headers call it before
+// sending.
+func CheckHeaders(m *Message) error {
+	var problem string
+	m.EachHeader(func(k, v string) {
+		if problem != "" {
+			return
+		}
+		if p := wire.HeaderNameProblem(k); p != "" {
+			problem = fmt.Sprintf("%s: %q", p, k)
+		} else if p := wire.HeaderValueProblem(v); p != "" {
+			problem = fmt.Sprintf("header %s: %s", k, p)
+		}
+	})
+	if problem != "" {
+		return Permanent(errors.New(problem))
+	}
+	return nil
 }
 
 // TraceHeaders reads the traceparent and tracestate entries of a tracingspancontext

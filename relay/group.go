@@ -179,16 +179,12 @@ func (r *Relay) runGroup(ctx context.Context) error {
 		bo.reset()
 		r.log.Info("relay: active in a group", "relay", id, "lease_ttl", ttl)
 		r.stats.leader.Store(true)
-		if r.cfg.Hooks != nil {
-			r.cfg.Hooks.LeaderChanged(true)
-		}
+		r.hook("LeaderChanged", func(h Hooks) { h.LeaderChanged(true) })
 		err = r.lead(ctx, g)
 		r.releaseLock(ctx, member)
 		r.stats.leader.Store(false)
 		r.setPartitions(0)
-		if r.cfg.Hooks != nil {
-			r.cfg.Hooks.LeaderChanged(false)
-		}
+		r.hook("LeaderChanged", func(h Hooks) { h.LeaderChanged(false) })
 		if err != nil && ctx.Err() == nil {
 			r.log.Warn("relay: group term ended", "err", err)
 			sleep(ctx, bo.next())
@@ -201,9 +197,11 @@ func (r *Relay) setPartitions(n int) {
 	if r.stats.partitions.Swap(int64(n)) == int64(n) {
 		return
 	}
-	if h, ok := r.cfg.Hooks.(GroupHooks); ok {
-		h.PartitionsOwned(n)
-	}
+	r.hook("PartitionsOwned", func(h Hooks) {
+		if gh, ok := h.(GroupHooks); ok {
+			gh.PartitionsOwned(n)
+		}
+	})
 }
 
 // DefaultRelayID names a relay by host, process and a random suffix.

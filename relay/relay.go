@@ -6,9 +6,11 @@ import (
 	"fmt"
 	"log/slog"
 	"math/rand/v2"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
+	"unicode/utf8"
 
 	"github.com/outboxd/outbox/broker"
 	"github.com/outboxd/outbox/outboxdriver"
@@ -69,7 +71,25 @@ func New(store outboxdriver.Store, pub broker.Publisher, cfg *Config) (*Relay, e
 	if e, ok := pub.(broker.TopicEscaper); ok {
 		r.esc = e.EscapeTopicToken
 	}
+	if err := r.checkTemplate(); err != nil {
+		return nil, err
+	}
 	return r, nil
+}
+
+// checkTemplate renders the topic template with sample values and asks the publisher
+// whether it takes the result: a template that can only make bad topics is a
+// configuration error now, not a dead letter for every event later.
+func (r *Relay) checkTemplate() error {
+	v, ok := r.pub.(broker.TopicValidator)
+	if !ok || r.cfg.Router != nil {
+		return nil
+	}
+	topic := r.tmpl.Execute(broker.TopicFields{AggregateType: "sample", Type: "Sample"}, r.esc)
+	if err := v.ValidateTopic(topic); err != nil {
+		return fmt.Errorf("relay: topic template %q: %w", r.cfg.TopicTemplate, err)
+	}
+	return nil
 }
 
 // Stats returns the relay's counters.
@@ -162,14 +182,10 @@ func (r *Relay) Run(ctx context.Context) error {
 		}
 		r.log.Info("relay: active", "table_lock", "acquired")
 		r.stats.leader.Store(true)
-		if r.cfg.Hooks != nil {
-			r.cfg.Hooks.LeaderChanged(true)
-		}
+		r.hook("LeaderChanged", func(h Hooks) { h.LeaderChanged(true) })
 		err = r.lead(ctx, singleTerm{lead, r.cfg.LeaderCheck})
 		r.stats.leader.Store(false)
-		if r.cfg.Hooks != nil {
-			r.cfg.Hooks.LeaderChanged(false)
-		}
+		r.hook("LeaderChanged", func(h Hooks) { h.LeaderChanged(false) })
 		r.releaseLock(ctx, lead)
 		if err != nil && ctx.Err() == nil {
 			r.log.Warn("relay: stepped down", "err", err)
@@ -177,6 +193,21 @@ func (r *Relay) Run(ctx context.Context) error {
 		}
 	}
 	return nil
+}
+
+// hook calls fn with the configured hooks, if any. A panicking hook (a metrics
+// exporter choking on a row's bytes) is logged and survived: observing the relay must
+// never stop it, and a crash before the mark would publish the batch again forever.
+func (r *Relay) hook(name string, fn func(Hooks)) {
+	if r.cfg.Hooks == nil {
+		return
+	}
+	defer func() {
+		if p := recover(); p != nil {
+			r.log.Error("relay: hook panicked; ignored", "hook", name, "panic", ErrorText(fmt.Sprint(p), maxErrorBytes))
+		}
+	}()
+	fn(r.cfg.Hooks)
 }
 
 // releaseLock gives a table lock back, even when ctx has ended.
@@ -321,7 +352,7 @@ func (r *Relay) lead(ctx context.Context, t term) error {
 			for j, i := range idx {
 				outcomes[i].Topic = msgs[j].Topic
 			}
-			r.cfg.Hooks.BatchPublished(outcomes, pubTime)
+			r.hook("BatchPublished", func(h Hooks) { h.BatchPublished(outcomes, pubTime) })
 		}
 		params, failed, unavailable := r.outcome(rows, results)
 		switch {
@@ -399,7 +430,7 @@ func (r *Relay) outcome(rows []outboxdriver.Row, results []broker.Result) (p *ou
 			failedKeys = map[string]bool{}
 		}
 		failedKeys[key] = true
-		f := outboxdriver.Failure{ID: row.ID, Error: truncate(res.Err.Error(), 1000)}
+		f := outboxdriver.Failure{ID: row.ID, Error: ErrorText(res.Err.Error(), maxErrorBytes)}
 		switch {
 		case broker.IsUnavailable(res.Err), errors.Is(res.Err, context.Canceled), errors.Is(res.Err, context.DeadlineExceeded):
 			unavailable = true // not the event's fault
@@ -414,7 +445,8 @@ func (r *Relay) outcome(rows []outboxdriver.Row, results []broker.Result) (p *ou
 				f.Dead, f.HoldKey = true, !r.cfg.FlowPastDeadLetters
 				f.Error = fmt.Sprintf("gave up after %d attempts: %s", attempts, f.Error)
 			} else {
-				f.RetryAt = now.Add(r.retryDelay(attempts))
+				// The broker's own wait (Retry-After), when longer, wins; capped at RetryMax.
+				f.RetryAt = now.Add(max(r.retryDelay(attempts), min(broker.RetryAfterOf(res.Err), r.cfg.RetryMax)))
 			}
 		}
 		if f.Dead {
@@ -447,11 +479,24 @@ func firstErr(results []broker.Result) error {
 	return nil
 }
 
-func truncate(s string, n int) string {
+// maxErrorBytes bounds the failure text stored with an event.
+const maxErrorBytes = 1000
+
+// ErrorText makes s safe to store and show: valid UTF-8 (bad bytes become U+FFFD), no
+// NUL (PostgreSQL text refuses it), at most n bytes, cut on a character boundary. An
+// error can quote a row's bytes; a write-back that the database refuses would leave
+// every event of the batch unmarked.
+func ErrorText(s string, n int) string {
+	s = strings.ToValidUTF8(s, "\uFFFD")
+	s = strings.ReplaceAll(s, "\x00", "\\x00")
 	if len(s) <= n {
 		return s
 	}
-	return s[:n]
+	cut := n
+	for cut > 0 && !utf8.RuneStart(s[cut]) {
+		cut--
+	}
+	return s[:cut]
 }
 
 // releasePending waits for a claim in progress and gives its rows back.

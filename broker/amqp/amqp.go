@@ -136,7 +136,7 @@ func (p *Publisher) Publish(ctx context.Context, msgs []broker.Message) []broker
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if err := p.ensure(); err != nil {
-		return broker.FailAll(len(msgs), err)
+		return broker.AllUnavailable(len(msgs), err) // the connection's failure, not the messages'
 	}
 	var hold broker.KeyHold
 	confirms := make([]*amqp.DeferredConfirmation, len(msgs))
@@ -193,7 +193,10 @@ func (p *Publisher) Publish(ctx context.Context, msgs []broker.Message) []broker
 		case r := <-p.returns:
 			for i := range msgs {
 				if msgs[i].ID == r.MessageId && res[i].Err == nil {
-					res[i].Err = broker.Unavailable(fmt.Errorf("%w %q (%s)", ErrUnroutable, r.RoutingKey, r.ReplyText))
+					// The topic's, not the connection's: other topics go on, this
+					// message is retried on its own schedule (and dead-lettered if no
+					// queue is ever bound).
+					res[i].Err = fmt.Errorf("%w %q (%s)", ErrUnroutable, r.RoutingKey, r.ReplyText)
 				}
 			}
 			continue

@@ -21,7 +21,7 @@ func TestClassify(t *testing.T) {
 		{kerr.InvalidRecord, true, false},
 		{kerr.MessageTooLarge, true, false},
 		{kerr.TopicAuthorizationFailed, true, false},
-		{kerr.UnknownTopicOrPartition, false, true},
+		{kerr.UnknownTopicOrPartition, false, false}, // the topic's problem: other topics go on
 		{kerr.NotLeaderForPartition, false, true},
 		{kerr.RequestTimedOut, false, true},
 		{kgo.ErrRecordTimeout, false, true},

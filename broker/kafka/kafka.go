@@ -112,7 +112,28 @@ func Dial(ctx context.Context, rawURL string, cfg *Config, extra ...kgo.Opt) (*P
 	return p, nil
 }
 
-var _ broker.Publisher = (*Publisher)(nil)
+var (
+	_ broker.Publisher      = (*Publisher)(nil)
+	_ broker.TopicValidator = (*Publisher)(nil)
+)
+
+// ValidateTopic implements broker.TopicValidator with Kafka's rule for topic names:
+// 1 to 249 of [a-zA-Z0-9._-], and not "." or "..".
+func (p *Publisher) ValidateTopic(topic string) error { return ValidateTopic(topic) }
+
+// ValidateTopic is the method without a publisher.
+func ValidateTopic(topic string) error {
+	if topic == "" || topic == "." || topic == ".." || len(topic) > 249 {
+		return fmt.Errorf("invalid Kafka topic %q: 1 to 249 characters, not . or ..", topic)
+	}
+	for i := 0; i < len(topic); i++ {
+		c := topic[i]
+		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '.' || c == '_' || c == '-') {
+			return fmt.Errorf("invalid Kafka topic %q: only letters, digits, '.', '_' and '-' are allowed", topic)
+		}
+	}
+	return nil
+}
 
 // Record builds the Kafka record for a message: what Debezium's router emits.
 func Record(m *broker.Message) *kgo.Record {
@@ -155,6 +176,13 @@ func (p *Publisher) Publish(ctx context.Context, msgs []broker.Message) []broker
 		m := &msgs[i]
 		if err := ctx.Err(); err != nil {
 			res[i].Err = err
+			continue
+		}
+		if err := ValidateTopic(m.Topic); err != nil {
+			// A name Kafka refuses (from an aggregate type, say): franz-go would only
+			// retry it until the delivery timeout.
+			res[i].Err = broker.Permanent(err)
+			hold.Refuse(m.Key, res[i].Err)
 			continue
 		}
 		if res[i].Err = hold.Admit(m, recordSize(m), p.cfg.MaxMessageBytes); res[i].Err != nil {
@@ -205,7 +233,9 @@ func classify(ctx context.Context, err error) error {
 		errors.Is(err, kerr.TopicAuthorizationFailed), errors.Is(err, kerr.InvalidRequiredAcks):
 		return broker.Permanent(err)
 	case errors.Is(err, kerr.UnknownTopicOrPartition):
-		return broker.Unavailable(fmt.Errorf("%w (create the topic, or let the broker create topics)", err))
+		// The topic's, not the connection's: other topics go on; this message is
+		// retried on its own schedule (an attempt each time).
+		return fmt.Errorf("%w (create the topic, or let the broker create topics)", err)
 	case kerr.IsRetriable(err), errors.Is(err, kgo.ErrRecordTimeout), errors.Is(err, kgo.ErrRecordRetries),
 		errors.Is(err, kgo.ErrClientClosed), errors.Is(err, context.DeadlineExceeded):
 		return broker.Unavailable(err)

@@ -20,11 +20,13 @@ import (
 	"strings"
 	"sync"
 	"time"
+	"unicode/utf8"
 
 	"github.com/eclipse/paho.golang/paho"
 
 	"github.com/outboxd/outbox/broker"
 	"github.com/outboxd/outbox/internal/redact"
+	"github.com/outboxd/outbox/internal/wire"
 )
 
 // Defaults.
@@ -142,7 +144,11 @@ func (p *Publisher) connected(ctx context.Context) (*paho.Client, error) {
 	if err != nil {
 		_ = conn.Close()
 		if ca != nil && ca.ReasonCode >= 0x80 {
-			return nil, fmt.Errorf("MQTT broker at %s refused the connection: reason 0x%02x %s", p.addr, ca.ReasonCode, ca.Properties.ReasonString)
+			reason := ""
+			if ca.Properties != nil {
+				reason = ca.Properties.ReasonString
+			}
+			return nil, broker.Unavailable(fmt.Errorf("MQTT broker at %s refused the connection: reason 0x%02x %s", p.addr, ca.ReasonCode, reason))
 		}
 		return nil, broker.Unavailable(fmt.Errorf("connect to MQTT broker at %s: %w", p.addr, err))
 	}
@@ -163,15 +169,16 @@ func (p *Publisher) tlsConfig() *tls.Config {
 }
 
 var (
-	_ broker.Publisher    = (*Publisher)(nil)
-	_ broker.TopicEscaper = (*Publisher)(nil)
+	_ broker.Publisher      = (*Publisher)(nil)
+	_ broker.TopicEscaper   = (*Publisher)(nil)
+	_ broker.TopicValidator = (*Publisher)(nil)
 )
 
 // Publish implements broker.Publisher.
 func (p *Publisher) Publish(ctx context.Context, msgs []broker.Message) []broker.Result {
 	c, err := p.connected(ctx)
 	if err != nil {
-		return broker.FailAll(len(msgs), err)
+		return broker.AllUnavailable(len(msgs), err) // the connection's failure, not the messages'
 	}
 	return broker.PerKey(ctx, msgs, p.cfg.Concurrency, func(ctx context.Context, i int) error {
 		return p.publish(ctx, c, &msgs[i])
@@ -181,6 +188,17 @@ func (p *Publisher) Publish(ctx context.Context, msgs []broker.Message) []broker
 func (p *Publisher) publish(ctx context.Context, c *paho.Client, m *broker.Message) error {
 	if p.cfg.MaxMessageBytes > 0 && len(m.Payload) > p.cfg.MaxMessageBytes {
 		return broker.Permanent(fmt.Errorf("payload of %d bytes exceeds the limit of %d", len(m.Payload), p.cfg.MaxMessageBytes))
+	}
+	// What the protocol cannot carry is refused here: sent, it would make the broker
+	// drop the connection, and every other message with it.
+	if err := ValidateTopic(m.Topic); err != nil {
+		return broker.Permanent(err)
+	}
+	if err := broker.CheckHeaders(m); err != nil {
+		return err
+	}
+	if p := wire.HeaderValueProblem(m.Key); p != "" {
+		return broker.Permanent(fmt.Errorf("key: %s", p))
 	}
 	props := &paho.PublishProperties{User: paho.UserProperties{{Key: HeaderKey, Value: m.Key}}}
 	size := len(m.Payload) + len(m.Topic) + len(m.Key)
@@ -229,6 +247,23 @@ func (p *Publisher) EscapeTopicToken(s string) string { return EscapeToken(s) }
 // EscapeToken is EscapeTopicToken without a publisher.
 func EscapeToken(s string) string {
 	return broker.EscapeToken(s, func(c byte) bool { return c == '/' || c == '+' || c == '#' || c < ' ' || c == 0x7f })
+}
+
+// ValidateTopic implements broker.TopicValidator: an MQTT topic name is 1 to 65535
+// bytes of UTF-8 with no NUL and no wildcard ('+', '#').
+func (p *Publisher) ValidateTopic(topic string) error { return ValidateTopic(topic) }
+
+// ValidateTopic is the method without a publisher.
+func ValidateTopic(topic string) error {
+	switch {
+	case topic == "" || len(topic) > 65535:
+		return fmt.Errorf("invalid MQTT topic %q: 1 to 65535 bytes", topic)
+	case !utf8.ValidString(topic):
+		return fmt.Errorf("invalid MQTT topic %q: not valid UTF-8", topic)
+	case strings.ContainsAny(topic, "+#\x00"):
+		return fmt.Errorf("invalid MQTT topic %q: holds a wildcard or NUL", topic)
+	}
+	return nil
 }
 
 // Features implements broker.Publisher.

@@ -15,6 +15,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"time"
 
@@ -87,8 +88,9 @@ type Publisher struct {
 }
 
 var (
-	_ broker.Publisher    = (*Publisher)(nil)
-	_ broker.TopicEscaper = (*Publisher)(nil)
+	_ broker.Publisher      = (*Publisher)(nil)
+	_ broker.TopicEscaper   = (*Publisher)(nil)
+	_ broker.TopicValidator = (*Publisher)(nil)
 )
 
 // New returns a publisher on a JetStream context the caller built (and closes).
@@ -190,7 +192,11 @@ func (p *Publisher) Publish(ctx context.Context, msgs []broker.Message) []broker
 		streamMax, err := p.ensureStream(ctx, m.Topic)
 		if err != nil {
 			res[i].Err = err
-			stop = err
+			stop = err // connection-level (ensureStream says so): nothing more goes out
+			continue
+		}
+		if res[i].Err = broker.CheckHeaders(&m); res[i].Err != nil {
+			hold.Refuse(m.Key, res[i].Err)
 			continue
 		}
 		n := m.HeaderCount() + 2
@@ -219,10 +225,10 @@ func (p *Publisher) Publish(ctx context.Context, msgs []broker.Message) []broker
 		f, err := p.js.PublishMsgAsync(nm, p.opts...)
 		if err != nil {
 			res[i].Err = classify(err)
-			if broker.IsPermanent(res[i].Err) {
-				hold.Refuse(m.Key, res[i].Err)
-			} else {
+			if broker.IsUnavailable(res[i].Err) || ctx.Err() != nil {
 				stop = res[i].Err
+			} else {
+				hold.Refuse(m.Key, res[i].Err) // this message's failure: its key waits, others go on
 			}
 			continue
 		}
@@ -244,7 +250,9 @@ func (p *Publisher) Publish(ctx context.Context, msgs []broker.Message) []broker
 }
 
 // ensureStream checks once per subject that a stream covers it, and returns that
-// stream's max message size (-1 for none).
+// stream's max message size (-1 for none). Every error it returns is the
+// connection's or the configuration's, never a message's: broker.Unavailable (or the
+// context's error).
 func (p *Publisher) ensureStream(ctx context.Context, subject string) (int, error) {
 	p.mu.Lock()
 	max, ok := p.covered[subject]
@@ -252,13 +260,36 @@ func (p *Publisher) ensureStream(ctx context.Context, subject string) (int, erro
 	if ok {
 		return max, nil
 	}
+	max, err := p.lookupStream(ctx, subject)
+	if err != nil {
+		if ctx.Err() != nil {
+			return 0, ctx.Err()
+		}
+		if !broker.IsUnavailable(err) {
+			err = broker.Unavailable(err)
+		}
+		return 0, err
+	}
+	p.mu.Lock()
+	p.covered[subject] = max
+	p.mu.Unlock()
+	return max, nil
+}
+
+func (p *Publisher) lookupStream(ctx context.Context, subject string) (int, error) {
 	name, err := p.js.StreamNameBySubject(ctx, subject)
 	if errors.Is(err, jetstream.ErrStreamNotFound) && p.cfg.CreateStream {
-		_, err = p.js.CreateOrUpdateStream(ctx, jetstream.StreamConfig{
+		// Create, never update: an existing stream of that name is someone's
+		// configuration (subjects, limits) and stays as it is.
+		_, err = p.js.CreateStream(ctx, jetstream.StreamConfig{
 			Name:     p.cfg.StreamName,
 			Subjects: p.cfg.StreamSubjects,
 			Storage:  jetstream.FileStorage,
 		})
+		if errors.Is(err, jetstream.ErrStreamNameAlreadyInUse) {
+			return 0, fmt.Errorf("subject %q: stream %q exists but does not cover it; it is left unchanged (add the subject to it, or name another stream): %w",
+				subject, p.cfg.StreamName, ErrNoStream)
+		}
 		if err == nil {
 			name, err = p.js.StreamNameBySubject(ctx, subject)
 		}
@@ -266,19 +297,41 @@ func (p *Publisher) ensureStream(ctx context.Context, subject string) (int, erro
 	switch {
 	case errors.Is(err, jetstream.ErrStreamNotFound):
 		// Not the message's fault: it must wait for an operator, not go dead-letter.
-		return 0, broker.Unavailable(fmt.Errorf("subject %q: %w", subject, ErrNoStream))
+		return 0, fmt.Errorf("subject %q: %w", subject, ErrNoStream)
 	case err != nil:
-		return 0, classify(err)
+		return 0, fmt.Errorf("subject %q: stream lookup: %w", subject, err)
 	}
 	st, err := p.js.Stream(ctx, name)
 	if err != nil {
-		return 0, classify(err)
+		return 0, fmt.Errorf("stream %q: %w", name, err)
 	}
-	max = int(st.CachedInfo().Config.MaxMsgSize)
-	p.mu.Lock()
-	p.covered[subject] = max
-	p.mu.Unlock()
-	return max, nil
+	return int(st.CachedInfo().Config.MaxMsgSize), nil
+}
+
+// ValidateTopic implements broker.TopicValidator: a subject must be non-empty tokens
+// separated by '.', with no white space or wildcard, so a bad topic template fails
+// at start instead of dead-lettering every event.
+func (p *Publisher) ValidateTopic(subject string) error { return ValidateSubject(subject) }
+
+// ValidateSubject is ValidateTopic without a publisher.
+func ValidateSubject(subject string) error {
+	if subject == "" {
+		return errors.New("empty NATS subject")
+	}
+	for _, tok := range strings.Split(subject, ".") {
+		if tok == "" {
+			return fmt.Errorf("NATS subject %q has an empty token", subject)
+		}
+		if tok == "*" || tok == ">" {
+			return fmt.Errorf("NATS subject %q holds a wildcard; publish subjects must be literal", subject)
+		}
+		for i := 0; i < len(tok); i++ {
+			if c := tok[i]; c <= ' ' || c == 0x7f {
+				return fmt.Errorf("NATS subject %q holds white space or a control character", subject)
+			}
+		}
+	}
+	return nil
 }
 
 // classify maps NATS errors to the broker package's classes.

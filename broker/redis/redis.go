@@ -12,6 +12,7 @@ import (
 	"fmt"
 	"net"
 	"strings"
+	"unicode/utf8"
 
 	goredis "github.com/redis/go-redis/v9"
 
@@ -78,7 +79,17 @@ func (p *Publisher) Publish(ctx context.Context, msgs []broker.Message) []broker
 			continue
 		}
 		h := make(map[string]string, m.HeaderCount())
-		m.EachHeader(func(k, v string) { h[k] = v })
+		valid := true
+		m.EachHeader(func(k, v string) {
+			h[k] = v
+			valid = valid && utf8.ValidString(k) && utf8.ValidString(v)
+		})
+		if !valid {
+			// JSON would replace the bad bytes: refuse rather than alter the header.
+			res[i].Err = broker.Permanent(errors.New("a header holds invalid UTF-8, which the JSON headers field cannot carry"))
+			hold.Refuse(m.Key, res[i].Err)
+			continue
+		}
 		headers, _ := json.Marshal(h)
 		args := &goredis.XAddArgs{
 			Stream: m.Topic,

@@ -6,9 +6,13 @@
 // as Outbox-Topic.
 //
 // Messages of one key are posted one after another (the next only after a 2xx), keys
-// in parallel. A 2xx acknowledges; 429, 502, 503 and 504 and network errors mean the
-// endpoint is unavailable (no attempt spent); 408 and other 5xx are refusals worth
-// retrying; any other status is a permanent refusal.
+// in parallel. A 2xx acknowledges. A failure belongs to the request that met it: a
+// 408, 429 or 5xx is a refusal of that event, retried on its own schedule (after the
+// Retry-After the endpoint sent, if any) while other keys go on; only when most recent
+// requests failed that way, or the endpoint cannot be reached at all, is the endpoint
+// unavailable (no attempt spent, the relay backs off as a whole). A 3xx is not
+// followed (a signed body is never re-sent elsewhere): the endpoint is taken as
+// unavailable until the URL is fixed. Any other 4xx is a permanent refusal.
 package webhook
 
 import (
@@ -24,9 +28,12 @@ import (
 	"net/http"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/outboxd/outbox/broker"
+	"github.com/outboxd/outbox/internal/redact"
+	"github.com/outboxd/outbox/internal/wire"
 )
 
 // Defaults.
@@ -67,6 +74,37 @@ type Config struct {
 type Publisher struct {
 	cfg    Config
 	secret []byte
+	health *window
+}
+
+// window remembers whether the last requests failed with a 408, 429, 5xx or a
+// network error, to tell a flaky endpoint (a few requests refused: their events are
+// retried) from a failing one (most refused: the whole publisher backs off).
+type window struct {
+	mu     sync.Mutex
+	failed [windowSize]bool
+	n, at  int
+}
+
+const (
+	windowSize = 20
+	windowMin  = 8 // requests seen before the endpoint can be judged down
+)
+
+// record adds one request's outcome and reports whether most recent requests failed.
+func (w *window) record(failed bool) (mostFail bool) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.failed[w.at] = failed
+	w.at = (w.at + 1) % windowSize
+	w.n = min(w.n+1, windowSize)
+	bad := 0
+	for i := 0; i < w.n; i++ {
+		if w.failed[i] {
+			bad++
+		}
+	}
+	return w.n >= windowMin && 2*bad > w.n
 }
 
 // New validates cfg and returns a publisher.
@@ -84,13 +122,19 @@ func New(cfg Config) (*Publisher, error) {
 	if cfg.Client == nil {
 		cfg.Client = &http.Client{Timeout: cfg.Timeout}
 	}
+	// Never follow a redirect: a 302 would turn the POST into a GET without the body
+	// (and count as delivered), a 307 would re-send the signed body wherever Location
+	// says. The 3xx itself is the answer.
+	client := *cfg.Client
+	client.CheckRedirect = func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }
+	cfg.Client = &client
 	if cfg.Concurrency <= 0 {
 		cfg.Concurrency = ConcurrencyDefault
 	}
 	if cfg.Now == nil {
 		cfg.Now = time.Now
 	}
-	return &Publisher{cfg: cfg, secret: secret}, nil
+	return &Publisher{cfg: cfg, secret: secret, health: &window{}}, nil
 }
 
 // DecodeSecret reads a "whsec_<base64>" secret, or takes any other string as raw bytes.
@@ -149,6 +193,16 @@ func (p *Publisher) post(ctx context.Context, m *broker.Message) error {
 	if p.cfg.MaxMessageBytes > 0 && len(m.Payload) > p.cfg.MaxMessageBytes {
 		return broker.Permanent(fmt.Errorf("payload of %d bytes exceeds the limit of %d", len(m.Payload), p.cfg.MaxMessageBytes))
 	}
+	// A header net/http would refuse to send is this event's problem: refuse it here,
+	// where it cannot pass for an unreachable endpoint.
+	if err := broker.CheckHeaders(m); err != nil {
+		return err
+	}
+	for _, v := range []string{m.Key, m.Topic} {
+		if problem := wire.HeaderValueProblem(v); problem != "" {
+			return broker.Permanent(fmt.Errorf("key or topic: %s", problem))
+		}
+	}
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, p.cfg.URL, bytes.NewReader(m.Payload))
 	if err != nil {
 		return broker.Permanent(err)
@@ -170,24 +224,50 @@ func (p *Publisher) post(ctx context.Context, m *broker.Message) error {
 		if ctx.Err() != nil {
 			return ctx.Err()
 		}
+		p.health.record(true)
 		return broker.Unavailable(fmt.Errorf("webhook: %w", err))
 	}
 	_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 64<<10))
 	_ = resp.Body.Close()
-	return classifyStatus(resp.StatusCode)
+	return p.classify(resp)
 }
 
-func classifyStatus(code int) error {
+// classify turns an answer into the event's outcome.
+func (p *Publisher) classify(resp *http.Response) error {
+	code := resp.StatusCode
 	err := fmt.Errorf("webhook: endpoint answered %d %s", code, http.StatusText(code))
 	switch {
 	case code >= 200 && code < 300:
+		p.health.record(false)
 		return nil
-	case code == http.StatusTooManyRequests, code == http.StatusBadGateway, code == http.StatusServiceUnavailable, code == http.StatusGatewayTimeout:
-		return broker.Unavailable(err)
-	case code == http.StatusRequestTimeout, code >= 500:
-		return err // worth retrying; counts an attempt
+	case code >= 300 && code < 400:
+		loc := redact.URL(resp.Header.Get("Location"))
+		return broker.Unavailable(fmt.Errorf("%w: a redirect to %q, which is not followed (configure the final URL)", err, loc))
+	case code == http.StatusTooManyRequests, code == http.StatusRequestTimeout, code >= 500:
+		if p.health.record(true) {
+			return broker.Unavailable(fmt.Errorf("%w (most recent requests failed)", err))
+		}
+		if d := retryAfter(resp.Header.Get("Retry-After"), p.cfg.Now()); d > 0 {
+			return broker.RetryAfter(err, d)
+		}
+		return err // this event is retried on its own schedule; it counts an attempt
 	}
+	p.health.record(false)
 	return broker.Permanent(err)
+}
+
+// retryAfter reads a Retry-After value: seconds, or an HTTP date.
+func retryAfter(v string, now time.Time) time.Duration {
+	if v == "" {
+		return 0
+	}
+	if s, err := strconv.Atoi(strings.TrimSpace(v)); err == nil && s > 0 {
+		return time.Duration(s) * time.Second
+	}
+	if t, err := http.ParseTime(v); err == nil && t.After(now) {
+		return t.Sub(now)
+	}
+	return 0
 }
 
 // Features implements broker.Publisher. Dedup is the receiver's job (by webhook-id).

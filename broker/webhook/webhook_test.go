@@ -6,6 +6,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/http/httptest"
 	"sync"
 	"testing"
 	"time"
@@ -144,8 +145,12 @@ func TestStatusClasses(t *testing.T) {
 		status                 int
 		unavailable, permanent bool
 	}{
-		{503, true, false}, {429, true, false}, {502, true, false},
+		// A 5xx or 429 refuses this event (retried on its own); the endpoint is
+		// unavailable only when most requests fail (TestMostFail).
+		{503, false, false}, {429, false, false}, {502, false, false},
 		{500, false, false}, {408, false, false},
+		// A redirect is not followed: the URL needs fixing, no event is at fault.
+		{302, true, false}, {307, true, false},
 		{400, false, true}, {401, false, true}, {404, false, true}, {413, false, true},
 	} {
 		r.mu.Lock()
@@ -190,5 +195,72 @@ func TestSignatureVector(t *testing.T) {
 	got := webhook.Sign(key, "msg_p5jXN8AQM9LWM0D4loKWxJek", 1614265330, []byte(`{"test": 2432232314}`))
 	if want := "v1,g0hM9SsE+OTPJTGt/tmIKtSyZlE3uFJELVlNIOLJ1OE="; got != want {
 		t.Fatalf("signature %s, want %s", got, want)
+	}
+}
+
+// TestMostFail: a few 5xx answers are the events' own refusals; when most recent
+// requests fail, the endpoint is down and the publisher says so (no attempt spent).
+func TestMostFail(t *testing.T) {
+	r := newReceiver(t)
+	pub, err := webhook.New(webhook.Config{URL: r.url(), Secret: secret})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pub.Close()
+	r.mu.Lock()
+	r.status = 503
+	r.mu.Unlock()
+	var last error
+	for i := range 12 {
+		res := pub.Publish(context.Background(), []broker.Message{{ID: fmt.Sprint(i), Topic: "t", Key: "k", Payload: []byte("{}")}})
+		last = res[0].Err
+		if i < 7 && broker.IsUnavailable(last) {
+			t.Fatalf("request %d: unavailable after %d failures: %v", i, i+1, last)
+		}
+	}
+	if !broker.IsUnavailable(last) {
+		t.Fatalf("after 12 failures in a row: %v, want unavailable", last)
+	}
+}
+
+func TestRetryAfter(t *testing.T) {
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("Retry-After", "7")
+		w.WriteHeader(http.StatusTooManyRequests)
+	}))
+	defer srv.Close()
+	pub, err := webhook.New(webhook.Config{URL: srv.URL, Secret: secret})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pub.Close()
+	res := pub.Publish(context.Background(), []broker.Message{{ID: "a", Topic: "t", Key: "k", Payload: []byte("{}")}})
+	if d := broker.RetryAfterOf(res[0].Err); d != 7*time.Second || broker.IsUnavailable(res[0].Err) {
+		t.Fatalf("429 with Retry-After 7: %v (after %v)", res[0].Err, d)
+	}
+}
+
+// TestUnsendableHeader: an event whose header net/http cannot send (a newline in the
+// aggregate id, a space in a header name) is refused permanently, never taken for an
+// unreachable endpoint; other keys are delivered.
+func TestUnsendableHeader(t *testing.T) {
+	r := newReceiver(t)
+	pub, err := webhook.New(webhook.Config{URL: r.url(), Secret: secret})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pub.Close()
+	res := pub.Publish(context.Background(), []broker.Message{
+		{ID: "a", Topic: "t", Key: "k\n1", AggregateID: "k\n1", Payload: []byte("{}")},
+		{ID: "b", Topic: "t", Key: "k2", Payload: []byte("{}"), Headers: map[string]string{"bad name": "x"}},
+		{ID: "c", Topic: "t", Key: "k3", Payload: []byte("{}")},
+	})
+	for i := range 2 {
+		if !broker.IsPermanent(res[i].Err) {
+			t.Errorf("message %d: %v, want a permanent refusal", i, res[i].Err)
+		}
+	}
+	if res[2].Err != nil {
+		t.Errorf("healthy message: %v", res[2].Err)
 	}
 }

@@ -4,7 +4,7 @@
 //
 // Metrics:
 //
-//	outbox_relay_published_total{topic}            events the broker acknowledged
+//	outbox_relay_published_total{topic}            events the broker acknowledged (at most MaxTopics topics)
 //	outbox_relay_failed_total{topic,reason}        failed publishes: unavailable, refused, permanent, held_back
 //	outbox_relay_commit_to_ack_seconds             write (created_at) to broker acknowledgement
 //	outbox_relay_batch_size                        rows per published batch
@@ -28,6 +28,8 @@ package relayprom
 import (
 	"context"
 	"strconv"
+	"strings"
+	"sync"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -37,8 +39,18 @@ import (
 	"github.com/outboxd/outbox/relay"
 )
 
+// MaxTopics is how many distinct topic label values the metrics keep; later topics
+// are counted under OtherTopic.
+const MaxTopics = 500
+
+// OtherTopic is the topic label of every topic past MaxTopics.
+const OtherTopic = "_other"
+
 // Metrics is a relay.Hooks and a prometheus.Collector. Build it with New.
 type Metrics struct {
+	mu     sync.Mutex
+	topics map[string]struct{} // topic label values in use
+
 	published   *prometheus.CounterVec
 	failed      *prometheus.CounterVec
 	latency     prometheus.Histogram
@@ -80,6 +92,7 @@ func New(reg prometheus.Registerer, store outboxdriver.Store) (*Metrics, error) 
 		scrapeErrors: prometheus.NewCounter(prometheus.CounterOpts{Name: "outbox_status_scrape_errors_total",
 			Help: "Failed reads of the outbox table's status."}),
 		store:       store,
+		topics:      map[string]struct{}{},
 		unpublished: prometheus.NewDesc("outbox_unpublished_events", "Events not yet published.", nil, nil),
 		oldest:      prometheus.NewDesc("outbox_oldest_unpublished_age_seconds", "Age of the oldest unpublished event.", nil, nil),
 		failing:     prometheus.NewDesc("outbox_failing_events", "Unpublished events with at least one failed attempt.", nil, nil),
@@ -131,12 +144,31 @@ func (m *Metrics) BatchPublished(outcomes []relay.Outcome, publishTime time.Dura
 		counts[key{o.Topic, reason}]++
 	}
 	for k, n := range counts {
+		topic := m.topicLabel(k.topic)
 		if k.reason == "" {
-			m.published.WithLabelValues(k.topic).Add(float64(n))
+			m.published.WithLabelValues(topic).Add(float64(n))
 		} else {
-			m.failed.WithLabelValues(k.topic, k.reason).Add(float64(n))
+			m.failed.WithLabelValues(topic, k.reason).Add(float64(n))
 		}
 	}
+}
+
+// topicLabel is the label value for a topic: valid UTF-8 (WithLabelValues panics on
+// anything else, and a topic comes from a row's bytes), and one of at most MaxTopics
+// values: past that, every new topic is counted as OtherTopic, so a table with
+// thousands of aggregate types cannot make thousands of series.
+func (m *Metrics) topicLabel(topic string) string {
+	topic = strings.ToValidUTF8(topic, "\uFFFD")
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if _, ok := m.topics[topic]; ok {
+		return topic
+	}
+	if len(m.topics) >= MaxTopics {
+		return OtherTopic
+	}
+	m.topics[topic] = struct{}{}
+	return topic
 }
 
 // PartitionsOwned implements relay.GroupHooks.

@@ -1,0 +1,57 @@
+// Package wire holds the rules for what a header may carry on every supported broker.
+// The writer refuses what breaks them; the publishers refuse (permanently) what a
+// plain-SQL producer wrote that breaks them. It is a leaf: it imports only the
+// standard library.
+package wire
+
+import "unicode/utf8"
+
+// MaxHeaderNameBytes is the longest header name every broker carries (an AMQP table
+// key is a short string).
+const MaxHeaderNameBytes = 255
+
+// HeaderNameProblem says why name cannot be a header name on every broker ("" when
+// it can): it must be an HTTP token (RFC 9110 tchar: letters, digits and
+// !#$%&'*+-.^_`|~), 1 to MaxHeaderNameBytes bytes. A space, a colon or a control
+// character would break the NATS and HTTP header blocks.
+func HeaderNameProblem(name string) string {
+	if name == "" {
+		return "empty header name"
+	}
+	if len(name) > MaxHeaderNameBytes {
+		return "header name longer than 255 bytes"
+	}
+	for i := 0; i < len(name); i++ {
+		if !isTokenChar(name[i]) {
+			return "header name may hold only letters, digits and !#$%&'*+-.^_`|~"
+		}
+	}
+	return ""
+}
+
+// HeaderValueProblem says why value cannot be a header value on every broker ("" when
+// it can): valid UTF-8 without control characters (a tab is allowed). A newline would
+// end a NATS or HTTP header early and forge the next one.
+func HeaderValueProblem(value string) string {
+	if !utf8.ValidString(value) {
+		return "header value is not valid UTF-8"
+	}
+	for i := 0; i < len(value); i++ {
+		if c := value[i]; (c < ' ' && c != '\t') || c == 0x7f {
+			return "header value holds a control character"
+		}
+	}
+	return ""
+}
+
+func isTokenChar(c byte) bool {
+	switch {
+	case c >= 'a' && c <= 'z', c >= 'A' && c <= 'Z', c >= '0' && c <= '9':
+		return true
+	}
+	switch c {
+	case '!', '#', '$', '%', '&', '\'', '*', '+', '-', '.', '^', '_', '`', '|', '~':
+		return true
+	}
+	return false
+}
