@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"hash/fnv"
 	"regexp"
 	"strings"
 )
@@ -131,6 +132,28 @@ func (t Table) Validate() error {
 
 // String returns schema.name, unquoted.
 func (t Table) String() string { return t.Schema + "." + t.Name }
+
+// MaxIdentifierBytes is PostgreSQL's identifier limit (NAMEDATALEN-1); MySQL's 64
+// is one more. Longer names are silently cut by PostgreSQL, so two derived names
+// could collide.
+const MaxIdentifierBytes = 63
+
+// Derived is the name of an object that belongs to the table (its dead-letter table,
+// an index, a partition): Name+suffix when that fits MaxIdentifierBytes, else the
+// name cut short plus a hash of the whole name, so derived names stay unique and the
+// database never truncates one into another.
+func (t Table) Derived(suffix string) string { return DerivedName(t.Name, suffix) }
+
+// DerivedName is Table.Derived for any base name.
+func DerivedName(base, suffix string) string {
+	if len(base)+len(suffix) <= MaxIdentifierBytes {
+		return base + suffix
+	}
+	h := fnv.New32a()
+	h.Write([]byte(base))
+	keep := max(MaxIdentifierBytes-len(suffix)-9, 0)
+	return fmt.Sprintf("%s_%08x%s", base[:min(keep, len(base))], h.Sum32(), suffix)
+}
 
 // PartitionOf is the partition of an aggregate, as the database computes it (the
 // first 32 bits of md5(aggregatetype, U+001F, aggregateid), modulo partitions).

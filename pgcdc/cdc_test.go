@@ -47,7 +47,7 @@ func setup(t testing.TB, mode outboxdriver.WriteMode) *cdcEnv {
 	if _, err := m.Migrate(context.Background()); err != nil {
 		t.Fatal(err)
 	}
-	e := &cdcEnv{url: url, pool: pool, table: table.WithDefaults(), drv: drv, slot: "outbox_" + schema + "_outbox"}
+	e := &cdcEnv{url: url, pool: pool, table: table.WithDefaults(), drv: drv, slot: pgcdc.DefaultSlot(table)}
 	t.Cleanup(func() { dropSlot(t, pool, e.slot) })
 	return e
 }

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"hash/fnv"
 	"log/slog"
 	"regexp"
 	"strings"
@@ -26,6 +27,9 @@ var (
 	// (wal_status = lost): WAL the relay had not confirmed may have been removed.
 	// docs/cdc.md has the recovery; Config.RecreateSlot performs it.
 	ErrSlotLost = errors.New("replication slot lost")
+	// ErrForeignPublication: the publication named for this table publishes another
+	// table; the relay refuses to start rather than read another table's WAL.
+	ErrForeignPublication = fmt.Errorf("publication of another table: %w", outboxdriver.ErrNeedsOperator)
 	// ErrWALLevel means the server's wal_level is not logical.
 	ErrWALLevel = errors.New("wal_level must be logical for the CDC relay (ALTER SYSTEM SET wal_level = logical, then restart PostgreSQL)")
 )
@@ -38,6 +42,23 @@ const (
 )
 
 var slotNameRE = regexp.MustCompile(`^[a-z0-9_]{1,63}$`)
+
+// DefaultSlot is the slot (and publication) name of a table when none is given:
+// outbox_<schema>_<table> when that names the table unambiguously (a lowercase schema
+// without '_', lowercase table, at most 63 bytes: public.outbox gives
+// outbox_public_outbox), else that name cut short plus a hash of the exact
+// schema-qualified name, so a.b_c and a_b.c (or Outbox and outbox) never share a slot.
+func DefaultSlot(t outboxdriver.Table) string {
+	t = t.WithDefaults()
+	plain := "outbox_" + t.Schema + "_" + t.Name
+	if !strings.Contains(t.Schema, "_") && plain == strings.ToLower(plain) && len(plain) <= outboxdriver.MaxIdentifierBytes {
+		return plain
+	}
+	h := fnv.New32a()
+	h.Write([]byte(t.Schema + "." + t.Name))
+	base := strings.ToLower(plain)
+	return fmt.Sprintf("%s_%08x", base[:min(len(base), outboxdriver.MaxIdentifierBytes-9)], h.Sum32())
+}
 
 // Config configures a Source.
 type Config struct {
@@ -103,7 +124,7 @@ func New(pool *pgxpool.Pool, inner outboxdriver.Store, table outboxdriver.Table,
 		c = *cfg
 	}
 	if c.Slot == "" {
-		c.Slot = strings.ToLower("outbox_" + table.Schema + "_" + table.Name)
+		c.Slot = DefaultSlot(table)
 	}
 	if c.Publication == "" {
 		c.Publication = c.Slot
@@ -134,8 +155,8 @@ func New(pool *pgxpool.Pool, inner outboxdriver.Store, table outboxdriver.Table,
 		qTable: pgx.Identifier{table.Schema, table.Name}.Sanitize(),
 		// The dead letters and the CDC bookkeeping are the migrations' tables
 		// (002 and 003 of the PostgreSQL driver).
-		qDead: pgx.Identifier{table.Schema, table.Name + "_dead"}.Sanitize(),
-		qCDC:  pgx.Identifier{table.Schema, table.Name + "_cdc"}.Sanitize(),
+		qDead: pgx.Identifier{table.Schema, table.Derived("_dead")}.Sanitize(),
+		qCDC:  pgx.Identifier{table.Schema, table.Derived("_cdc")}.Sanitize(),
 	}
 	return s, nil
 }
@@ -433,7 +454,7 @@ func (s *Source) ensurePublication(ctx context.Context) error {
 		return fmt.Errorf("pgcdc: %w", err)
 	}
 	if n > 0 {
-		return nil
+		return s.checkPublication(ctx)
 	}
 	_, err := s.pool.Exec(ctx, `CREATE PUBLICATION `+pgx.Identifier{s.cfg.Publication}.Sanitize()+` FOR TABLE `+s.qTable+
 		` WITH (publish = 'insert', publish_via_partition_root = true)`)
@@ -443,6 +464,40 @@ func (s *Source) ensurePublication(ctx context.Context) error {
 	}
 	if err != nil {
 		return fmt.Errorf("pgcdc: create publication: %w", interpret(err))
+	}
+	return nil
+}
+
+// checkPublication refuses a publication that does not publish this table's inserts,
+// or that publishes another table too: a slot and publication named for another table
+// would have this relay stream (and confirm past) WAL that is not its own, while its
+// own rows were never read.
+func (s *Source) checkPublication(ctx context.Context) error {
+	rows, err := s.pool.Query(ctx, `SELECT schemaname, tablename FROM pg_publication_tables WHERE pubname = $1`, s.cfg.Publication)
+	if err != nil {
+		return fmt.Errorf("pgcdc: %w", err)
+	}
+	var others []string
+	ours := false
+	for rows.Next() {
+		var schema, name string
+		if err := rows.Scan(&schema, &name); err != nil {
+			rows.Close()
+			return fmt.Errorf("pgcdc: %w", err)
+		}
+		if schema == s.table.Schema && (name == s.table.Name || strings.HasPrefix(name, s.table.Name+"_p")) {
+			ours = true
+			continue
+		}
+		others = append(others, schema+"."+name)
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		return fmt.Errorf("pgcdc: %w", err)
+	}
+	if !ours || len(others) > 0 {
+		return fmt.Errorf("%w: publication %q publishes %v, not only %s: it belongs to another table (name this table's slot and publication with --slot/--publication)",
+			ErrForeignPublication, s.cfg.Publication, others, s.table)
 	}
 	return nil
 }

@@ -13,6 +13,7 @@ import (
 
 	"github.com/outboxd/outbox/internal/testenv"
 	"github.com/outboxd/outbox/outboxdriver"
+	"github.com/outboxd/outbox/pgcdc"
 )
 
 // cdcTable migrates an outbox table in a schema of the test's own with `outbox
@@ -22,7 +23,7 @@ func cdcTable(t *testing.T, url string, pool *pgxpool.Pool) (outboxdriver.Table,
 	testenv.LogicalReplication(t, pool)
 	schema := testenv.Schema(t, url)
 	table := outboxdriver.Table{Schema: schema, Name: "outbox"}
-	slot := "outbox_" + schema + "_outbox"
+	slot := pgcdc.DefaultSlot(table)
 	t.Cleanup(func() {
 		if err := testenv.DropSlot(context.Background(), pool, slot); err != nil {
 			t.Error(err)

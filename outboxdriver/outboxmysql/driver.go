@@ -66,7 +66,7 @@ func New(db *sql.DB, table *outboxdriver.Table) *Driver {
 	if t.Schema != "_current" && t.Schema != outboxdriver.DefaultSchema {
 		prefix = quote(t.Schema) + "."
 	}
-	d.q, d.qDead = prefix+quote(t.Name), prefix+quote(t.Name+"_dead")
+	d.q, d.qDead = prefix+quote(t.Name), prefix+quote(t.Derived("_dead"))
 	sum := sha256.Sum256([]byte("outbox relay " + t.String()))
 	d.lock = "outbox:" + hex.EncodeToString(sum[:16])
 	return d
@@ -472,14 +472,14 @@ func (d *Driver) moveDead(ctx context.Context, f *outboxdriver.DeadFilter, repla
 type migrator struct{ d *Driver }
 
 func (m migrator) migrations() ([]migrations.Migration, error) {
-	n := m.d.table.Name
+	t := m.d.table
 	return migrations.Load(migrationFS, map[string]string{
 		"Table":            m.d.q,
 		"DeadTable":        m.d.qDead,
-		"IDIndex":          quote(n + "_id"),
-		"UnpublishedIndex": quote(n + "_unpublished_idx"),
-		"FailingIndex":     quote(n + "_failing_idx"),
-		"DeadHoldIndex":    quote(n + "_dead_holds_idx"),
+		"IDIndex":          quote(t.Derived("_id")),
+		"UnpublishedIndex": quote(t.Derived("_unpublished_idx")),
+		"FailingIndex":     quote(t.Derived("_failing_idx")),
+		"DeadHoldIndex":    quote(t.Derived("_dead_holds_idx")),
 	})
 }
 

@@ -3,6 +3,7 @@ package outboxpgx_test
 import (
 	"context"
 	"fmt"
+	"strings"
 	"testing"
 	"time"
 
@@ -247,5 +248,50 @@ func TestGroupFencing(t *testing.T) {
 	}
 	if st, _ := store.Status(ctx); st.Unpublished != 0 {
 		t.Fatalf("the owner's mark left %d rows", st.Unpublished)
+	}
+}
+
+// TestLongTableNames: valid names up to 63 bytes migrate (plain and partitioned), keep
+// every derived index and table distinct, and take writes with notifications on (the
+// NOTIFY channel fits PostgreSQL's limit): PostgreSQL would otherwise truncate derived
+// names into each other and refuse the channel, failing the caller's transaction.
+func TestLongTableNames(t *testing.T) {
+	url := testenv.DatabaseURL(t)
+	pool := testenv.Pool(t, url)
+	ctx := context.Background()
+	schema := testenv.Schema(t, url)
+	for _, n := range []int{50, 58, 61, 63} {
+		for _, partitioned := range []bool{false, true} {
+			name := fmt.Sprintf("%s%d", strings.Repeat("x", n-3), n)
+			name = name[:n-1] + map[bool]string{true: "p", false: "r"}[partitioned]
+			table := outboxdriver.Table{Schema: schema, Name: name, Partitioned: partitioned}
+			drv := outboxpgx.New(pool, &table)
+			m, _ := drv.Migrator()
+			if _, err := m.Migrate(ctx); err != nil {
+				t.Fatalf("%d bytes, partitioned=%v: migrate: %v", n, partitioned, err)
+			}
+			w, err := outbox.NewWriter(drv, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			tx, err := pool.Begin(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := w.WriteTx(ctx, tx, outbox.Event{AggregateType: "a", AggregateID: "1", Type: "T", Payload: []byte("{}")}); err != nil {
+				t.Fatalf("%d bytes: write: %v", n, err)
+			}
+			if err := tx.Commit(ctx); err != nil {
+				t.Fatalf("%d bytes: commit: %v", n, err)
+			}
+			var indexes int
+			if err := pool.QueryRow(ctx, `SELECT count(*) FROM pg_indexes WHERE schemaname = $1 AND tablename = $2 AND indexname <> $2 || '_pkey'`,
+				schema, name).Scan(&indexes); err != nil {
+				t.Fatal(err)
+			}
+			if want := map[bool]int{false: 3, true: 3}[partitioned]; indexes < want {
+				t.Fatalf("%d bytes, partitioned=%v: %d indexes on the table, want %d distinct ones", n, partitioned, indexes, want)
+			}
+		}
 	}
 }

@@ -114,8 +114,8 @@ func New(db *sql.DB, opts *Options) *Driver {
 		d.err = t.Validate()
 	}
 	d.q = quote(t.Name)
-	d.qLead = quote(t.Name + "_leader")
-	d.qDead = quote(t.Name + "_dead")
+	d.qLead = quote(t.Derived("_leader"))
+	d.qDead = quote(t.Derived("_dead"))
 	return d
 }
 
@@ -498,15 +498,15 @@ type migrator struct{ d *Driver }
 func (m migrator) migrations() ([]migrations.Migration, error) {
 	return migrations.Load(migrationFS, map[string]string{
 		"Table":            m.d.q,
-		"UnpublishedIndex": quote(m.d.table.Name + "_unpublished_idx"),
+		"UnpublishedIndex": quote(m.d.table.Derived("_unpublished_idx")),
 		"LeaderTable":      m.d.qLead,
-		"FailingIndex":     quote(m.d.table.Name + "_failing_idx"),
+		"FailingIndex":     quote(m.d.table.Derived("_failing_idx")),
 		"DeadTable":        m.d.qDead,
-		"DeadHoldIndex":    quote(m.d.table.Name + "_dead_holds_idx"),
+		"DeadHoldIndex":    quote(m.d.table.Derived("_dead_holds_idx")),
 	})
 }
 
-func (m migrator) versionTable() string { return quote(m.d.table.Name + "_migrations") }
+func (m migrator) versionTable() string { return quote(m.d.table.Derived("_migrations")) }
 
 func (m migrator) createVersions() string {
 	return "CREATE TABLE IF NOT EXISTS " + m.versionTable() + " (version INTEGER PRIMARY KEY, applied_at INTEGER NOT NULL)"

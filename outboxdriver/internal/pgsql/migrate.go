@@ -23,22 +23,22 @@ func (s *Statements) Migrations() ([]migrations.Migration, error) {
 	return migrations.Load(migrationFS, map[string]string{
 		"Table":            s.qualified,
 		"PayloadType":      map[bool]string{true: "bytea", false: "jsonb"}[t.Payload == outboxdriver.PayloadBytes],
-		"UnpublishedIndex": pgx.Identifier{t.Name + "_unpublished_idx"}.Sanitize(),
-		"FailingIndex":     pgx.Identifier{t.Name + "_failing_idx"}.Sanitize(),
+		"UnpublishedIndex": pgx.Identifier{t.Derived("_unpublished_idx")}.Sanitize(),
+		"FailingIndex":     pgx.Identifier{t.Derived("_failing_idx")}.Sanitize(),
 		"DeadTable":        s.dead,
-		"DeadHoldIndex":    pgx.Identifier{t.Name + "_dead_holds_idx"}.Sanitize(),
+		"DeadHoldIndex":    pgx.Identifier{t.Derived("_dead_holds_idx")}.Sanitize(),
 		"Partitioned":      map[bool]string{true: "yes"}[t.Partitioned],
-		"DefaultPartition": pgx.Identifier{t.Schema, t.Name + "_default"}.Sanitize(),
+		"DefaultPartition": pgx.Identifier{t.Schema, t.Derived("_default")}.Sanitize(),
 		"CDCTable":         s.cdc,
 		"Partitions":       strconv.Itoa(t.Partitions),
-		"PartitionIndex":   pgx.Identifier{t.Name + "_partition_idx"}.Sanitize(),
+		"PartitionIndex":   pgx.Identifier{t.Derived("_partition_idx")}.Sanitize(),
 		"RelaysTable":      s.relays,
 		"LeasesTable":      s.leases,
 	})
 }
 
 func (s *Statements) versionTable() string {
-	return pgx.Identifier{s.table.Schema, s.table.Name + "_migrations"}.Sanitize()
+	return pgx.Identifier{s.table.Schema, s.table.Derived("_migrations")}.Sanitize()
 }
 
 // Migrator implements outboxdriver.Migrator.

@@ -16,7 +16,14 @@ const PartitionsAhead = 3
 const partitionDay = "20060102"
 
 func (s *Statements) partitionName(day time.Time) string {
-	return s.table.Name + "_p" + day.UTC().Format(partitionDay)
+	return s.partitionPrefix() + day.UTC().Format(partitionDay)
+}
+
+// partitionPrefix is what every daily partition's name starts with (a derived name,
+// so a long table name is cut and hashed the same way for every day).
+func (s *Statements) partitionPrefix() string {
+	n := s.table.Derived("_p" + partitionDay)
+	return n[:len(n)-len(partitionDay)]
 }
 
 // partitionDDL returns the statements creating the daily partitions from now's day
@@ -67,7 +74,7 @@ WHERE i.inhparent = $1::regclass`, s.S.qualified)
 		names = append(names, n)
 	}
 	rows.Close()
-	prefix := s.S.table.Name + "_p"
+	prefix := s.S.partitionPrefix()
 	var dropped int64
 	for _, n := range names {
 		day, err := time.Parse(partitionDay, strings.TrimPrefix(n, prefix))

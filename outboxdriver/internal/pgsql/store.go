@@ -47,7 +47,9 @@ func NewStatements(t outboxdriver.Table) (*Statements, error) {
 	}
 	q := pgx.Identifier{t.Schema, t.Name}.Sanitize()
 	s := &Statements{table: t, qualified: q}
-	s.channelRaw = "outbox." + t.String()
+	// A channel name is an identifier: at most 63 bytes, or NOTIFY fails (and with it
+	// the writer's transaction) while LISTEN silently truncates.
+	s.channelRaw = outboxdriver.DerivedName("outbox."+t.String(), "")
 	s.channel = pgx.Identifier{s.channelRaw}.Sanitize()
 	h := fnv.New64a()
 	h.Write([]byte("outbox relay leadership " + t.String()))
@@ -61,10 +63,10 @@ func NewStatements(t outboxdriver.Table) (*Statements, error) {
 	// multi-row VALUES statement, prepared once per row count; it is what a hand-written
 	// INSERT costs. Larger ones unnest arrays server-side, so one statement text (and
 	// one prepared plan) serves any number of rows.
-	s.dead = pgx.Identifier{t.Schema, t.Name + "_dead"}.Sanitize()
-	s.cdc = pgx.Identifier{t.Schema, t.Name + "_cdc"}.Sanitize()
-	s.relays = pgx.Identifier{t.Schema, t.Name + "_relays"}.Sanitize()
-	s.leases = pgx.Identifier{t.Schema, t.Name + "_leases"}.Sanitize()
+	s.dead = pgx.Identifier{t.Schema, t.Derived("_dead")}.Sanitize()
+	s.cdc = pgx.Identifier{t.Schema, t.Derived("_cdc")}.Sanitize()
+	s.relays = pgx.Identifier{t.Schema, t.Derived("_relays")}.Sanitize()
+	s.leases = pgx.Identifier{t.Schema, t.Derived("_leases")}.Sanitize()
 	s.insertValues = make([]string, maxValuesRows+1)
 	for n := 1; n <= maxValuesRows; n++ {
 		var b strings.Builder
