@@ -88,7 +88,8 @@ func FromHeaders(h map[string]string, payload []byte) Message {
 }
 
 // ErrNoID is returned for a message without an event id: it cannot be deduplicated.
-var ErrNoID = errors.New("inbox: message has no event id")
+// It is permanent: a consumer loop does not redeliver it.
+var ErrNoID = fmt.Errorf("message has no event id: %w", ErrPermanent)
 
 // Dialect is the SQL flavour of a database/sql connection.
 type Dialect string

@@ -1,6 +1,8 @@
 // Package amqpinbox consumes outbox events from RabbitMQ through an inbox: each
 // delivery is handled once in the consumer's transaction, acknowledged only after that
-// transaction committed, and requeued when the handler fails.
+// transaction committed, and requeued after a growing pause when the handler fails
+// (rejected without requeue, so to the queue's dead-letter exchange if it has one,
+// when it fails permanently).
 package amqpinbox
 
 import (
@@ -26,9 +28,11 @@ func Message(d amqp.Delivery) inbox.Message {
 }
 
 // Consume handles deliveries (from Channel.Consume with autoAck false) until ctx ends
-// or the channel closes.
+// or the channel closes. opts may be nil.
 func Consume[TTx any](ctx context.Context, deliveries <-chan amqp.Delivery, ib *inbox.Inbox[TTx], name string,
-	fn func(ctx context.Context, tx TTx, m *inbox.Message) error) error {
+	fn func(ctx context.Context, tx TTx, m *inbox.Message) error, opts *inbox.ConsumeOptions) error {
+	retry := inbox.NewRetrier(opts)
+	failures := 0 // in a row: RabbitMQ does not count deliveries on classic queues
 	for {
 		select {
 		case <-ctx.Done():
@@ -39,9 +43,17 @@ func Consume[TTx any](ctx context.Context, deliveries <-chan amqp.Delivery, ib *
 			}
 			m := Message(d)
 			if _, err := ib.Handle(ctx, name, &m, func(ctx context.Context, tx TTx) error { return fn(ctx, tx, &m) }); err != nil {
+				failures++
+				wait, permanent := retry.Failed(name, &m, failures, err)
+				if permanent {
+					_ = d.Nack(false, false)
+					continue
+				}
+				inbox.Sleep(ctx, wait) // no hot loop: RabbitMQ requeues at once
 				_ = d.Nack(false, true)
 				continue
 			}
+			failures = 0
 			_ = d.Ack(false)
 		}
 	}

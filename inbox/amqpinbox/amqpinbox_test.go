@@ -57,7 +57,7 @@ func TestEndToEnd(t *testing.T) {
 	}
 	cctx, stop := context.WithCancel(ctx)
 	done := make(chan error, 1)
-	go func() { done <- amqpinbox.Consume(cctx, deliveries, env.IB, "billing", env.Handler) }()
+	go func() { done <- amqpinbox.Consume(cctx, deliveries, env.IB, "billing", env.Handler, nil) }()
 	env.Wait(t, "e1", "e2", "e3")
 	stop()
 	if err := <-done; err != nil {

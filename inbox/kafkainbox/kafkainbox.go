@@ -7,7 +7,6 @@ package kafkainbox
 import (
 	"context"
 	"fmt"
-	"time"
 
 	"github.com/twmb/franz-go/pkg/kgo"
 
@@ -28,8 +27,11 @@ func Message(r *kgo.Record) inbox.Message {
 }
 
 // Consume polls cl (a group consumer built with kgo.DisableAutoCommit) until ctx ends.
+// A failing record is retried in place (its partition waits, keeping the order) with
+// a growing pause; a permanent failure is logged and skipped. opts may be nil.
 func Consume[TTx any](ctx context.Context, cl *kgo.Client, ib *inbox.Inbox[TTx], name string,
-	fn func(ctx context.Context, tx TTx, m *inbox.Message) error) error {
+	fn func(ctx context.Context, tx TTx, m *inbox.Message) error, opts *inbox.ConsumeOptions) error {
+	retry := inbox.NewRetrier(opts)
 	for ctx.Err() == nil {
 		fs := cl.PollFetches(ctx)
 		if ctx.Err() != nil {
@@ -44,16 +46,18 @@ func Consume[TTx any](ctx context.Context, cl *kgo.Client, ib *inbox.Inbox[TTx],
 				return
 			}
 			m := Message(r)
-			for backoff := 50 * time.Millisecond; ctx.Err() == nil; backoff = min(2*backoff, 5*time.Second) {
+			for attempt := 1; ctx.Err() == nil; attempt++ {
 				_, err := ib.Handle(ctx, name, &m, func(ctx context.Context, tx TTx) error { return fn(ctx, tx, &m) })
 				if err == nil {
 					done = append(done, r)
 					return
 				}
-				select {
-				case <-ctx.Done():
-				case <-time.After(backoff):
+				wait, permanent := retry.Failed(name, &m, attempt, err)
+				if permanent {
+					done = append(done, r) // skipped: it can never succeed
+					return
 				}
+				inbox.Sleep(ctx, wait)
 			}
 		})
 		if len(done) > 0 {

@@ -50,7 +50,7 @@ func TestEndToEnd(t *testing.T) {
 	defer cl.Close()
 	cctx, stop := context.WithCancel(ctx)
 	done := make(chan error, 1)
-	go func() { done <- kafkainbox.Consume(cctx, cl, env.IB, "billing", env.Handler) }()
+	go func() { done <- kafkainbox.Consume(cctx, cl, env.IB, "billing", env.Handler, nil) }()
 	env.Wait(t, "e1", "e2", "e3")
 	stop()
 	if err := <-done; err != nil {

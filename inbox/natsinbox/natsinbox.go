@@ -1,7 +1,7 @@
 // Package natsinbox consumes outbox events from NATS JetStream through an inbox:
 // each message is handled once in the consumer's transaction, acknowledged only after
-// that transaction committed, and negatively acknowledged (redelivered) when the
-// handler fails.
+// that transaction committed, and negatively acknowledged with a growing delay when
+// the handler fails (terminated, never redelivered, when it fails permanently).
 package natsinbox
 
 import (
@@ -28,9 +28,10 @@ func Message(msg jetstream.Msg) inbox.Message {
 }
 
 // Consume handles messages from cons until ctx ends (then it returns nil). fn runs in
-// the inbox's transaction, only on first delivery.
+// the inbox's transaction, only on first delivery. opts may be nil.
 func Consume[TTx any](ctx context.Context, cons jetstream.Consumer, ib *inbox.Inbox[TTx], name string,
-	fn func(ctx context.Context, tx TTx, m *inbox.Message) error) error {
+	fn func(ctx context.Context, tx TTx, m *inbox.Message) error, opts *inbox.ConsumeOptions) error {
+	retry := inbox.NewRetrier(opts)
 	it, err := cons.Messages()
 	if err != nil {
 		return fmt.Errorf("natsinbox: %w", err)
@@ -47,7 +48,15 @@ func Consume[TTx any](ctx context.Context, cons jetstream.Consumer, ib *inbox.In
 		}
 		m := Message(msg)
 		if _, err := ib.Handle(ctx, name, &m, func(ctx context.Context, tx TTx) error { return fn(ctx, tx, &m) }); err != nil {
-			_ = msg.Nak() // comes again
+			attempt := 1
+			if md, mdErr := msg.Metadata(); mdErr == nil {
+				attempt = int(md.NumDelivered)
+			}
+			if wait, permanent := retry.Failed(name, &m, attempt, err); permanent {
+				_ = msg.Term()
+			} else {
+				_ = msg.NakWithDelay(wait)
+			}
 			continue
 		}
 		_ = msg.Ack()

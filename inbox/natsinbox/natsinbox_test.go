@@ -11,6 +11,7 @@ import (
 
 	"github.com/outboxd/outbox/broker"
 	natspub "github.com/outboxd/outbox/broker/nats"
+	"github.com/outboxd/outbox/inbox"
 	"github.com/outboxd/outbox/inbox/natsinbox"
 	"github.com/outboxd/outbox/internal/inboxtest"
 	"github.com/outboxd/outbox/internal/testenv"
@@ -60,6 +61,14 @@ func TestEndToEnd(t *testing.T) {
 	if _, err := js.PublishMsg(ctx, dup); err != nil {
 		t.Fatal(err)
 	}
+	// A message with no event id can never be deduplicated: terminated, not
+	// redelivered in a loop.
+	noID := nats.NewMsg(prefix + ".order")
+	noID.Header.Set(jetstream.MsgIDHeader, "")
+	noID.Data = []byte(`{}`)
+	if _, err := js.PublishMsg(ctx, noID); err != nil {
+		t.Fatal(err)
+	}
 	env := inboxtest.New(t, "e3") // the only event of its aggregate: a retry is not stale
 	cons, err := stream.CreateOrUpdateConsumer(ctx, jetstream.ConsumerConfig{Durable: "billing", AckPolicy: jetstream.AckExplicitPolicy})
 	if err != nil {
@@ -67,10 +76,20 @@ func TestEndToEnd(t *testing.T) {
 	}
 	cctx, stop := context.WithCancel(ctx)
 	done := make(chan error, 1)
-	go func() { done <- natsinbox.Consume(cctx, cons, env.IB, "billing", env.Handler) }()
+	logs, logger := inboxtest.NewLogCounter()
+	go func() {
+		done <- natsinbox.Consume(cctx, cons, env.IB, "billing", env.Handler, &inbox.ConsumeOptions{Logger: logger})
+	}()
 	env.Wait(t, "e1", "e2", "e3")
+	time.Sleep(300 * time.Millisecond) // a redelivery of the id-less message would show now
 	stop()
 	if err := <-done; err != nil {
 		t.Fatal(err)
+	}
+	if n := logs.Count("inbox: message failed permanently; not redelivered"); n != 1 {
+		t.Fatalf("the id-less message failed permanently %d times, want once (terminated)", n)
+	}
+	if n := logs.Count("inbox: handler failed; the message comes again"); n != 1 {
+		t.Fatalf("%d retried failures logged, want 1 (e3's first delivery)", n)
 	}
 }

@@ -34,8 +34,12 @@ func Message(x goredis.XMessage) inbox.Message {
 
 // Consume reads stream as member consumer of group (created if missing) until ctx
 // ends. Pending entries (a failed handler, a crash before XACK) are retried first.
+// A failing entry stays pending and is read again after a growing pause; a permanent
+// failure is logged and acknowledged (skipped). opts may be nil.
 func Consume[TTx any](ctx context.Context, c goredis.UniversalClient, stream, group, consumer string, ib *inbox.Inbox[TTx],
-	name string, fn func(ctx context.Context, tx TTx, m *inbox.Message) error) error {
+	name string, fn func(ctx context.Context, tx TTx, m *inbox.Message) error, opts *inbox.ConsumeOptions) error {
+	retry := inbox.NewRetrier(opts)
+	failures := 0 // rounds in a row with a failure
 	if err := c.XGroupCreateMkStream(ctx, stream, group, "0").Err(); err != nil && !strings.HasPrefix(err.Error(), "BUSYGROUP") {
 		return fmt.Errorf("redisinbox: create group: %w", err)
 	}
@@ -55,20 +59,28 @@ func Consume[TTx any](ctx context.Context, c goredis.UniversalClient, stream, gr
 			return fmt.Errorf("redisinbox: read: %w", err)
 		}
 		failed := false
+		var wait time.Duration
 		for _, s := range res {
 			for _, x := range s.Messages {
 				m := Message(x)
 				if _, err := ib.Handle(ctx, name, &m, func(ctx context.Context, tx TTx) error { return fn(ctx, tx, &m) }); err != nil {
-					failed = true // stays pending; read again from "0"
-					continue
+					d, permanent := retry.Failed(name, &m, failures+1, err)
+					if !permanent {
+						failed = true // stays pending; read again from "0"
+						wait = max(wait, d)
+						continue
+					}
 				}
 				_ = c.XAck(ctx, stream, group, x.ID).Err()
 			}
 		}
-		// After a failure, go back to the pending entries (after a short pause);
+		// After a failure, go back to the pending entries (after a pause that grows);
 		// when the pending list is drained, read new entries.
 		if failed {
-			time.Sleep(50 * time.Millisecond)
+			failures++
+			inbox.Sleep(ctx, wait)
+		} else {
+			failures = 0
 		}
 		pending = failed || (pending && len(res) > 0 && len(res[0].Messages) > 0)
 	}

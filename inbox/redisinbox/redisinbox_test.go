@@ -46,7 +46,7 @@ func TestEndToEnd(t *testing.T) {
 	cctx, stop := context.WithCancel(ctx)
 	done := make(chan error, 1)
 	go func() {
-		done <- redisinbox.Consume(cctx, c, stream, "billing", "billing-1", env.IB, "billing", env.Handler)
+		done <- redisinbox.Consume(cctx, c, stream, "billing", "billing-1", env.IB, "billing", env.Handler, nil)
 	}()
 	env.Wait(t, "e1", "e2", "e3")
 	stop()

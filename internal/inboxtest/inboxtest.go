@@ -7,6 +7,7 @@ import (
 	"context"
 	"database/sql"
 	"errors"
+	"log/slog"
 	"path/filepath"
 	"sync"
 	"testing"
@@ -106,3 +107,32 @@ func (e *Env) Wait(t *testing.T, ids ...string) {
 		time.Sleep(10 * time.Millisecond)
 	}
 }
+
+// LogCounter is a logger that counts its records by message.
+type LogCounter struct {
+	mu     sync.Mutex
+	counts map[string]int
+}
+
+// NewLogCounter returns a LogCounter and the logger that feeds it.
+func NewLogCounter() (*LogCounter, *slog.Logger) {
+	c := &LogCounter{counts: map[string]int{}}
+	return c, slog.New(c)
+}
+
+// Count is how many records had msg.
+func (c *LogCounter) Count(msg string) int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.counts[msg]
+}
+
+func (c *LogCounter) Enabled(context.Context, slog.Level) bool { return true }
+func (c *LogCounter) Handle(_ context.Context, r slog.Record) error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.counts[r.Message]++
+	return nil
+}
+func (c *LogCounter) WithAttrs([]slog.Attr) slog.Handler { return c }
+func (c *LogCounter) WithGroup(string) slog.Handler      { return c }
