@@ -152,6 +152,11 @@ type DeadLetter struct {
 // ClaimParams configure a claim.
 type ClaimParams struct {
 	Limit int
+	// MaxBytes, when positive, ends the claim once its rows' payloads add up to at
+	// least this many bytes (the first row is always taken): the relay's memory is
+	// bounded by bytes, not only by rows. Rows the query matched past it stay
+	// unpublished; on PostgreSQL and MySQL they stay locked until the claim ends.
+	MaxBytes int
 	// MaxSeq, when positive, claims only rows with seq <= MaxSeq (the CDC relay's
 	// backfill of the rows written before its replication slot). PostgreSQL only:
 	// other drivers return ErrNotSupported when it is set.
@@ -160,6 +165,9 @@ type ClaimParams struct {
 	// write-back applies only while the relay still holds those leases (GroupStore).
 	Group *ClaimGroup
 }
+
+// Enough reports whether a claim holding bytes of payload has reached MaxBytes.
+func (p *ClaimParams) Enough(bytes int) bool { return p.MaxBytes > 0 && bytes >= p.MaxBytes }
 
 // ClaimGroup is what a relay of a group claims under.
 type ClaimGroup struct {

@@ -557,7 +557,7 @@ func (s *Source) Claim(ctx context.Context, p *outboxdriver.ClaimParams) (outbox
 		return nil, outboxdriver.ErrLeadershipLost
 	}
 	if ss.backing.Load() {
-		c, err := s.inner.Claim(ctx, &outboxdriver.ClaimParams{Limit: p.Limit, MaxSeq: ss.until})
+		c, err := s.inner.Claim(ctx, &outboxdriver.ClaimParams{Limit: p.Limit, MaxBytes: p.MaxBytes, MaxSeq: ss.until})
 		if err != nil || len(c.Rows()) > 0 {
 			return c, err
 		}

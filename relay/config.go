@@ -12,6 +12,7 @@ import (
 // Defaults for Config.
 const (
 	BatchSizeDefault    = 1000
+	BatchBytesDefault   = 16 << 20
 	PollIntervalDefault = 500 * time.Millisecond
 	NotifyLingerDefault = 60 * time.Millisecond
 	LeaderRetryDefault  = time.Second
@@ -79,6 +80,10 @@ type Config struct {
 	// NotifyLinger is how soon after a notification-driven pass the relay looks
 	// once more, for writes whose own notification the writer debounced.
 	NotifyLinger time.Duration
+	// MaxBatchBytes bounds a batch by its payloads' size as well: a claim stops once
+	// it holds this many bytes (a larger single event still goes, alone). Zero
+	// means BatchBytesDefault; negative: no bound.
+	MaxBatchBytes int
 	// Delete removes rows once published instead of stamping published_at.
 	Delete bool
 
@@ -158,6 +163,9 @@ func (c *Config) withDefaults() (Config, *broker.Template, error) {
 	}
 	if out.BatchSize == 0 {
 		out.BatchSize = BatchSizeDefault
+	}
+	if out.MaxBatchBytes == 0 {
+		out.MaxBatchBytes = BatchBytesDefault
 	}
 	def(&out.PollInterval, PollIntervalDefault)
 	def(&out.NotifyLinger, NotifyLingerDefault)

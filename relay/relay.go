@@ -226,6 +226,7 @@ type claimResult struct {
 func (r *Relay) startClaim(ctx context.Context, t term) chan claimResult {
 	ch := make(chan claimResult, 1)
 	p := t.claimParams(r.cfg.BatchSize) // taken now: the term may change before the claim runs
+	p.MaxBytes = max(r.cfg.MaxBatchBytes, 0)
 	go func() {
 		c, err := r.store.Claim(ctx, p)
 		ch <- claimResult{c, err}
@@ -312,7 +313,10 @@ func (r *Relay) lead(ctx context.Context, t term) error {
 		}
 		r.stats.claims.Add(1)
 		r.cfg.Failpoint(FailpointAfterClaim)
-		full := len(rows) == r.cfg.BatchSize
+		// A claim cut short by MaxBatchBytes may still lock rows it did not read:
+		// no prefetch past them, and the next claim only after this one's mark.
+		cut := r.cfg.MaxBatchBytes > 0 && payloadBytes(rows) >= r.cfg.MaxBatchBytes
+		full := len(rows) == r.cfg.BatchSize && !cut
 		if full && ctx.Err() == nil {
 			next = r.startClaim(work, t) // prefetch while this batch is on the wire
 		}
@@ -376,6 +380,9 @@ func (r *Relay) lead(ctx context.Context, t term) error {
 			r.log.Debug("relay: batch", "rows", len(rows), "claim_wait", claimWait, "publish", pubTime, "mark", time.Since(markStart))
 		}(cr.claim)
 
+		if cut {
+			markWG.Wait()
+		}
 		if failed == 0 {
 			bo.reset()
 			if !full {
@@ -497,6 +504,14 @@ func ErrorText(s string, n int) string {
 		cut--
 	}
 	return s[:cut]
+}
+
+func payloadBytes(rows []outboxdriver.Row) int {
+	n := 0
+	for i := range rows {
+		n += len(rows[i].Payload)
+	}
+	return n
 }
 
 // releasePending waits for a claim in progress and gives its rows back.

@@ -38,6 +38,7 @@ func runRelay(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	fs.BoolVar(&cdcCfg.RecreateSlot, "recreate-slot", false, "cdc: replace a lost slot and publish every unpublished row still in the table again (docs/cdc.md)")
 	fs.IntVar(&cdcCfg.MaxPending, "max-pending", pgcdc.MaxPendingDefault, "cdc: most events read from the WAL and not yet acknowledged (bounds memory)")
 	batch := fs.Int("batch-size", relay.BatchSizeDefault, "most events claimed and published at once")
+	batchBytes := fs.Int("max-batch-bytes", relay.BatchBytesDefault, "most payload bytes claimed at once (a larger event still goes, alone); -1: no bound")
 	poll := fs.Duration("poll-interval", relay.PollIntervalDefault, "how often to look for events when no notification arrives")
 	del := fs.Bool("delete", false, "delete rows once published instead of marking them")
 	maxAttempts := fs.Int("max-attempts", relay.MaxAttemptsDefault, "refusals before an event moves to the dead letters (a permanent refusal moves it at once)")
@@ -103,6 +104,7 @@ func runRelay(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	}
 	cfg := &relay.Config{
 		BatchSize:           *batch,
+		MaxBatchBytes:       *batchBytes,
 		PollInterval:        *poll,
 		Delete:              *del,
 		MaxAttempts:         *maxAttempts,

@@ -6,6 +6,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"math/rand/v2"
 	"sync"
 	"testing"
@@ -48,6 +49,7 @@ func Run[TTx any](t *testing.T, newHarness NewFunc[TTx]) {
 		{"MissingTable", testMissingTable[TTx]},
 		{"CommitVisibleRollbackNot", testCommitRollback[TTx]},
 		{"ClaimInWriteOrder", testClaimOrder[TTx]},
+		{"ClaimBoundedByBytes", testClaimMaxBytes[TTx]},
 		{"LargeWrite", testLargeWrite[TTx]},
 		{"ClaimSkipsLocked", testSkipLocked[TTx]},
 		{"LateCommitNotSkipped", testLateCommit[TTx]},
@@ -226,6 +228,45 @@ func testClaimOrder[TTx any](t *testing.T, h *Harness[TTx]) {
 	if fmt.Sprint(got) != fmt.Sprint(want) {
 		t.Fatalf("claim order\n got %v\nwant %v", got, want)
 	}
+}
+
+// testClaimMaxBytes: a claim stops once its payloads reach MaxBytes (taking at least
+// one row, however large), and what it left is claimed next, in order.
+func testClaimMaxBytes[TTx any](t *testing.T, h *Harness[TTx]) {
+	var evs []outbox.Event
+	for i := range 6 {
+		ev := event("a", i)
+		ev.Payload = []byte(fmt.Sprintf(`{"n": %d, "pad": %q}`, i, strings.Repeat("x", 1000)))
+		evs = append(evs, ev)
+	}
+	want := writeCommitted(t, h, evs...)
+	s := store(t, h)
+	var got []string
+	for round := 0; len(got) < len(want) && round < 10; round++ {
+		c, err := s.Claim(ctxT(t), &outboxdriver.ClaimParams{Limit: 1000, MaxBytes: 1500})
+		if err != nil {
+			t.Fatal(err)
+		}
+		rows := c.Rows()
+		if len(rows) != 2 {
+			t.Fatalf("claim with MaxBytes 1500 over rows of ~1010 bytes took %d rows, want 2", len(rows))
+		}
+		got = append(got, ids(rows)...)
+		complete(t, c, &outboxdriver.CompleteParams{Published: ids(rows)})
+	}
+	if fmt.Sprint(got) != fmt.Sprint(want) {
+		t.Fatalf("claims bounded by bytes\n got %v\nwant %v", got, want)
+	}
+	big := writeCommitted(t, h, outbox.Event{AggregateType: "order", AggregateID: "b", Type: "Big",
+		Payload: []byte(fmt.Sprintf(`{"pad": %q}`, strings.Repeat("y", 5000)))})
+	c, err := s.Claim(ctxT(t), &outboxdriver.ClaimParams{Limit: 1000, MaxBytes: 100})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rows := c.Rows(); len(rows) != 1 || rows[0].ID != big[0] {
+		t.Fatalf("an event larger than MaxBytes: claimed %v, want it alone", ids(rows))
+	}
+	complete(t, c, &outboxdriver.CompleteParams{Published: ids(c.Rows())})
 }
 
 // testLargeWrite writes more events in one call than a small-write statement holds,

@@ -243,7 +243,8 @@ ORDER BY o.seq LIMIT ? FOR UPDATE SKIP LOCKED`, p.Limit)
 		return nil, interpretError(err)
 	}
 	c := &claim{d: d, tx: tx}
-	for rows.Next() {
+	bytes := 0
+	for !p.Enough(bytes) && rows.Next() {
 		r, err := scanRow(rows)
 		if err != nil {
 			rows.Close()
@@ -251,6 +252,7 @@ ORDER BY o.seq LIMIT ? FOR UPDATE SKIP LOCKED`, p.Limit)
 			return nil, interpretError(err)
 		}
 		c.rows = append(c.rows, r)
+		bytes += len(r.Payload)
 	}
 	rows.Close()
 	if err := rows.Err(); err != nil {

@@ -278,7 +278,8 @@ FROM `+d.q+` AS o WHERE published_at IS NULL AND available_at <= ?
 	}
 	defer rows.Close()
 	c := &claim{d: d}
-	for rows.Next() {
+	bytes := 0
+	for !p.Enough(bytes) && rows.Next() {
 		var (
 			r              outboxdriver.Row
 			payload        []byte
@@ -296,6 +297,7 @@ FROM `+d.q+` AS o WHERE published_at IS NULL AND available_at <= ?
 		r.TraceContext = trace.String
 		r.CreatedAt = time.UnixMilli(created)
 		c.rows = append(c.rows, r)
+		bytes += len(payload)
 	}
 	if err := rows.Err(); err != nil {
 		return nil, interpretError(err)

@@ -323,7 +323,7 @@ func (s *Store) Claim(ctx context.Context, p *outboxdriver.ClaimParams) (outboxd
 		return nil, InterpretError(err)
 	}
 	c := &claim{s: s, tx: tx, group: p.Group}
-	c.rows, err = scanRows(rows)
+	c.rows, err = scanRows(rows, p)
 	if err != nil {
 		_ = tx.Rollback(context.WithoutCancel(ctx))
 		return nil, InterpretError(err)
@@ -339,10 +339,11 @@ func (s *Store) Claim(ctx context.Context, p *outboxdriver.ClaimParams) (outboxd
 	return c, nil
 }
 
-func scanRows(rows Rows) ([]outboxdriver.Row, error) {
+func scanRows(rows Rows, p *outboxdriver.ClaimParams) ([]outboxdriver.Row, error) {
 	defer rows.Close()
 	var out []outboxdriver.Row
-	for rows.Next() {
+	bytes := 0
+	for !p.Enough(bytes) && rows.Next() {
 		var (
 			r       outboxdriver.Row
 			payload []byte
@@ -354,6 +355,7 @@ func scanRows(rows Rows) ([]outboxdriver.Row, error) {
 			return nil, err
 		}
 		r.Payload, r.PayloadNull, r.Partition = payload, payload == nil, int(partition)
+		bytes += len(payload)
 		if headers != nil {
 			r.Headers = outboxdriver.ParseHeaders([]byte(*headers))
 		}
