@@ -171,6 +171,11 @@ var (
 	// ErrUnavailable: the broker could not be reached. Not the message's fault: it
 	// costs no attempt, and the relay backs off the whole publisher.
 	ErrUnavailable = errors.New("broker unavailable")
+	// ErrDeferred: the message's destination is not ready (no such topic, no queue
+	// bound, no stream covering the subject). It is neither the message's fault nor
+	// the connection's: the message is retried on its own growing schedule while
+	// other topics go on, and is never dead-lettered for it.
+	ErrDeferred = errors.New("destination not ready")
 	// ErrHeldBack: the message was not sent because an earlier message of its key in
 	// the same batch was refused; sending it would break the key's order. It costs no
 	// attempt. Publishers that learn of a refusal before sending the rest of the batch
@@ -186,6 +191,12 @@ func Unavailable(err error) error { return fmt.Errorf("%w: %w", ErrUnavailable, 
 
 // IsPermanent reports whether retrying the message cannot succeed.
 func IsPermanent(err error) bool { return errors.Is(err, ErrPermanent) }
+
+// Deferred wraps err as a destination that is not ready.
+func Deferred(err error) error { return fmt.Errorf("%w: %w", ErrDeferred, err) }
+
+// IsDeferred reports whether the message's destination was not ready.
+func IsDeferred(err error) bool { return errors.Is(err, ErrDeferred) }
 
 // IsUnavailable reports whether the failure is the broker's, not the message's.
 func IsUnavailable(err error) bool { return errors.Is(err, ErrUnavailable) }

@@ -443,6 +443,13 @@ func (r *Relay) outcome(rows []outboxdriver.Row, results []broker.Result) (p *ou
 			unavailable = true // not the event's fault
 		case broker.IsHeldBack(res.Err):
 			// waits behind its key's failing event; not its own failure
+		case broker.IsDeferred(res.Err):
+			// Its destination is not ready (no topic, no queue bound): it waits on its
+			// own growing schedule, other topics go on, and it is never dead for it.
+			// Attempts grow the wait but stop short of the limit.
+			attempts := row.Attempts + 1
+			f.CountAttempt = attempts < r.cfg.MaxAttempts
+			f.RetryAt = now.Add(max(r.retryDelay(min(attempts, r.cfg.MaxAttempts)), min(broker.RetryAfterOf(res.Err), r.cfg.RetryMax)))
 		case broker.IsPermanent(res.Err):
 			f.CountAttempt, f.Dead, f.HoldKey = true, true, !r.cfg.FlowPastDeadLetters
 		default:

@@ -128,7 +128,10 @@ func (p *Publisher) ensure() error {
 	return nil
 }
 
-var _ broker.Publisher = (*Publisher)(nil)
+var (
+	_ broker.Publisher      = (*Publisher)(nil)
+	_ broker.TopicValidator = (*Publisher)(nil)
+)
 
 // Publish implements broker.Publisher.
 func (p *Publisher) Publish(ctx context.Context, msgs []broker.Message) []broker.Result {
@@ -151,6 +154,12 @@ func (p *Publisher) Publish(ctx context.Context, msgs []broker.Message) []broker
 			continue
 		}
 		if res[i].Err = hold.Admit(m, len(m.Payload), p.cfg.MaxMessageBytes); res[i].Err != nil {
+			continue
+		}
+		if err := checkShortStrings(m); err != nil {
+			// Sent, it would close the channel and fail the whole batch with it.
+			res[i].Err = broker.Permanent(err)
+			hold.Refuse(m.Key, res[i].Err)
 			continue
 		}
 		headers := amqp.Table{HeaderKey: m.Key}
@@ -188,15 +197,19 @@ func (p *Publisher) Publish(ctx context.Context, msgs []broker.Message) []broker
 		}
 	}
 	// A mandatory message no queue took comes back before its ack.
+returns:
 	for {
 		select {
-		case r := <-p.returns:
+		case r, ok := <-p.returns:
+			if !ok {
+				break returns // the channel closed: the confirms above failed already
+			}
 			for i := range msgs {
 				if msgs[i].ID == r.MessageId && res[i].Err == nil {
 					// The topic's, not the connection's: other topics go on, this
 					// message is retried on its own schedule (and dead-lettered if no
 					// queue is ever bound).
-					res[i].Err = fmt.Errorf("%w %q (%s)", ErrUnroutable, r.RoutingKey, r.ReplyText)
+					res[i].Err = broker.Deferred(fmt.Errorf("%w %q (%s)", ErrUnroutable, r.RoutingKey, r.ReplyText))
 				}
 			}
 			continue
@@ -205,6 +218,38 @@ func (p *Publisher) Publish(ctx context.Context, msgs []broker.Message) []broker
 		break
 	}
 	return res
+}
+
+// checkShortStrings refuses what AMQP carries as a short string (at most 255 bytes):
+// the routing key, message id, type and header names.
+func checkShortStrings(m *broker.Message) error {
+	if err := ValidateTopic(m.Topic); err != nil {
+		return err
+	}
+	if len(m.ID) > 255 || len(m.EventType) > 255 {
+		return errors.New("event id or type longer than 255 bytes (an AMQP short string)")
+	}
+	var long string
+	m.EachHeader(func(k, _ string) {
+		if len(k) > 255 {
+			long = k[:32] + "..."
+		}
+	})
+	if long != "" {
+		return fmt.Errorf("header name %q longer than 255 bytes (an AMQP short string)", long)
+	}
+	return nil
+}
+
+// ValidateTopic implements broker.TopicValidator: a routing key is at most 255 bytes.
+func (p *Publisher) ValidateTopic(topic string) error { return ValidateTopic(topic) }
+
+// ValidateTopic is the method without a publisher.
+func ValidateTopic(topic string) error {
+	if len(topic) > 255 {
+		return fmt.Errorf("routing key of %d bytes: AMQP allows at most 255", len(topic))
+	}
+	return nil
 }
 
 func classify(ctx context.Context, err error) error {

@@ -235,7 +235,7 @@ func classify(ctx context.Context, err error) error {
 	case errors.Is(err, kerr.UnknownTopicOrPartition):
 		// The topic's, not the connection's: other topics go on; this message is
 		// retried on its own schedule (an attempt each time).
-		return fmt.Errorf("%w (create the topic, or let the broker create topics)", err)
+		return broker.Deferred(fmt.Errorf("%w (create the topic, or let the broker create topics)", err))
 	case kerr.IsRetriable(err), errors.Is(err, kgo.ErrRecordTimeout), errors.Is(err, kgo.ErrRecordRetries),
 		errors.Is(err, kgo.ErrClientClosed), errors.Is(err, context.DeadlineExceeded):
 		return broker.Unavailable(err)

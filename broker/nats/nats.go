@@ -178,6 +178,7 @@ func (p *Publisher) Publish(ctx context.Context, msgs []broker.Message) []broker
 	maxPayload := int(p.nc.MaxPayload())
 	var stop error
 	var hold broker.KeyHold
+	deferred := map[string]error{} // subjects with no stream, asked once per batch
 	for i, m := range msgs {
 		if stop == nil {
 			stop = ctx.Err()
@@ -189,10 +190,18 @@ func (p *Publisher) Publish(ctx context.Context, msgs []broker.Message) []broker
 		if res[i].Err = hold.Held(m.Key); res[i].Err != nil {
 			continue
 		}
+		if err := deferred[m.Topic]; err != nil {
+			res[i].Err = err // its subject's stream was missing a moment ago
+			continue
+		}
 		streamMax, err := p.ensureStream(ctx, m.Topic)
 		if err != nil {
 			res[i].Err = err
-			stop = err // connection-level (ensureStream says so): nothing more goes out
+			if broker.IsDeferred(err) {
+				deferred[m.Topic] = err // this subject waits; other subjects go on
+			} else {
+				stop = err // the connection's (ensureStream says so): nothing more goes out
+			}
 			continue
 		}
 		if res[i].Err = broker.CheckHeaders(&m); res[i].Err != nil {
@@ -250,9 +259,9 @@ func (p *Publisher) Publish(ctx context.Context, msgs []broker.Message) []broker
 }
 
 // ensureStream checks once per subject that a stream covers it, and returns that
-// stream's max message size (-1 for none). Every error it returns is the
-// connection's or the configuration's, never a message's: broker.Unavailable (or the
-// context's error).
+// stream's max message size (-1 for none). Its errors are never a message's: a
+// subject no stream covers is broker.Deferred (that subject waits, others go on),
+// anything else broker.Unavailable (or the context's error).
 func (p *Publisher) ensureStream(ctx context.Context, subject string) (int, error) {
 	p.mu.Lock()
 	max, ok := p.covered[subject]
@@ -265,7 +274,7 @@ func (p *Publisher) ensureStream(ctx context.Context, subject string) (int, erro
 		if ctx.Err() != nil {
 			return 0, ctx.Err()
 		}
-		if !broker.IsUnavailable(err) {
+		if !broker.IsUnavailable(err) && !broker.IsDeferred(err) {
 			err = broker.Unavailable(err)
 		}
 		return 0, err
@@ -287,8 +296,8 @@ func (p *Publisher) lookupStream(ctx context.Context, subject string) (int, erro
 			Storage:  jetstream.FileStorage,
 		})
 		if errors.Is(err, jetstream.ErrStreamNameAlreadyInUse) {
-			return 0, fmt.Errorf("subject %q: stream %q exists but does not cover it; it is left unchanged (add the subject to it, or name another stream): %w",
-				subject, p.cfg.StreamName, ErrNoStream)
+			return 0, broker.Deferred(fmt.Errorf("subject %q: stream %q exists but does not cover it; it is left unchanged (add the subject to it, or name another stream): %w",
+				subject, p.cfg.StreamName, ErrNoStream))
 		}
 		if err == nil {
 			name, err = p.js.StreamNameBySubject(ctx, subject)
@@ -297,7 +306,7 @@ func (p *Publisher) lookupStream(ctx context.Context, subject string) (int, erro
 	switch {
 	case errors.Is(err, jetstream.ErrStreamNotFound):
 		// Not the message's fault: it must wait for an operator, not go dead-letter.
-		return 0, fmt.Errorf("subject %q: %w", subject, ErrNoStream)
+		return 0, broker.Deferred(fmt.Errorf("subject %q: %w", subject, ErrNoStream))
 	case err != nil:
 		return 0, fmt.Errorf("subject %q: stream lookup: %w", subject, err)
 	}

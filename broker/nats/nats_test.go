@@ -82,9 +82,65 @@ func TestNoStream(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer pub.Close()
-	res := pub.Publish(ctx, []broker.Message{{ID: "a", Topic: testenv.UniqueName("nostream."), Key: "k", Payload: []byte("{}")}})
-	if !errors.Is(res[0].Err, nats.ErrNoStream) || !broker.IsUnavailable(res[0].Err) {
-		t.Fatalf("err = %v, want ErrNoStream classed unavailable", res[0].Err)
+	// A subject no stream covers is that subject's problem (deferred: it waits on its
+	// own schedule, never dead), not the connection's: a covered subject in the same
+	// batch is published.
+	covered := testenv.UniqueName("covered")
+	nc, err := natsgo.Connect(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	js, _ := jetstream.New(nc)
+	if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: covered, Subjects: []string{covered + ".>"}}); err != nil {
+		t.Fatal(err)
+	}
+	defer js.DeleteStream(context.Background(), covered)
+	res := pub.Publish(ctx, []broker.Message{
+		{ID: "a", Topic: testenv.UniqueName("nostream."), Key: "k", Payload: []byte("{}")},
+		{ID: "b", Topic: covered + ".x", Key: "k2", Payload: []byte("{}")},
+	})
+	if !errors.Is(res[0].Err, nats.ErrNoStream) || !broker.IsDeferred(res[0].Err) || broker.IsUnavailable(res[0].Err) {
+		t.Fatalf("err = %v, want ErrNoStream classed deferred", res[0].Err)
+	}
+	if res[1].Err != nil {
+		t.Fatalf("covered subject in the same batch: %v", res[1].Err)
+	}
+}
+
+// TestCreateStreamLeavesExistingStream: --nats-create-stream never rewrites a stream
+// of that name that does not cover the subject (its subjects and limits are someone's
+// configuration).
+func TestCreateStreamLeavesExistingStream(t *testing.T) {
+	url := testenv.NATSURL(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	name := testenv.UniqueName("EXISTING")
+	nc, err := natsgo.Connect(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	js, _ := jetstream.New(nc)
+	if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: name, Subjects: []string{name + ".own.>"}, MaxAge: time.Hour}); err != nil {
+		t.Fatal(err)
+	}
+	defer js.DeleteStream(context.Background(), name)
+	pub, err := nats.Dial(ctx, url, &nats.Config{CreateStream: true, StreamName: name, StreamSubjects: []string{name + ".other.>"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pub.Close()
+	res := pub.Publish(ctx, []broker.Message{{ID: "a", Topic: name + ".other.x", Key: "k", Payload: []byte("{}")}})
+	if !errors.Is(res[0].Err, nats.ErrNoStream) {
+		t.Fatalf("publish to a subject the existing stream does not cover: %v", res[0].Err)
+	}
+	st, err := js.Stream(ctx, name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cfg := st.CachedInfo().Config; len(cfg.Subjects) != 1 || cfg.Subjects[0] != name+".own.>" || cfg.MaxAge != time.Hour {
+		t.Fatalf("the existing stream was changed: subjects %v, max_age %v", cfg.Subjects, cfg.MaxAge)
 	}
 }
 

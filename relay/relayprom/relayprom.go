@@ -5,7 +5,7 @@
 // Metrics:
 //
 //	outbox_relay_published_total{topic}            events the broker acknowledged (at most MaxTopics topics)
-//	outbox_relay_failed_total{topic,reason}        failed publishes: unavailable, refused, permanent, held_back
+//	outbox_relay_failed_total{topic,reason}        failed publishes: unavailable, refused, permanent, held_back, deferred
 //	outbox_relay_commit_to_ack_seconds             write (created_at) to broker acknowledgement
 //	outbox_relay_batch_size                        rows per published batch
 //	outbox_relay_publish_seconds                   time the broker took for a batch
@@ -79,7 +79,7 @@ func New(reg prometheus.Registerer, store outboxdriver.Store) (*Metrics, error) 
 		published: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "outbox_relay_published_total",
 			Help: "Events the broker acknowledged."}, []string{"topic"}),
 		failed: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "outbox_relay_failed_total",
-			Help: "Failed publishes by reason: unavailable, refused, permanent, held_back."}, []string{"topic", "reason"}),
+			Help: "Failed publishes by reason: unavailable, refused, permanent, held_back, deferred."}, []string{"topic", "reason"}),
 		latency: prometheus.NewHistogram(prometheus.HistogramOpts{Name: "outbox_relay_commit_to_ack_seconds",
 			Help: "Time from the event's write to the broker's acknowledgement.", Buckets: prometheus.ExponentialBuckets(0.001, 2, 16)}),
 		batchSize: prometheus.NewHistogram(prometheus.HistogramOpts{Name: "outbox_relay_batch_size",
@@ -136,6 +136,8 @@ func (m *Metrics) BatchPublished(outcomes []relay.Outcome, publishTime time.Dura
 			reason = "unavailable"
 		case broker.IsHeldBack(o.Err):
 			reason = "held_back"
+		case broker.IsDeferred(o.Err):
+			reason = "deferred"
 		case broker.IsPermanent(o.Err):
 			reason = "permanent"
 		default:

@@ -1,0 +1,300 @@
+package poison_test
+
+import (
+	"bytes"
+	"context"
+	"database/sql"
+	"encoding/json"
+	"io"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+	"unicode/utf8"
+
+	_ "github.com/go-sql-driver/mysql"
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	_ "github.com/jackc/pgx/v5/stdlib"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	amqp091 "github.com/rabbitmq/amqp091-go"
+	goredis "github.com/redis/go-redis/v9"
+	"github.com/twmb/franz-go/pkg/kfake"
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/outboxd/outbox/broker/amqp"
+	"github.com/outboxd/outbox/broker/kafka"
+	"github.com/outboxd/outbox/broker/mqtt"
+	natspub "github.com/outboxd/outbox/broker/nats"
+	"github.com/outboxd/outbox/broker/redis"
+	"github.com/outboxd/outbox/broker/stdout"
+	"github.com/outboxd/outbox/broker/webhook"
+	"github.com/outboxd/outbox/internal/testenv"
+	"github.com/outboxd/outbox/outboxdriver"
+	"github.com/outboxd/outbox/outboxdriver/outboxmysql"
+	"github.com/outboxd/outbox/outboxdriver/outboxsql"
+	"github.com/outboxd/outbox/outboxdriver/outboxsqlite"
+)
+
+func quietLogger() *slog.Logger { return testenv.QuietLogger() }
+
+// utf8Text: valid UTF-8 without NUL, as a PostgreSQL text column takes it.
+func utf8Text(ss ...string) bool {
+	for _, s := range ss {
+		if !utf8.ValidString(s) || strings.IndexByte(s, 0) >= 0 {
+			return false
+		}
+	}
+	return true
+}
+
+func optional(p *string) string {
+	if p == nil {
+		return ""
+	}
+	return *p
+}
+
+func migrate(t *testing.T, m outboxdriver.Migrator, err error) {
+	t.Helper()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := m.Migrate(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func postgres(t *testing.T) *db {
+	url := testenv.DatabaseURL(t)
+	schema := testenv.Schema(t, url)
+	sdb, err := sql.Open("pgx", url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = sdb.Close() })
+	table := outboxdriver.Table{Schema: schema}
+	drv := outboxsql.New(sdb, &table)
+	m, err := drv.Migrator()
+	migrate(t, m, err)
+	store, err := drv.Store()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &db{name: "PostgreSQL", store: store, sql: sdb,
+		insert: "INSERT INTO " + pgx.Identifier{schema, "outbox"}.Sanitize() +
+			" (id, aggregatetype, aggregateid, type, payload, headers, tracingspancontext) VALUES ($1, $2, $3, $4, $5, $6, $7)",
+		accepts: func(r *row) bool {
+			_, idErr := uuid.Parse(r.id)
+			return idErr == nil && utf8Text(r.aggregateType, r.aggregateID, r.typ, optional(r.headers), optional(r.trace)) &&
+				(r.payload == nil || json.Valid(r.payload) && !bytes.Contains(r.payload, []byte(`\u0000`))) &&
+				(r.headers == nil || json.Valid([]byte(*r.headers)) && !strings.Contains(*r.headers, `\u0000`))
+		}}
+}
+
+func mariadb(t *testing.T) *db {
+	dsn := testenv.ServiceURL(t, "TEST_MYSQL_DSN", "root@tcp(127.0.0.1:3306)/test?parseTime=true", "127.0.0.1:3306", "MariaDB")
+	sdb, err := sql.Open("mysql", dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	name := testenv.UniqueName("poison_")
+	t.Cleanup(func() {
+		for _, tbl := range []string{name, name + "_dead", name + "_migrations"} {
+			_, _ = sdb.ExecContext(context.Background(), "DROP TABLE IF EXISTS `"+tbl+"`")
+		}
+		_ = sdb.Close()
+	})
+	drv := outboxmysql.New(sdb, &outboxdriver.Table{Name: name, Payload: outboxdriver.PayloadBytes})
+	m, err := drv.Migrator()
+	migrate(t, m, err)
+	store, err := drv.Store()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &db{name: "MariaDB", store: store, sql: sdb,
+		insert: "INSERT INTO `" + name + "` (id, aggregatetype, aggregateid, type, payload, headers, tracingspancontext) VALUES (?, ?, ?, ?, ?, ?, ?)",
+		accepts: func(r *row) bool {
+			return utf8.ValidString(r.aggregateType+r.aggregateID+r.typ+optional(r.headers)+optional(r.trace)) &&
+				utf8.RuneCountInString(r.aggregateType) <= 255 && utf8.RuneCountInString(r.typ) <= 255 &&
+				utf8.RuneCountInString(r.aggregateID) <= 1024
+		}}
+}
+
+func sqlite(t *testing.T) *db {
+	sdb, err := outboxsqlite.Open(filepath.Join(t.TempDir(), "outbox.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = sdb.Close() })
+	drv := outboxsqlite.New(sdb, &outboxsqlite.Options{Table: outboxdriver.Table{Payload: outboxdriver.PayloadBytes}})
+	m, err := drv.Migrator()
+	migrate(t, m, err)
+	store, err := drv.Store()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &db{name: "SQLite", store: store, sql: sdb,
+		insert:  "INSERT INTO outbox (id, aggregatetype, aggregateid, type, payload, headers, tracingspancontext) VALUES (?, ?, ?, ?, ?, ?, ?)",
+		accepts: func(*row) bool { return true }}
+}
+
+func natsPub(t *testing.T) *pub {
+	url := testenv.NATSURL(t)
+	ctx := context.Background()
+	prefix := testenv.UniqueName("poison")
+	nc, err := nats.Connect(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	js, _ := jetstream.New(nc)
+	if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: prefix, Subjects: []string{prefix + ".>"}, Storage: jetstream.MemoryStorage}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = js.DeleteStream(context.Background(), prefix) })
+	p, err := natspub.Dial(ctx, url, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = p.Close() })
+	return &pub{name: "NATS", p: p, template: prefix + ".${aggregatetype}"}
+}
+
+func amqpPub(t *testing.T) *pub {
+	url := testenv.ServiceURL(t, "TEST_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/", "127.0.0.1:5672", "RabbitMQ")
+	exchange := testenv.UniqueName("poison.")
+	p, err := amqp.New(context.Background(), amqp.Config{URL: url, Exchange: exchange})
+	if err != nil {
+		t.Fatal(err)
+	}
+	conn, err := amqp091.Dial(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ch, _ := conn.Channel()
+	q, err := ch.QueueDeclare("", false, true, true, false, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := ch.QueueBind(q.Name, "#", exchange, false, nil); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		_ = p.Close()
+		_ = ch.ExchangeDelete(exchange, false, false)
+		_ = conn.Close()
+	})
+	return &pub{name: "RabbitMQ", p: p, template: "outbox.event.${aggregatetype}"}
+}
+
+func redisPub(t *testing.T) *pub {
+	url := testenv.ServiceURL(t, "TEST_REDIS_URL", "redis://127.0.0.1:6379/0", "127.0.0.1:6379", "Redis")
+	prefix := testenv.UniqueName("poison:")
+	p, err := redis.Dial(context.Background(), url, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		_ = p.Close()
+		opt, _ := goredis.ParseURL(url)
+		c := goredis.NewClient(opt)
+		defer c.Close()
+		ctx := context.Background()
+		keys, _ := c.Keys(ctx, prefix+"*").Result()
+		for _, k := range keys {
+			_ = c.Del(ctx, k).Err()
+		}
+	})
+	return &pub{name: "Redis", p: p, template: prefix + "${aggregatetype}"}
+}
+
+func mqttPub(t *testing.T) *pub {
+	url := testenv.ServiceURL(t, "TEST_MQTT_URL", "mqtt://127.0.0.1:1883", "127.0.0.1:1883", "Mosquitto")
+	p, err := mqtt.New(context.Background(), mqtt.Config{URL: url})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = p.Close() })
+	return &pub{name: "MQTT", p: p, template: testenv.UniqueName("poison") + "/${aggregatetype}"}
+}
+
+func kafkaPub(t *testing.T) *pub {
+	cluster, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.AllowAutoTopicCreation())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(cluster.Close)
+	p, err := kafka.Dial(context.Background(), "kafka://"+strings.Join(cluster.ListenAddrs(), ","), nil, kgo.AllowAutoTopicCreation())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = p.Close() })
+	return &pub{name: "Kafka (kfake)", p: p, template: "outbox.event.${aggregatetype}"}
+}
+
+func stdoutPub(*testing.T) *pub {
+	return &pub{name: "stdout", p: stdout.New(io.Discard), template: "outbox.event.${aggregatetype}"}
+}
+
+// webhookPub posts to a receiver of the test's own that checks every signature and
+// keeps every body by event id.
+func webhookPub(t *testing.T) *pub {
+	const secret = "whsec_cG9pc29uLXN1aXRl"
+	key, _ := webhook.DecodeSecret(secret)
+	var mu sync.Mutex
+	got := map[string][]byte{}
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
+		body, _ := io.ReadAll(req.Body)
+		if err := webhook.Verify(key, req.Header, body, timeNow(), fiveMinutes); err != nil {
+			http.Error(w, err.Error(), http.StatusUnauthorized)
+			return
+		}
+		mu.Lock()
+		got[req.Header.Get(webhook.HeaderID)] = body
+		mu.Unlock()
+	}))
+	t.Cleanup(srv.Close)
+	p, err := webhook.New(webhook.Config{URL: srv.URL, Secret: secret})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = p.Close() })
+	return &pub{name: "webhook", p: p, template: "outbox.event.${aggregatetype}", received: func() map[string][]byte {
+		mu.Lock()
+		defer mu.Unlock()
+		out := make(map[string][]byte, len(got))
+		for k, v := range got {
+			out[k] = v
+		}
+		return out
+	}}
+}
+
+// TestPoisonEveryBroker: PostgreSQL to each broker.
+func TestPoisonEveryBroker(t *testing.T) {
+	for _, mk := range []func(*testing.T) *pub{natsPub, amqpPub, redisPub, mqttPub, kafkaPub, webhookPub, stdoutPub} {
+		p := mk(t)
+		t.Run(p.name, func(t *testing.T) { run(t, postgres(t), p) })
+	}
+}
+
+// TestPoisonEveryDriver: each other database to NATS and to the webhook (the brokers
+// with the strictest headers).
+func TestPoisonEveryDriver(t *testing.T) {
+	for _, mkDB := range []func(*testing.T) *db{mariadb, sqlite} {
+		for _, mk := range []func(*testing.T) *pub{natsPub, webhookPub} {
+			d, p := mkDB(t), mk(t)
+			t.Run(d.name+"/"+p.name, func(t *testing.T) { run(t, d, p) })
+		}
+	}
+}
+
+const fiveMinutes = 5 * time.Minute
+
+func timeNow() time.Time { return time.Now() }
