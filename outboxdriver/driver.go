@@ -106,7 +106,7 @@ type Store interface {
 	Claim(ctx context.Context, params *ClaimParams) (Claim, error)
 	// AcquireLeadership tries once to become the single active relay for the table.
 	// It returns (nil, nil) when another relay holds it.
-	AcquireLeadership(ctx context.Context) (Leadership, error)
+	AcquireLeadership(ctx context.Context, params *LeadershipParams) (Leadership, error)
 	// Listen subscribes to the writer's wake-up notifications, or returns
 	// ErrNotSupported.
 	Listen(ctx context.Context) (Listener, error)
@@ -149,6 +149,22 @@ type DeadLetter struct {
 	HoldsKey bool // later events of its aggregate wait until it is replayed or purged
 }
 
+// LeadershipParams configure a leadership.
+type LeadershipParams struct {
+	// Timeout is how long the database keeps the leadership of a holder that shows
+	// no sign of life (a paused process, a cut network, a half-open connection):
+	// past it, the database itself ends the holder's session and the lock is free
+	// for a standby. The holder proves it is alive by calling Check well within it.
+	// Zero: the driver's default, which may be unbounded (see each driver).
+	Timeout time.Duration
+}
+
+// LeaseBound is implemented by a Leadership whose bound is its own rather than
+// LeadershipParams.Timeout (SQLite's lease TTL): the relay fences itself by it.
+type LeaseBound interface {
+	Bound() time.Duration
+}
+
 // ClaimParams configure a claim.
 type ClaimParams struct {
 	Limit int
@@ -157,6 +173,10 @@ type ClaimParams struct {
 	// bounded by bytes, not only by rows. Rows the query matched past it stay
 	// unpublished; on PostgreSQL and MySQL they stay locked until the claim ends.
 	MaxBytes int
+	// HoldTimeout, when positive, is how long the claim's transaction may sit idle
+	// before the database ends its session and its row locks go (a paused or cut-off
+	// relay cannot hold rows past its leadership).
+	HoldTimeout time.Duration
 	// MaxSeq, when positive, claims only rows with seq <= MaxSeq (the CDC relay's
 	// backfill of the rows written before its replication slot). PostgreSQL only:
 	// other drivers return ErrNotSupported when it is set.
@@ -173,9 +193,6 @@ func (p *ClaimParams) Enough(bytes int) bool { return p.MaxBytes > 0 && bytes >=
 type ClaimGroup struct {
 	RelayID string
 	Leases  []Lease
-	// TTL bounds how long the claim's transaction may sit idle (a paused relay's
-	// session is ended by the database, so its row locks go).
-	TTL time.Duration
 }
 
 // GroupStore lets several relays run at once, each owning some of the table's

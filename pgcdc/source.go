@@ -8,6 +8,7 @@ import (
 	"hash/fnv"
 	"log/slog"
 	"regexp"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -203,13 +204,21 @@ type session struct {
 }
 
 // AcquireLeadership implements outboxdriver.Store: the table's relay lock (so a poll
-// relay and a CDC relay never run at once), then the slot. A standby retries.
-func (s *Source) AcquireLeadership(ctx context.Context) (outboxdriver.Leadership, error) {
-	lead, err := s.inner.AcquireLeadership(ctx)
+// relay and a CDC relay never run at once), then the slot. A standby retries. With
+// params.Timeout, the replication connection also runs with that
+// wal_sender_timeout: PostgreSQL ends the stream of a relay that stopped sending
+// status updates (paused, cut off), so the slot is free for the standby as soon as
+// the table lock is.
+func (s *Source) AcquireLeadership(ctx context.Context, params *outboxdriver.LeadershipParams) (outboxdriver.Leadership, error) {
+	lead, err := s.inner.AcquireLeadership(ctx, params)
 	if err != nil || lead == nil {
 		return nil, err
 	}
-	sess, err := s.start(ctx, lead)
+	var timeout time.Duration
+	if params != nil {
+		timeout = params.Timeout
+	}
+	sess, err := s.start(ctx, lead, timeout)
 	if err != nil || sess == nil {
 		_ = lead.Release(context.WithoutCancel(ctx))
 		return nil, err
@@ -246,7 +255,7 @@ func (s *Source) slotInfo(ctx context.Context) (slotInfo, error) {
 
 // start prepares the publication and the slot and starts streaming. It returns nil
 // when another session streams from the slot.
-func (s *Source) start(ctx context.Context, lead outboxdriver.Leadership) (*session, error) {
+func (s *Source) start(ctx context.Context, lead outboxdriver.Leadership, timeout time.Duration) (*session, error) {
 	if err := s.checkServer(ctx); err != nil {
 		return nil, err
 	}
@@ -277,7 +286,7 @@ func (s *Source) start(ctx context.Context, lead outboxdriver.Leadership) (*sess
 			"recover with `outbox relay --mode cdc --recreate-slot` (docs/cdc.md)", ErrSlotLost, outboxdriver.ErrNeedsOperator, s.cfg.Slot, map[bool]string{true: si.walStatus, false: "dropped"}[si.exists])
 	}
 
-	conn, err := s.connect(ctx)
+	conn, err := s.connect(ctx, timeout)
 	if err != nil {
 		return nil, err
 	}
@@ -377,7 +386,7 @@ func (s *Source) Init(ctx context.Context) error {
 	if err != nil || si.exists {
 		return err
 	}
-	conn, err := s.connect(ctx)
+	conn, err := s.connect(ctx, 0)
 	if err != nil {
 		return err
 	}
@@ -407,13 +416,16 @@ func (s *Source) checkServer(ctx context.Context) error {
 	return nil
 }
 
-func (s *Source) connect(ctx context.Context) (*pgconn.PgConn, error) {
+func (s *Source) connect(ctx context.Context, walSenderTimeout time.Duration) (*pgconn.PgConn, error) {
 	rcfg := s.pool.Config().ConnConfig.Config.Copy()
 	if rcfg.RuntimeParams == nil {
 		rcfg.RuntimeParams = map[string]string{}
 	}
 	rcfg.RuntimeParams["replication"] = "database"
 	rcfg.RuntimeParams["application_name"] = "outbox relay (cdc)"
+	if walSenderTimeout > 0 {
+		rcfg.RuntimeParams["wal_sender_timeout"] = strconv.FormatInt(walSenderTimeout.Milliseconds(), 10)
+	}
 	conn, err := pgconn.ConnectConfig(ctx, rcfg)
 	if err != nil {
 		return nil, fmt.Errorf("pgcdc: replication connection: %w", err)

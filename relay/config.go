@@ -11,21 +11,22 @@ import (
 
 // Defaults for Config.
 const (
-	BatchSizeDefault    = 1000
-	BatchBytesDefault   = 16 << 20
-	PollIntervalDefault = 500 * time.Millisecond
-	NotifyLingerDefault = 60 * time.Millisecond
-	LeaderRetryDefault  = time.Second
-	LeaderCheckDefault  = time.Second
-	BackoffMinDefault   = 100 * time.Millisecond
-	BackoffMaxDefault   = 30 * time.Second
-	DrainTimeoutDefault = 30 * time.Second
-	MaxAttemptsDefault  = 10
-	RetryMinDefault     = time.Second
-	RetryMaxDefault     = 5 * time.Minute
-	RetentionDefault    = 7 * 24 * time.Hour
-	CleanupEveryDefault = time.Minute
-	CleanupBatchDefault = 1000
+	BatchSizeDefault     = 1000
+	BatchBytesDefault    = 16 << 20
+	PollIntervalDefault  = 500 * time.Millisecond
+	NotifyLingerDefault  = 60 * time.Millisecond
+	LeaderRetryDefault   = time.Second
+	LeaderCheckDefault   = time.Second
+	LeaderTimeoutDefault = 10 * time.Second
+	BackoffMinDefault    = 100 * time.Millisecond
+	BackoffMaxDefault    = 30 * time.Second
+	DrainTimeoutDefault  = 30 * time.Second
+	MaxAttemptsDefault   = 10
+	RetryMinDefault      = time.Second
+	RetryMaxDefault      = 5 * time.Minute
+	RetentionDefault     = 7 * 24 * time.Hour
+	CleanupEveryDefault  = time.Minute
+	CleanupBatchDefault  = 1000
 )
 
 // Failpoints named by Config.Failpoint.
@@ -92,8 +93,17 @@ type Config struct {
 	TopicTemplate string
 	// LeaderRetry is how often a standby tries to become the active relay.
 	LeaderRetry time.Duration
-	// LeaderCheck is how often the active relay checks it still leads.
+	// LeaderCheck is how often the active relay checks it still leads (its heartbeat;
+	// at most a quarter of LeaderTimeout).
 	LeaderCheck time.Duration
+	// LeaderTimeout bounds how long the database keeps the leadership of an active
+	// relay that stopped proving it is alive (paused, cut off, half-open connection):
+	// PostgreSQL ends its session (idle_session_timeout, TCP keepalives and
+	// tcp_user_timeout; wal_sender_timeout for CDC), MySQL its wait_timeout, and a
+	// standby takes over. The relay stops publishing on its own after three quarters
+	// of it without a heartbeat. Every database call of the relay has it as a
+	// deadline. Default LeaderTimeoutDefault. (SQLite's lease TTL plays this part.)
+	LeaderTimeout time.Duration
 	// BackoffMin and BackoffMax bound the exponential backoff (with jitter) after a
 	// failed pass.
 	BackoffMin, BackoffMax time.Duration
@@ -171,6 +181,7 @@ func (c *Config) withDefaults() (Config, *broker.Template, error) {
 	def(&out.NotifyLinger, NotifyLingerDefault)
 	def(&out.LeaderRetry, LeaderRetryDefault)
 	def(&out.LeaderCheck, LeaderCheckDefault)
+	def(&out.LeaderTimeout, LeaderTimeoutDefault)
 	def(&out.BackoffMin, BackoffMinDefault)
 	def(&out.BackoffMax, BackoffMaxDefault)
 	def(&out.DrainTimeout, DrainTimeoutDefault)
@@ -209,6 +220,8 @@ func (c *Config) withDefaults() (Config, *broker.Template, error) {
 		return out, nil, fmt.Errorf("relay: BatchSize must be 1..100000, got %d", out.BatchSize)
 	case out.PollInterval < 0, out.NotifyLinger < 0, out.LeaderRetry < 0, out.LeaderCheck < 0, out.DrainTimeout < 0:
 		return out, nil, fmt.Errorf("relay: durations must not be negative")
+	case out.LeaderTimeout < 400*time.Millisecond:
+		return out, nil, fmt.Errorf("relay: LeaderTimeout must be at least 400ms, got %v", out.LeaderTimeout)
 	case out.CleanupEvery < 0 || out.CleanupBatch < 1:
 		return out, nil, fmt.Errorf("relay: CleanupEvery must not be negative and CleanupBatch must be positive")
 	case out.MaxAttempts < 1:

@@ -26,22 +26,6 @@ type term interface {
 	publishable(rows []outboxdriver.Row) bool
 }
 
-// singleTerm is the single active relay's: a table lock, checked now and then.
-type singleTerm struct {
-	lead  outboxdriver.Leadership
-	every time.Duration
-}
-
-func (t singleTerm) check(ctx context.Context) error { return t.lead.Check(ctx) }
-func (t singleTerm) interval() time.Duration         { return t.every }
-func (singleTerm) quiet() bool                       { return false }
-func (singleTerm) publishable([]outboxdriver.Row) bool {
-	return true
-}
-func (singleTerm) claimParams(limit int) *outboxdriver.ClaimParams {
-	return &outboxdriver.ClaimParams{Limit: limit}
-}
-
 // groupTerm is a group member's: the partitions assigned to it, leased with epochs.
 type groupTerm struct {
 	r      *Relay
@@ -62,7 +46,7 @@ func (g *groupTerm) claimParams(limit int) *outboxdriver.ClaimParams {
 	for _, l := range g.ready {
 		leases = append(leases, l)
 	}
-	return &outboxdriver.ClaimParams{Limit: limit, Group: &outboxdriver.ClaimGroup{RelayID: g.id, Leases: leases, TTL: g.ttl}}
+	return &outboxdriver.ClaimParams{Limit: limit, HoldTimeout: g.ttl, Group: &outboxdriver.ClaimGroup{RelayID: g.id, Leases: leases}}
 }
 
 func (g *groupTerm) publishable(rows []outboxdriver.Row) bool {

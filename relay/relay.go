@@ -162,7 +162,10 @@ func (r *Relay) Run(ctx context.Context) error {
 	}
 	bo := r.newBackoff()
 	for ctx.Err() == nil {
-		lead, err := r.store.AcquireLeadership(ctx)
+		acquired := time.Now()
+		actx, cancel := r.dbCtx(ctx)
+		lead, err := r.store.AcquireLeadership(actx, &outboxdriver.LeadershipParams{Timeout: r.cfg.LeaderTimeout})
+		cancel()
 		if err != nil {
 			if ctx.Err() != nil {
 				break
@@ -183,7 +186,16 @@ func (r *Relay) Run(ctx context.Context) error {
 		r.log.Info("relay: active", "table_lock", "acquired")
 		r.stats.leader.Store(true)
 		r.hook("LeaderChanged", func(h Hooks) { h.LeaderChanged(true) })
-		err = r.lead(ctx, singleTerm{lead, r.cfg.LeaderCheck})
+		t := newSingleTerm(lead, r.cfg.LeaderTimeout, r.cfg.LeaderCheck, acquired)
+		termCtx, endTerm := context.WithCancel(ctx)
+		hbDone := make(chan struct{})
+		go func() { defer close(hbDone); t.heartbeat(termCtx, r.log, endTerm) }()
+		err = r.lead(termCtx, t)
+		endTerm()
+		<-hbDone
+		if err == nil && ctx.Err() == nil {
+			err = t.check(ctx) // the heartbeat ended the term
+		}
 		r.stats.leader.Store(false)
 		r.hook("LeaderChanged", func(h Hooks) { h.LeaderChanged(false) })
 		r.releaseLock(ctx, lead)
@@ -228,7 +240,9 @@ func (r *Relay) startClaim(ctx context.Context, t term) chan claimResult {
 	p := t.claimParams(r.cfg.BatchSize) // taken now: the term may change before the claim runs
 	p.MaxBytes = max(r.cfg.MaxBatchBytes, 0)
 	go func() {
-		c, err := r.store.Claim(ctx, p)
+		cctx, cancel := r.dbCtx(ctx)
+		defer cancel()
+		c, err := r.store.Claim(cctx, p)
 		ch <- claimResult{c, err}
 	}()
 	return ch
@@ -324,7 +338,9 @@ func (r *Relay) lead(ctx context.Context, t term) error {
 			// A lease ran out (a pause, a slow database): another relay may own these
 			// rows now. Publish nothing; check the term again first.
 			r.log.Warn("relay: partition lease expired before publishing; batch given back", "rows", len(rows))
-			_ = cr.claim.Release(work)
+			rctx, cancel := r.dbCtx(work)
+			_ = cr.claim.Release(rctx)
+			cancel()
 			r.releasePending(work, next)
 			next, lastCheck = nil, time.Time{}
 			continue
@@ -373,7 +389,9 @@ func (r *Relay) lead(ctx context.Context, t term) error {
 		go func(c outboxdriver.Claim) {
 			defer markWG.Done()
 			markStart := time.Now()
-			if err := c.Complete(work, params); err != nil {
+			mctx, cancel := r.dbCtx(work)
+			defer cancel()
+			if err := c.Complete(mctx, params); err != nil {
 				// The rows stay unpublished and are sent again: a duplicate, never a loss.
 				r.log.Error("relay: marking published rows failed; they will be published again", "rows", len(params.Published), "err", err)
 			}
@@ -528,8 +546,16 @@ func (r *Relay) releasePending(ctx context.Context, next chan claimResult) {
 	}
 	cr := <-next
 	if cr.err == nil {
-		_ = cr.claim.Release(ctx)
+		rctx, cancel := r.dbCtx(ctx)
+		defer cancel()
+		_ = cr.claim.Release(rctx)
 	}
+}
+
+// dbCtx bounds one database call by LeaderTimeout: a dead socket is an error within
+// the leadership bound, never a hang.
+func (r *Relay) dbCtx(ctx context.Context) (context.Context, context.CancelFunc) {
+	return context.WithTimeout(ctx, r.cfg.LeaderTimeout)
 }
 
 // waitFor waits d, or until a wake-up or ctx ends. It reports whether a wake-up came.
@@ -560,7 +586,9 @@ func (r *Relay) cleanup(ctx context.Context) {
 	defer t.Stop()
 	for {
 		for ctx.Err() == nil {
-			n, err := r.store.Cleanup(ctx, &outboxdriver.CleanupParams{Before: time.Now().Add(-r.cfg.Retention), Limit: r.cfg.CleanupBatch})
+			cctx, cancel := r.dbCtx(ctx)
+			n, err := r.store.Cleanup(cctx, &outboxdriver.CleanupParams{Before: time.Now().Add(-r.cfg.Retention), Limit: r.cfg.CleanupBatch})
+			cancel()
 			if err != nil {
 				if ctx.Err() == nil {
 					r.log.Warn("relay: cleanup failed", "err", err)
@@ -586,7 +614,9 @@ func (r *Relay) cleanup(ctx context.Context) {
 func (r *Relay) listen(ctx context.Context, wake chan<- struct{}) {
 	bo := r.newBackoff()
 	for ctx.Err() == nil {
-		l, err := r.store.Listen(ctx)
+		lctx, cancel := r.dbCtx(ctx)
+		l, err := r.store.Listen(lctx)
+		cancel()
 		if errors.Is(err, outboxdriver.ErrNotSupported) {
 			return
 		}
@@ -599,8 +629,14 @@ func (r *Relay) listen(ctx context.Context, wake chan<- struct{}) {
 		}
 		bo.reset()
 		for {
-			if err := l.Wait(ctx); err != nil {
-				if ctx.Err() == nil {
+			// A listening session that stays silent for a whole LeaderTimeout is
+			// listened again: a half-open connection would otherwise wait for ever
+			// (the poll interval still covers what it misses).
+			wctx, cancel := r.dbCtx(ctx)
+			err := l.Wait(wctx)
+			cancel()
+			if err != nil {
+				if ctx.Err() == nil && !errors.Is(err, context.DeadlineExceeded) {
 					r.log.Warn("relay: notification listener lost; reconnecting", "err", err)
 				}
 				break

@@ -38,6 +38,7 @@ func runRelay(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	fs.BoolVar(&cdcCfg.RecreateSlot, "recreate-slot", false, "cdc: replace a lost slot and publish every unpublished row still in the table again (docs/cdc.md)")
 	fs.IntVar(&cdcCfg.MaxPending, "max-pending", pgcdc.MaxPendingDefault, "cdc: most events read from the WAL and not yet acknowledged (bounds memory)")
 	batch := fs.Int("batch-size", relay.BatchSizeDefault, "most events claimed and published at once")
+	leaderTimeout := fs.Duration("leader-timeout", relay.LeaderTimeoutDefault, "how long the database keeps the leadership of an active relay that stopped proving it is alive (paused, cut off); a standby takes over after it")
 	batchBytes := fs.Int("max-batch-bytes", relay.BatchBytesDefault, "most payload bytes claimed at once (a larger event still goes, alone); -1: no bound")
 	poll := fs.Duration("poll-interval", relay.PollIntervalDefault, "how often to look for events when no notification arrives")
 	del := fs.Bool("delete", false, "delete rows once published instead of marking them")
@@ -105,6 +106,7 @@ func runRelay(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	cfg := &relay.Config{
 		BatchSize:           *batch,
 		MaxBatchBytes:       *batchBytes,
+		LeaderTimeout:       *leaderTimeout,
 		PollInterval:        *poll,
 		Delete:              *del,
 		MaxAttempts:         *maxAttempts,

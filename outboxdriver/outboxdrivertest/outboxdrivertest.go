@@ -480,7 +480,7 @@ func testDuplicate[TTx any](t *testing.T, h *Harness[TTx]) {
 func testLeadership[TTx any](t *testing.T, h *Harness[TTx]) {
 	ctx := ctxT(t)
 	s := store(t, h)
-	l1, err := s.AcquireLeadership(ctx)
+	l1, err := s.AcquireLeadership(ctx, &outboxdriver.LeadershipParams{Timeout: 10 * time.Second})
 	if err != nil || l1 == nil {
 		t.Fatalf("first acquire: %v, %v", l1, err)
 	}
@@ -490,7 +490,7 @@ func testLeadership[TTx any](t *testing.T, h *Harness[TTx]) {
 	if st, err := s.Status(ctx); err != nil || st.ActiveRelay == "" {
 		t.Fatalf("status while a relay leads: %+v, %v; want the active relay named", st, err)
 	}
-	l2, err := s.AcquireLeadership(ctx)
+	l2, err := s.AcquireLeadership(ctx, &outboxdriver.LeadershipParams{Timeout: 10 * time.Second})
 	if err != nil || l2 != nil {
 		t.Fatalf("second acquire while held: %v, %v; want nil, nil", l2, err)
 	}
@@ -506,7 +506,7 @@ func testLeadership[TTx any](t *testing.T, h *Harness[TTx]) {
 	if st, err := s.Status(ctx); err != nil || st.ActiveRelay != "" {
 		t.Fatalf("status with no relay: %+v, %v", st, err)
 	}
-	l3, err := s.AcquireLeadership(ctx)
+	l3, err := s.AcquireLeadership(ctx, &outboxdriver.LeadershipParams{Timeout: 10 * time.Second})
 	if err != nil || l3 == nil {
 		t.Fatalf("acquire after release: %v, %v", l3, err)
 	}

@@ -335,11 +335,20 @@ func (c *claim) Release(context.Context) error {
 }
 
 // AcquireLeadership implements outboxdriver.Store with GET_LOCK on a dedicated
-// session: the lock ends with the session.
-func (d *Driver) AcquireLeadership(ctx context.Context) (outboxdriver.Leadership, error) {
+// session: the lock ends with the session. With params.Timeout the session runs with
+// that wait_timeout (whole seconds, rounded up): the server closes it, and frees the
+// lock, when the relay stops proving it is alive.
+func (d *Driver) AcquireLeadership(ctx context.Context, params *outboxdriver.LeadershipParams) (outboxdriver.Leadership, error) {
 	conn, err := d.db.Conn(ctx)
 	if err != nil {
 		return nil, interpretError(err)
+	}
+	if params != nil && params.Timeout > 0 {
+		secs := int64((params.Timeout + time.Second - 1) / time.Second)
+		if _, err := conn.ExecContext(ctx, "SET SESSION wait_timeout = ?", secs); err != nil {
+			_ = conn.Close()
+			return nil, interpretError(err)
+		}
 	}
 	var got sql.NullInt64
 	if err := conn.QueryRowContext(ctx, "SELECT GET_LOCK(?, 0)", d.lock).Scan(&got); err != nil {

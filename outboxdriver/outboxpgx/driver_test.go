@@ -215,7 +215,7 @@ func TestGroupFencing(t *testing.T) {
 	if again, _ := gs.Leases(ctx, &outboxdriver.LeaseParams{RelayID: "b", Want: all, TTL: time.Hour}); len(again) != 0 {
 		t.Fatalf("b took %d partitions a holds", len(again))
 	}
-	c, err := store.Claim(ctx, &outboxdriver.ClaimParams{Limit: 100, Group: &outboxdriver.ClaimGroup{RelayID: "a", Leases: leases, TTL: time.Minute}})
+	c, err := store.Claim(ctx, &outboxdriver.ClaimParams{Limit: 100, HoldTimeout: time.Minute, Group: &outboxdriver.ClaimGroup{RelayID: "a", Leases: leases}})
 	if err != nil || len(c.Rows()) != 20 {
 		t.Fatalf("claim: %v", err)
 	}
@@ -239,7 +239,7 @@ func TestGroupFencing(t *testing.T) {
 	if st.Unpublished != 20 {
 		t.Fatalf("the fenced relay marked %d rows", 20-st.Unpublished)
 	}
-	c2, err := store.Claim(ctx, &outboxdriver.ClaimParams{Limit: 100, Group: &outboxdriver.ClaimGroup{RelayID: "b", Leases: bl, TTL: time.Minute}})
+	c2, err := store.Claim(ctx, &outboxdriver.ClaimParams{Limit: 100, HoldTimeout: time.Minute, Group: &outboxdriver.ClaimGroup{RelayID: "b", Leases: bl}})
 	if err != nil || len(c2.Rows()) != 20 {
 		t.Fatalf("b's claim: %v", err)
 	}

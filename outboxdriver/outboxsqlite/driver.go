@@ -385,8 +385,10 @@ func (c *claim) Release(context.Context) error {
 	return nil
 }
 
-// AcquireLeadership implements outboxdriver.Store with a lease row.
-func (d *Driver) AcquireLeadership(ctx context.Context) (outboxdriver.Leadership, error) {
+// AcquireLeadership implements outboxdriver.Store with a lease row. The lease lasts
+// Options.LeaseTTL whatever params say: it already expires by itself when the relay
+// stops renewing it.
+func (d *Driver) AcquireLeadership(ctx context.Context, _ *outboxdriver.LeadershipParams) (outboxdriver.Leadership, error) {
 	holder := make([]byte, 8)
 	_, _ = rand.Read(holder)
 	l := &lease{d: d, holder: hex.EncodeToString(holder)}
@@ -424,6 +426,9 @@ func (l *lease) Check(ctx context.Context) error {
 	}
 	return nil
 }
+
+// Bound implements outboxdriver.LeaseBound: the lease TTL.
+func (l *lease) Bound() time.Duration { return l.d.ttl }
 
 func (l *lease) Release(ctx context.Context) error {
 	if l.released {

@@ -66,15 +66,18 @@ FROM `+s.S.dead+where+` ORDER BY dead_at, seq`+limit(f), args...)
 
 // ReplayDead implements outboxdriver.Store: one statement moves the rows back with
 // their original seq (OVERRIDING SYSTEM VALUE), so they precede the later events of
-// their aggregate.
+// their aggregate. They are due at once (available_at = their write time, never the
+// replay's now(): a claim that began before the replay committed would otherwise see
+// the aggregate released but the replayed event not yet due, and send the next event
+// first).
 func (s *Store) ReplayDead(ctx context.Context, f *outboxdriver.DeadFilter) (int, error) {
 	where, args := deadWhere(f)
 	var n int
 	err := QueryRow(ctx, s.DB, `WITH picked AS (SELECT id FROM `+s.S.dead+where+` ORDER BY seq`+limit(f)+`),
 moved AS (DELETE FROM `+s.S.dead+` AS d USING picked WHERE d.id = picked.id
           RETURNING d.id, d.aggregatetype, d.aggregateid, d.type, d.payload, d.headers, d.tracingspancontext, d.seq, d.created_at),
-ins AS (INSERT INTO `+s.S.qualified+` (id, aggregatetype, aggregateid, type, payload, headers, tracingspancontext, seq, created_at)
-        OVERRIDING SYSTEM VALUE SELECT * FROM moved ORDER BY seq RETURNING 1)
+ins AS (INSERT INTO `+s.S.qualified+` (id, aggregatetype, aggregateid, type, payload, headers, tracingspancontext, seq, created_at, available_at)
+        OVERRIDING SYSTEM VALUE SELECT *, moved.created_at FROM moved ORDER BY seq RETURNING 1)
 SELECT count(*) FROM ins`, args, &n)
 	return n, InterpretError(err)
 }

@@ -310,9 +310,12 @@ func (s *Store) Claim(ctx context.Context, p *outboxdriver.ClaimParams) (outboxd
 		for _, l := range p.Group.Leases {
 			parts = append(parts, int16(l.Partition))
 		}
-		// A paused relay's claim must not hold its rows past its lease: the server
-		// ends the session (and its locks) when the transaction idles that long.
-		if err := tx.Exec(ctx, "SELECT set_config('idle_in_transaction_session_timeout', $1, true)", strconv.FormatInt(p.Group.TTL.Milliseconds(), 10)); err != nil {
+	}
+	if p.HoldTimeout > 0 {
+		// A paused or cut-off relay's claim must not hold its rows past its
+		// leadership: the server ends the session (and its locks) when the
+		// transaction idles that long.
+		if err := tx.Exec(ctx, "SELECT set_config('idle_in_transaction_session_timeout', $1, true)", strconv.FormatInt(p.HoldTimeout.Milliseconds(), 10)); err != nil {
 			_ = tx.Rollback(context.WithoutCancel(ctx))
 			return nil, InterpretError(err)
 		}
@@ -466,21 +469,38 @@ func (c *claim) Release(ctx context.Context) error {
 // AcquireLeadership implements outboxdriver.Store with a session advisory lock held on
 // a dedicated connection: if the relay dies, PostgreSQL closes the session and the
 // lock is free for a standby at once.
-func (s *Store) AcquireLeadership(ctx context.Context) (outboxdriver.Leadership, error) {
-	return s.advisoryLock(ctx, "pg_try_advisory_lock", "pg_advisory_unlock")
+//
+// With params.Timeout, the lock's session is made to end on the server's side when
+// the relay stops proving it is alive: idle_session_timeout (PostgreSQL 14+; the
+// relay's heartbeats keep it busy well within it), and TCP keepalives plus
+// tcp_user_timeout so a peer that vanished is noticed on older servers too. Without
+// it, a paused relay or a half-open connection would keep the lock until the
+// kernel's keepalive notices, over two hours by default.
+func (s *Store) AcquireLeadership(ctx context.Context, params *outboxdriver.LeadershipParams) (outboxdriver.Leadership, error) {
+	var timeout time.Duration
+	if params != nil {
+		timeout = params.Timeout
+	}
+	return s.advisoryLock(ctx, "pg_try_advisory_lock", "pg_advisory_unlock", timeout)
 }
 
 // AcquireMembership implements outboxdriver.GroupStore: the same lock as the single
 // active relay's, shared, so group members run together and never alongside a relay
 // that is not in the group (nor a CDC relay).
 func (s *Store) AcquireMembership(ctx context.Context) (outboxdriver.Leadership, error) {
-	return s.advisoryLock(ctx, "pg_try_advisory_lock_shared", "pg_advisory_unlock_shared")
+	return s.advisoryLock(ctx, "pg_try_advisory_lock_shared", "pg_advisory_unlock_shared", 0)
 }
 
-func (s *Store) advisoryLock(ctx context.Context, try, unlock string) (outboxdriver.Leadership, error) {
+func (s *Store) advisoryLock(ctx context.Context, try, unlock string, timeout time.Duration) (outboxdriver.Leadership, error) {
 	conn, err := s.DB.Conn(ctx)
 	if err != nil {
 		return nil, InterpretError(err)
+	}
+	if timeout > 0 {
+		if err := sessionTimeouts(ctx, conn, timeout); err != nil {
+			_ = conn.Close()
+			return nil, InterpretError(err)
+		}
 	}
 	var got bool
 	if err := QueryRow(ctx, conn, "SELECT "+try+"($1)", []any{s.S.lockKey}, &got); err != nil {
@@ -491,6 +511,18 @@ func (s *Store) advisoryLock(ctx context.Context, try, unlock string) (outboxdri
 		return nil, conn.Close()
 	}
 	return &leadership{conn: conn, key: s.S.lockKey, unlock: unlock}, nil
+}
+
+// sessionTimeouts makes the server end this session once its client shows no sign of
+// life for about timeout: idle_session_timeout where the server has it (14+), and TCP
+// keepalives with tcp_user_timeout (both ignored on a Unix socket).
+func sessionTimeouts(ctx context.Context, conn Conn, timeout time.Duration) error {
+	ms := strconv.FormatInt(timeout.Milliseconds(), 10)
+	probe := strconv.Itoa(max(int(timeout/time.Second)/3, 1))
+	return conn.Exec(ctx, `SELECT set_config(name, v, false) FROM (VALUES
+  ('tcp_keepalives_idle', $2), ('tcp_keepalives_interval', '1'), ('tcp_keepalives_count', '3'), ('tcp_user_timeout', $1),
+  ('idle_session_timeout', $1)) AS s(name, v)
+WHERE EXISTS (SELECT 1 FROM pg_settings WHERE pg_settings.name = s.name)`, ms, probe)
 }
 
 type leadership struct {

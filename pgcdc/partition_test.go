@@ -1,0 +1,90 @@
+package pgcdc_test
+
+import (
+	"context"
+	"net"
+	"strconv"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/outboxd/outbox/broker"
+	"github.com/outboxd/outbox/broker/memory"
+	"github.com/outboxd/outbox/internal/testenv"
+	"github.com/outboxd/outbox/outboxdriver"
+	"github.com/outboxd/outbox/outboxdriver/outboxpgx"
+	"github.com/outboxd/outbox/pgcdc"
+	"github.com/outboxd/outbox/relay"
+)
+
+type counted struct {
+	broker.Publisher
+	n atomic.Int64
+}
+
+func (c *counted) Publish(ctx context.Context, msgs []broker.Message) []broker.Result {
+	c.n.Add(int64(len(msgs)))
+	return c.Publisher.Publish(ctx, msgs)
+}
+
+// TestPartitionedCDCRelay (issue #20): the active CDC relay's connections (its table
+// lock session and its replication stream) are blackholed while producers write.
+// PostgreSQL ends both within LeaderTimeout (idle_session_timeout and
+// wal_sender_timeout), the standby streams from the slot, and after healing nothing
+// is lost and no first delivery is out of order.
+func TestPartitionedCDCRelay(t *testing.T) {
+	const bound = 3 * time.Second
+	e := setup(t, outboxdriver.WriteRows)
+	cfg, err := pgxpool.ParseConfig(e.url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	proxy := testenv.NewProxy(t, net.JoinHostPort(cfg.ConnConfig.Host, strconv.Itoa(int(cfg.ConnConfig.Port))))
+	host, port, _ := net.SplitHostPort(proxy.Addr())
+	p, _ := strconv.Atoi(port)
+	cfg.ConnConfig.Host, cfg.ConnConfig.Port = host, uint16(p)
+	poolA, err := pgxpool.NewWithConfig(context.Background(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(poolA.Close)
+	srcA, err := outboxpgx.New(poolA, &e.table).CDC(&pgcdc.Config{Logger: quiet(), StatusInterval: 100 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := srcA.Init(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	mem := memory.New(0)
+	pubA, pubB := &counted{Publisher: mem}, &counted{Publisher: mem}
+	a := e.startRelay(t, srcA, pubA, &relay.Config{LeaderTimeout: bound})
+	for !a.Stats().Leader {
+		time.Sleep(10 * time.Millisecond)
+	}
+	e.startRelay(t, e.source(t, nil), pubB, &relay.Config{LeaderTimeout: bound})
+
+	const aggs, per = 6, 150
+	done := make(chan struct{})
+	go func() { defer close(done); e.produce(t, aggs, per) }()
+	for pubA.n.Load() == 0 {
+		time.Sleep(5 * time.Millisecond)
+	}
+	proxy.Blackhole()
+	cut := time.Now()
+	for pubB.n.Load() == 0 {
+		if time.Since(cut) > 5*bound {
+			t.Fatalf("the standby published nothing %v after the CDC leader was cut off", time.Since(cut))
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	t.Logf("standby streaming %v after the cut (LeaderTimeout %v)", time.Since(cut).Round(time.Millisecond), bound)
+	if took := time.Since(cut); took > 2*bound {
+		t.Fatalf("the standby took %v, want about LeaderTimeout (%v)", took, bound)
+	}
+	proxy.Heal()
+	<-done
+	dups := checkDelivery(t, waitMessages(t, mem, aggs*per), aggs, per)
+	t.Logf("%d repeats dropped by the broker, %d re-sent to it", mem.Duplicates(), dups)
+}

@@ -1,0 +1,88 @@
+package relay
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"time"
+
+	"github.com/outboxd/outbox/outboxdriver"
+)
+
+// singleTerm is the single active relay's: a table lock that the database revokes
+// when the relay stops proving it is alive (LeaderTimeout), kept by a heartbeat of its
+// own so a slow batch never starves it. The relay fences itself by its own clock: a
+// batch goes to the broker only while the last heartbeat, counted from when it was
+// sent, is younger than three quarters of the bound, so the database cannot have
+// ended the session (and let a standby in) before this relay stops publishing.
+type singleTerm struct {
+	lead  outboxdriver.Leadership
+	bound time.Duration // how long the database keeps a silent leader
+	every time.Duration // heartbeat period, at most bound/4
+
+	mu         sync.Mutex
+	validUntil time.Time
+	err        error
+}
+
+func newSingleTerm(lead outboxdriver.Leadership, bound, every time.Duration, acquired time.Time) *singleTerm {
+	if b, ok := lead.(outboxdriver.LeaseBound); ok {
+		bound = b.Bound()
+	}
+	return &singleTerm{lead: lead, bound: bound, every: min(every, bound/4), validUntil: acquired.Add(bound * 3 / 4)}
+}
+
+// heartbeat proves the relay alive every period until ctx ends or the leadership is
+// lost (then lost is called). Each proof has a deadline: a dead socket is an error
+// within the bound, never a hang.
+func (t *singleTerm) heartbeat(ctx context.Context, log *slog.Logger, lost func()) {
+	tick := time.NewTicker(t.every)
+	defer tick.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-tick.C:
+		}
+		sent := time.Now()
+		hctx, cancel := context.WithTimeout(ctx, t.bound/4)
+		err := t.lead.Check(hctx)
+		cancel()
+		if ctx.Err() != nil {
+			return
+		}
+		t.mu.Lock()
+		if err == nil {
+			t.validUntil = sent.Add(t.bound * 3 / 4)
+		} else if !time.Now().Before(t.validUntil) || errors.Is(err, outboxdriver.ErrLeadershipLost) {
+			t.err = fmt.Errorf("%w: no heartbeat within %v: %v", outboxdriver.ErrLeadershipLost, t.bound*3/4, err)
+		}
+		done := t.err != nil
+		t.mu.Unlock()
+		if err != nil {
+			log.Warn("relay: leadership heartbeat failed", "err", err)
+		}
+		if done {
+			lost()
+			return
+		}
+	}
+}
+
+func (t *singleTerm) check(context.Context) error {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.err
+}
+func (t *singleTerm) interval() time.Duration { return t.every }
+func (*singleTerm) quiet() bool               { return false }
+func (t *singleTerm) publishable([]outboxdriver.Row) bool {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.err == nil && time.Now().Before(t.validUntil)
+}
+func (t *singleTerm) claimParams(limit int) *outboxdriver.ClaimParams {
+	return &outboxdriver.ClaimParams{Limit: limit, HoldTimeout: t.bound}
+}

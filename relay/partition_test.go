@@ -1,0 +1,103 @@
+package relay_test
+
+import (
+	"context"
+	"net"
+	"strconv"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/outboxd/outbox/broker"
+	"github.com/outboxd/outbox/broker/memory"
+	"github.com/outboxd/outbox/internal/testenv"
+	"github.com/outboxd/outbox/outboxdriver/outboxpgx"
+	"github.com/outboxd/outbox/relay"
+)
+
+// counted counts the batches one relay sent to a shared broker.
+type counted struct {
+	broker.Publisher
+	n atomic.Int64
+}
+
+func (c *counted) Publish(ctx context.Context, msgs []broker.Message) []broker.Result {
+	c.n.Add(int64(len(msgs)))
+	return c.Publisher.Publish(ctx, msgs)
+}
+
+// TestPartitionedLeader (issue #20): the active relay's connections to PostgreSQL are
+// blackholed (nothing forwarded, nothing closed: the worst half-open case, and what
+// PostgreSQL sees of a paused process) while producers write. With the default
+// LeaderTimeout (10 s) the database ends the silent leader's session, the standby
+// publishes within 15 s, and after healing the old leader breaks no first-delivery
+// order; nothing is lost.
+func TestPartitionedLeader(t *testing.T) {
+	e := setup(t)
+	url := testenv.DatabaseURL(t)
+	cfg, err := pgxpool.ParseConfig(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	proxy := testenv.NewProxy(t, net.JoinHostPort(cfg.ConnConfig.Host, strconv.Itoa(int(cfg.ConnConfig.Port))))
+	host, port, _ := net.SplitHostPort(proxy.Addr())
+	p, _ := strconv.Atoi(port)
+	cfg.ConnConfig.Host, cfg.ConnConfig.Port = host, uint16(p)
+	cfg.MaxConns = 8
+	poolA, err := pgxpool.NewWithConfig(context.Background(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(poolA.Close)
+	storeA, _ := outboxpgx.New(poolA, &e.table).Store()
+
+	mem := memory.New(0)
+	pubA, pubB := &counted{Publisher: mem}, &counted{Publisher: mem}
+	a := testenv.StartRelay(t, storeA, pubA, &relay.Config{PollInterval: 50 * time.Millisecond})
+	for !a.Stats().Leader {
+		time.Sleep(10 * time.Millisecond)
+	}
+	b := testenv.StartRelay(t, e.store, pubB, &relay.Config{PollInterval: 50 * time.Millisecond})
+
+	produced := make(chan map[string][]string, 1)
+	go func() { produced <- produce(t, e, 8, 150) }()
+	for pubA.n.Load() == 0 {
+		time.Sleep(5 * time.Millisecond)
+	}
+	proxy.Blackhole()
+	cut := time.Now()
+	for pubB.n.Load() == 0 {
+		if time.Since(cut) > 20*time.Second {
+			t.Fatalf("the standby published nothing %v after the leader was cut off", time.Since(cut))
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	took := time.Since(cut)
+	t.Logf("standby took over %v after the cut (LeaderTimeout %v)", took.Round(time.Millisecond), relay.LeaderTimeoutDefault)
+	if took > 15*time.Second {
+		t.Fatalf("the standby took %v to publish, want at most 15 s", took)
+	}
+	if !b.Stats().Leader {
+		t.Fatal("the standby publishes but is not the leader")
+	}
+	aBefore := pubA.n.Load()
+	time.Sleep(500 * time.Millisecond)
+	if a.Stats().Leader {
+		t.Fatal("the cut-off relay still believes it leads")
+	}
+	proxy.Heal()
+	want := <-produced
+	total := 0
+	for _, ids := range want {
+		total += len(ids)
+	}
+	ctx := waitCtx(t)
+	for len(mem.Messages()) < total && ctx.Err() == nil {
+		time.Sleep(20 * time.Millisecond)
+	}
+	checkDelivery(t, want, mem.Messages())
+	t.Logf("old leader sent %d messages before the cut, %d more after healing (duplicates dropped: %d)",
+		aBefore, pubA.n.Load()-aBefore, mem.Duplicates())
+}
