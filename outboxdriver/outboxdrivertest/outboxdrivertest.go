@@ -59,6 +59,7 @@ func Run[TTx any](t *testing.T, newHarness NewFunc[TTx]) {
 		{"InvalidEventsWriteNothing", testInvalid[TTx]},
 		{"DuplicateID", testDuplicate[TTx]},
 		{"Leadership", testLeadership[TTx]},
+		{"LeadershipRevokedWhenSilent", testLeadershipRevoked[TTx]},
 		{"Listen", testListen[TTx]},
 		{"Status", testStatus[TTx]},
 		{"FailingEventBlocksItsAggregate", testFailingBlocks[TTx]},
@@ -511,6 +512,42 @@ func testLeadership[TTx any](t *testing.T, h *Harness[TTx]) {
 		t.Fatalf("acquire after release: %v, %v", l3, err)
 	}
 	_ = l3.Release(ctx)
+}
+
+// testLeadershipRevoked: a leader that stops proving it is alive (no Check) loses the
+// leadership by a bound the database enforces (params.Timeout, or the driver's own
+// lease), so a standby gets it; the silent one then learns it was lost.
+func testLeadershipRevoked[TTx any](t *testing.T, h *Harness[TTx]) {
+	ctx := ctxT(t)
+	s := store(t, h)
+	params := &outboxdriver.LeadershipParams{Timeout: time.Second}
+	l1, err := s.AcquireLeadership(ctx, params)
+	if err != nil || l1 == nil {
+		t.Fatalf("acquire: %v, %v", l1, err)
+	}
+	defer func() { _ = l1.Release(context.WithoutCancel(ctx)) }()
+	bound := params.Timeout
+	if b, ok := l1.(outboxdriver.LeaseBound); ok {
+		bound = b.Bound()
+	}
+	if bound > 5*time.Second {
+		t.Skipf("the driver's leadership bound is %v; too long for this test", bound)
+	}
+	var l2 outboxdriver.Leadership
+	deadline := time.Now().Add(bound + 3*time.Second)
+	for l2 == nil && time.Now().Before(deadline) {
+		time.Sleep(100 * time.Millisecond)
+		if l2, err = s.AcquireLeadership(ctx, params); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if l2 == nil {
+		t.Fatalf("a leader silent for %v still holds the leadership (bound %v)", bound+3*time.Second, bound)
+	}
+	defer func() { _ = l2.Release(context.WithoutCancel(ctx)) }()
+	if err := l1.Check(ctx); err == nil {
+		t.Fatal("the silent leader's check passes after a standby took over")
+	}
 }
 
 func testListen[TTx any](t *testing.T, h *Harness[TTx]) {
