@@ -5,9 +5,41 @@
 //
 // # One active relay (the default)
 //
-// The relay takes the table's lock (a PostgreSQL advisory lock, a lease row on
-// SQLite). The others wait as hot standbys and retry every LeaderRetry; the active one
-// checks its lock every LeaderCheck.
+// The relay takes the table's lock (a PostgreSQL advisory lock, GET_LOCK on MySQL, a
+// lease row on SQLite). The others wait as hot standbys and retry every LeaderRetry.
+//
+// The lock is one the database revokes by itself. The lock's session runs with
+// idle_session_timeout = LeaderTimeout (PostgreSQL 14+; TCP keepalives and
+// tcp_user_timeout as well, for a peer that vanished, also on older servers); on
+// MySQL with wait_timeout = LeaderTimeout (whole seconds); a CDC relay's replication
+// connection with wal_sender_timeout = LeaderTimeout. The active relay proves it is
+// alive with a heartbeat on that session every LeaderCheck (at most LeaderTimeout/4),
+// from a goroutine of its own so a slow batch never starves it, each with a deadline.
+// It fences itself by its own clock: a batch goes to the broker only while its last
+// heartbeat, counted from when it was sent, is younger than 3/4·LeaderTimeout; the
+// database cannot end the session (and let a standby in) before the full bound. Its
+// claims run with idle_in_transaction_session_timeout = LeaderTimeout, so a paused
+// relay's row locks go with its leadership. Every database call has LeaderTimeout as
+// its deadline; a LISTEN session silent that long is opened again.
+//
+// What happens, with the default LeaderTimeout of 10 s:
+//
+//   - crash (kill -9, machine gone with its TCP stack answering resets): the session
+//     ends at once; a standby takes over within LeaderRetry.
+//   - pause (SIGSTOP, a VM frozen, a long GC) or a cut network, a NAT or load balancer
+//     that dropped its state (half-open connections): the server ends the idle lock
+//     session after LeaderTimeout; a standby publishes within LeaderTimeout +
+//     LeaderRetry (measured: 10.0 s, TestPartitionedLeader; CDC 3.1 s with a 3 s
+//     bound, TestPartitionedCDCRelay). The paused relay stopped publishing at
+//     3/4·LeaderTimeout; when it resumes, its heartbeat fails, it drops what it holds
+//     (its claim's transaction is gone, so it marks nothing) and becomes a standby.
+//     A batch it had already handed to the broker before the pause may arrive again:
+//     duplicates only, never an earlier first delivery after a later one.
+//   - SQLite: the lease row lasts its TTL (outboxsqlite.Options.LeaseTTL, 5 s) and
+//     plays the same part; the relay fences itself by it.
+//
+// The cost: a heartbeat query per LeaderCheck, one set of session settings per term,
+// and a LISTEN reconnect per LeaderTimeout of silence.
 //
 // # Several active relays (Config.Group, PostgreSQL)
 //
