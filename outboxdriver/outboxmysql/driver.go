@@ -227,7 +227,9 @@ func (d *Driver) Claim(ctx context.Context, p *outboxdriver.ClaimParams) (outbox
 	if p.MaxSeq > 0 {
 		return nil, fmt.Errorf("claim up to a seq: %w", outboxdriver.ErrNotSupported)
 	}
-	tx, err := d.db.BeginTx(ctx, &sql.TxOptions{Isolation: sql.LevelReadCommitted})
+	// The claim's transaction outlives this call (database/sql would roll it back
+	// when ctx ends): its life is Complete or Release.
+	tx, err := d.db.BeginTx(context.WithoutCancel(ctx), &sql.TxOptions{Isolation: sql.LevelReadCommitted})
 	if err != nil {
 		return nil, interpretError(err)
 	}

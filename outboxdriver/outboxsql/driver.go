@@ -128,8 +128,12 @@ func (d db) Query(ctx context.Context, query string, args ...any) (pgsql.Rows, e
 	return querier{d.db}.Query(ctx, query, args...)
 }
 
+// Begin starts a transaction whose life is its Commit or Rollback, not ctx's:
+// database/sql rolls a transaction back when the context it began with ends, and a
+// claim's transaction outlives the call that claimed (the relay bounds each call with
+// a deadline). Every statement still runs under its own ctx.
 func (d db) Begin(ctx context.Context) (pgsql.Tx, error) {
-	tx, err := d.db.BeginTx(ctx, nil)
+	tx, err := d.db.BeginTx(context.WithoutCancel(ctx), nil)
 	if err != nil {
 		return nil, err
 	}
