@@ -2,15 +2,9 @@ package pgcdc_test
 
 import (
 	"context"
-	"net"
-	"strconv"
-	"sync/atomic"
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5/pgxpool"
-
-	"github.com/outboxd/outbox/broker"
 	"github.com/outboxd/outbox/broker/memory"
 	"github.com/outboxd/outbox/internal/testenv"
 	"github.com/outboxd/outbox/outboxdriver"
@@ -18,16 +12,6 @@ import (
 	"github.com/outboxd/outbox/pgcdc"
 	"github.com/outboxd/outbox/relay"
 )
-
-type counted struct {
-	broker.Publisher
-	n atomic.Int64
-}
-
-func (c *counted) Publish(ctx context.Context, msgs []broker.Message) []broker.Result {
-	c.n.Add(int64(len(msgs)))
-	return c.Publisher.Publish(ctx, msgs)
-}
 
 // TestPartitionedCDCRelay (issue #20): the active CDC relay's connections (its table
 // lock session and its replication stream) are blackholed while producers write.
@@ -37,19 +21,7 @@ func (c *counted) Publish(ctx context.Context, msgs []broker.Message) []broker.R
 func TestPartitionedCDCRelay(t *testing.T) {
 	const bound = 3 * time.Second
 	e := setup(t, outboxdriver.WriteRows)
-	cfg, err := pgxpool.ParseConfig(e.url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	proxy := testenv.NewProxy(t, net.JoinHostPort(cfg.ConnConfig.Host, strconv.Itoa(int(cfg.ConnConfig.Port))))
-	host, port, _ := net.SplitHostPort(proxy.Addr())
-	p, _ := strconv.Atoi(port)
-	cfg.ConnConfig.Host, cfg.ConnConfig.Port = host, uint16(p)
-	poolA, err := pgxpool.NewWithConfig(context.Background(), cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(poolA.Close)
+	poolA, proxy := testenv.ProxiedPool(t, e.url)
 	srcA, err := outboxpgx.New(poolA, &e.table).CDC(&pgcdc.Config{Logger: quiet(), StatusInterval: 100 * time.Millisecond})
 	if err != nil {
 		t.Fatal(err)
@@ -58,7 +30,7 @@ func TestPartitionedCDCRelay(t *testing.T) {
 		t.Fatal(err)
 	}
 	mem := memory.New(0)
-	pubA, pubB := &counted{Publisher: mem}, &counted{Publisher: mem}
+	pubA, pubB := &testenv.Counted{Publisher: mem}, &testenv.Counted{Publisher: mem}
 	a := e.startRelay(t, srcA, pubA, &relay.Config{LeaderTimeout: bound})
 	for !a.Stats().Leader {
 		time.Sleep(10 * time.Millisecond)
@@ -68,12 +40,12 @@ func TestPartitionedCDCRelay(t *testing.T) {
 	const aggs, per = 6, 150
 	done := make(chan struct{})
 	go func() { defer close(done); e.produce(t, aggs, per) }()
-	for pubA.n.Load() == 0 {
+	for pubA.N.Load() == 0 {
 		time.Sleep(5 * time.Millisecond)
 	}
 	proxy.Blackhole()
 	cut := time.Now()
-	for pubB.n.Load() == 0 {
+	for pubB.N.Load() == 0 {
 		if time.Since(cut) > 5*bound {
 			t.Fatalf("the standby published nothing %v after the CDC leader was cut off", time.Since(cut))
 		}

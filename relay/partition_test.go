@@ -1,32 +1,14 @@
 package relay_test
 
 import (
-	"context"
-	"net"
-	"strconv"
-	"sync/atomic"
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5/pgxpool"
-
-	"github.com/outboxd/outbox/broker"
 	"github.com/outboxd/outbox/broker/memory"
 	"github.com/outboxd/outbox/internal/testenv"
 	"github.com/outboxd/outbox/outboxdriver/outboxpgx"
 	"github.com/outboxd/outbox/relay"
 )
-
-// counted counts the batches one relay sent to a shared broker.
-type counted struct {
-	broker.Publisher
-	n atomic.Int64
-}
-
-func (c *counted) Publish(ctx context.Context, msgs []broker.Message) []broker.Result {
-	c.n.Add(int64(len(msgs)))
-	return c.Publisher.Publish(ctx, msgs)
-}
 
 // TestPartitionedLeader (issue #20): the active relay's connections to PostgreSQL are
 // blackholed (nothing forwarded, nothing closed: the worst half-open case, and what
@@ -37,24 +19,11 @@ func (c *counted) Publish(ctx context.Context, msgs []broker.Message) []broker.R
 func TestPartitionedLeader(t *testing.T) {
 	e := setup(t)
 	url := testenv.DatabaseURL(t)
-	cfg, err := pgxpool.ParseConfig(url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	proxy := testenv.NewProxy(t, net.JoinHostPort(cfg.ConnConfig.Host, strconv.Itoa(int(cfg.ConnConfig.Port))))
-	host, port, _ := net.SplitHostPort(proxy.Addr())
-	p, _ := strconv.Atoi(port)
-	cfg.ConnConfig.Host, cfg.ConnConfig.Port = host, uint16(p)
-	cfg.MaxConns = 8
-	poolA, err := pgxpool.NewWithConfig(context.Background(), cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(poolA.Close)
+	poolA, proxy := testenv.ProxiedPool(t, url)
 	storeA, _ := outboxpgx.New(poolA, &e.table).Store()
 
 	mem := memory.New(0)
-	pubA, pubB := &counted{Publisher: mem}, &counted{Publisher: mem}
+	pubA, pubB := &testenv.Counted{Publisher: mem}, &testenv.Counted{Publisher: mem}
 	a := testenv.StartRelay(t, storeA, pubA, &relay.Config{PollInterval: 50 * time.Millisecond})
 	for !a.Stats().Leader {
 		time.Sleep(10 * time.Millisecond)
@@ -63,12 +32,12 @@ func TestPartitionedLeader(t *testing.T) {
 
 	produced := make(chan map[string][]string, 1)
 	go func() { produced <- produce(t, e, 8, 150) }()
-	for pubA.n.Load() == 0 {
+	for pubA.N.Load() == 0 {
 		time.Sleep(5 * time.Millisecond)
 	}
 	proxy.Blackhole()
 	cut := time.Now()
-	for pubB.n.Load() == 0 {
+	for pubB.N.Load() == 0 {
 		if time.Since(cut) > 20*time.Second {
 			t.Fatalf("the standby published nothing %v after the leader was cut off", time.Since(cut))
 		}
@@ -82,7 +51,7 @@ func TestPartitionedLeader(t *testing.T) {
 	if !b.Stats().Leader {
 		t.Fatal("the standby publishes but is not the leader")
 	}
-	aBefore := pubA.n.Load()
+	aBefore := pubA.N.Load()
 	time.Sleep(500 * time.Millisecond)
 	if a.Stats().Leader {
 		t.Fatal("the cut-off relay still believes it leads")
@@ -99,5 +68,5 @@ func TestPartitionedLeader(t *testing.T) {
 	}
 	checkDelivery(t, want, mem.Messages())
 	t.Logf("old leader sent %d messages before the cut, %d more after healing (duplicates dropped: %d)",
-		aBefore, pubA.n.Load()-aBefore, mem.Duplicates())
+		aBefore, pubA.N.Load()-aBefore, mem.Duplicates())
 }

@@ -1,10 +1,17 @@
 package testenv
 
 import (
+	"context"
 	"io"
 	"net"
+	"strconv"
 	"sync"
+	"sync/atomic"
 	"testing"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/outboxd/outbox/broker"
 )
 
 // Proxy forwards TCP connections to a server and can blackhole them: stop forwarding
@@ -114,4 +121,38 @@ func (p *Proxy) pipe(dst, src net.Conn) {
 			return
 		}
 	}
+}
+
+// ProxiedPool returns a pool whose connections to the database at url go through a
+// new Proxy, and that proxy; both end with the test.
+func ProxiedPool(t testing.TB, url string) (*pgxpool.Pool, *Proxy) {
+	t.Helper()
+	cfg, err := pgxpool.ParseConfig(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := NewProxy(t, net.JoinHostPort(cfg.ConnConfig.Host, strconv.Itoa(int(cfg.ConnConfig.Port))))
+	host, port, _ := net.SplitHostPort(p.Addr())
+	n, _ := strconv.Atoi(port)
+	cfg.ConnConfig.Host, cfg.ConnConfig.Port = host, uint16(n)
+	cfg.MaxConns = 8
+	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	return pool, p
+}
+
+// Counted is a publisher that counts the messages handed to it, to tell which of
+// several relays sharing one broker published.
+type Counted struct {
+	broker.Publisher
+	N atomic.Int64
+}
+
+// Publish implements broker.Publisher.
+func (c *Counted) Publish(ctx context.Context, msgs []broker.Message) []broker.Result {
+	c.N.Add(int64(len(msgs)))
+	return c.Publisher.Publish(ctx, msgs)
 }
