@@ -2,6 +2,11 @@ package main
 
 import (
 	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"net"
+	"net/http"
+	"net/url"
 	"os"
 	"strings"
 	"time"
@@ -24,6 +29,9 @@ type brokerOptions struct {
 	maxMessageBytes  int
 	amqpExchange     string
 	redisMaxLen      int64
+
+	webhookSecretFile, webhookCA, webhookCert, webhookKey string
+	webhookAllowHTTP                                      bool
 }
 
 const brokerSchemes = "nats://, kafka://, amqp://, redis://, mqtt://, http(s):// (webhook) or stdout:"
@@ -39,8 +47,14 @@ func brokerScheme(rawURL string, o brokerOptions) (string, error) {
 	case "nats", "tls", "kafka", "kafkas", "amqp", "amqps", "redis", "rediss", "mqtt", "mqtts", "stdout":
 		return scheme, nil
 	case "http", "https":
-		if o.webhookSecret == "" {
-			return "", usageErr("--broker %s: a webhook needs --webhook-secret (or OUTBOX_WEBHOOK_SECRET)", scheme)
+		if o.webhookSecret == "" && o.webhookSecretFile == "" {
+			return "", usageErr("--broker %s: a webhook needs --webhook-secret-file (or --webhook-secret, OUTBOX_WEBHOOK_SECRET_FILE)", scheme)
+		}
+		if scheme == "http" && !o.webhookAllowHTTP && !loopbackURL(rawURL) {
+			return "", usageErr("--broker %s: plain http:// to a host that is not loopback sends every event readable on the wire; use https:// or --webhook-allow-http", redact.String(rawURL))
+		}
+		if (o.webhookCert == "") != (o.webhookKey == "") {
+			return "", usageErr("--webhook-cert and --webhook-key go together")
 		}
 		return scheme, nil
 	}
@@ -74,9 +88,94 @@ func openBroker(ctx context.Context, rawURL string, o brokerOptions) (broker.Pub
 	case "mqtt", "mqtts":
 		return mqtt.New(ctx, mqtt.Config{URL: rawURL, MaxMessageBytes: o.maxMessageBytes})
 	case "http", "https":
-		return webhook.New(webhook.Config{URL: rawURL, Secret: o.webhookSecret, MaxMessageBytes: o.maxMessageBytes})
+		return openWebhook(rawURL, o)
 	case "stdout":
 		return stdout.New(os.Stdout), nil
 	}
 	return nats.Dial(ctx, rawURL, &nats.Config{CreateStream: o.natsCreateStream})
+}
+
+// openWebhook builds the webhook publisher: the secret from its file when given, and
+// an HTTP client with the CAs and client certificate asked for.
+func openWebhook(rawURL string, o brokerOptions) (broker.Publisher, error) {
+	secret := o.webhookSecret
+	if o.webhookSecretFile != "" {
+		b, err := os.ReadFile(o.webhookSecretFile)
+		if err != nil {
+			return nil, usageErr("--webhook-secret-file: %v", err)
+		}
+		secret = strings.TrimRight(string(b), "\r\n")
+	}
+	tc := &tls.Config{MinVersion: tls.VersionTLS12}
+	if o.webhookCA != "" {
+		pem, err := os.ReadFile(o.webhookCA)
+		if err != nil {
+			return nil, usageErr("--webhook-ca: %v", err)
+		}
+		pool := x509.NewCertPool()
+		if !pool.AppendCertsFromPEM(pem) {
+			return nil, usageErr("--webhook-ca %s: no PEM certificate in it", o.webhookCA)
+		}
+		tc.RootCAs = pool
+	}
+	if o.webhookCert != "" {
+		cert, err := tls.LoadX509KeyPair(o.webhookCert, o.webhookKey)
+		if err != nil {
+			return nil, usageErr("--webhook-cert/--webhook-key: %v", err)
+		}
+		tc.Certificates = []tls.Certificate{cert}
+	}
+	tr := http.DefaultTransport.(*http.Transport).Clone()
+	tr.TLSClientConfig = tc
+	client := &http.Client{Timeout: webhook.TimeoutDefault, Transport: tr}
+	return webhook.New(webhook.Config{URL: rawURL, Secret: secret, MaxMessageBytes: o.maxMessageBytes, Client: client})
+}
+
+// loopbackURL reports whether rawURL's host is a loopback address or localhost.
+func loopbackURL(rawURL string) bool {
+	u, err := url.Parse(rawURL)
+	if err != nil {
+		return false
+	}
+	return loopbackHost(u.Hostname())
+}
+
+func loopbackHost(host string) bool {
+	if host == "localhost" {
+		return true
+	}
+	ip := net.ParseIP(host)
+	return ip != nil && ip.IsLoopback()
+}
+
+// plaintextWarnings says which connections may travel unencrypted or unverified to a
+// host that is not loopback: pgx's default sslmode=prefer falls back to plaintext
+// without a word, and verifies no certificate. docs/security.md has each component's
+// TLS options.
+func plaintextWarnings(dsn, brokerURL string) []string {
+	var out []string
+	if u, err := url.Parse(dsn); err == nil && !loopbackHost(u.Hostname()) && u.Hostname() != "" {
+		q := u.Query()
+		switch u.Scheme {
+		case "postgres", "postgresql":
+			if m := q.Get("sslmode"); m != "verify-full" && m != "verify-ca" {
+				out = append(out, "the database connection is not verified TLS (sslmode="+map[bool]string{true: "prefer", false: m}[m == ""]+
+					"): a network attacker can read or change it; use sslmode=verify-full")
+			}
+		case "mysql":
+			if t := q.Get("tls"); t == "" || t == "false" || t == "skip-verify" || t == "preferred" {
+				out = append(out, "the database connection is not verified TLS: use tls=true (or a registered TLS config)")
+			}
+		}
+	}
+	if u, err := url.Parse(brokerURL); err == nil && u.Hostname() != "" && !loopbackURL(brokerURL) {
+		switch u.Scheme {
+		case "tls", "kafkas", "amqps", "rediss", "mqtts", "https":
+		default:
+			if u.Query().Get("tls") != "true" {
+				out = append(out, "the broker connection ("+u.Scheme+"://) is not TLS: events and credentials travel readable; use its TLS scheme (docs/security.md)")
+			}
+		}
+	}
+	return out
 }

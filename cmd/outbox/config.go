@@ -33,11 +33,14 @@ func readConfigFile(path string) (map[string]string, error) {
 		if line == "" || line[0] == '#' || line[0] == '!' {
 			continue
 		}
-		i := strings.IndexAny(line, "=:")
+		// As Java properties: the key ends at the first '=', ':' or white space. The
+		// line itself is never echoed: its value may be a secret.
+		i := strings.IndexAny(line, "=: \t")
 		if i <= 0 {
-			return nil, usageErr("--config %s:%d: want key=value, got %q", path, n, line)
+			return nil, usageErr("--config %s:%d: want key=value", path, n)
 		}
-		out[strings.TrimSpace(line[:i])] = strings.TrimSpace(line[i+1:])
+		out[line[:i]] = strings.TrimLeft(strings.TrimSpace(line[i:]), "=:")
+		out[line[:i]] = strings.TrimSpace(out[line[:i]])
 	}
 	if err := sc.Err(); err != nil {
 		return nil, usageErr("--config %s: %v", path, err)
@@ -72,7 +75,7 @@ func applyConfigFile(fs *flag.FlagSet, path string) (map[string]string, error) {
 				continue
 			}
 			if err := fs.Set(k, v); err != nil {
-				return nil, usageErr("--config %s: %s=%q: %v", path, k, v, err)
+				return nil, usageErr("--config %s: %s: %v", path, k, err)
 			}
 		default:
 			return nil, usageErr("--config %s: unknown key %q (not a flag of this command nor a Debezium router option)", path, k)

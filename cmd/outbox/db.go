@@ -64,7 +64,8 @@ func openDB(ctx context.Context, dsn string, table outboxdriver.Table, opts dbOp
 func openPostgres(ctx context.Context, dsn string, table outboxdriver.Table) (*database, error) {
 	cfg, err := pgxpool.ParseConfig(dsn)
 	if err != nil {
-		return nil, usageErr("--db %s: %v", redact.URL(dsn), err)
+		// pgx's parse error quotes pieces of the URL, password included: not shown.
+		return nil, usageErr("--db %s: not a valid PostgreSQL URL (characters such as / ? # @ in the password must be percent-encoded)", redact.URL(dsn))
 	}
 	if _, ok := cfg.ConnConfig.RuntimeParams["application_name"]; !ok {
 		cfg.ConnConfig.RuntimeParams["application_name"] = "outbox" // named in pg_stat_activity and `outbox status`

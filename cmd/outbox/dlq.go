@@ -87,8 +87,8 @@ func runDLQ(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 		tw := tabwriter.NewWriter(stdout, 0, 0, 2, ' ', 0)
 		fmt.Fprintln(tw, "ID\tAGGREGATE\tTYPE\tATTEMPTS\tDEAD SINCE\tHOLDS KEY\tERROR")
 		for _, d := range dead {
-			fmt.Fprintf(tw, "%s\t%s/%s\t%s\t%d\t%s\t%v\t%s\n", d.ID, d.AggregateType, d.AggregateID, d.Type, d.Attempts,
-				d.DeadAt.UTC().Format(time.RFC3339), d.HoldsKey, shorten(d.Error, 80))
+			fmt.Fprintf(tw, "%s\t%s/%s\t%s\t%d\t%s\t%v\t%s\n", termSafe(d.ID), termSafe(d.AggregateType), termSafe(d.AggregateID),
+				termSafe(d.Type), d.Attempts, d.DeadAt.UTC().Format(time.RFC3339), d.HoldsKey, termSafe(shorten(d.Error, 80)))
 		}
 		return tw.Flush()
 	case "show":
@@ -97,7 +97,7 @@ func runDLQ(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 			return err
 		}
 		if len(dead) == 0 {
-			return fmt.Errorf("no dead letter with id %s", ids[0])
+			return fmt.Errorf("no dead letter with id %s", termSafe(ids[0]))
 		}
 		return printJSON(stdout, toDeadJSON(&dead[0]))
 	case "replay":

@@ -15,6 +15,8 @@ import (
 	"sort"
 	"strings"
 	"syscall"
+
+	"github.com/outboxd/outbox/internal/redact"
 )
 
 // exitError carries an exit code; the message is printed as one line.
@@ -79,7 +81,10 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 			return 0
 		}
 		// One line: driver errors can span several.
-		msg := strings.Join(strings.Fields(strings.ReplaceAll(err.Error(), "\n", "; ")), " ")
+		// One line (driver errors can span several), through the one redaction path:
+		// a driver's or client's error can quote a DSN or a URL with its password.
+		msg := redact.String(strings.Join(strings.Fields(strings.ReplaceAll(err.Error(), "\n", "; ")), " "))
+		msg = redact.Scrub(msg, secretsOf(args))
 		fmt.Fprintf(stderr, "outbox %s: %s\n", c.name, msg)
 		var ee *exitError
 		if errors.As(err, &ee) {
@@ -90,6 +95,31 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	fmt.Fprintf(stderr, "outbox: unknown command %q\n", args[0])
 	usage(stderr)
 	return 2
+}
+
+// secretsOf returns the passwords and secrets in the command line and the OUTBOX_*
+// environment, so an error that quotes one in a form the redactor cannot recognise
+// (a driver's parse error showing a piece of a URL) still never prints it.
+func secretsOf(args []string) []string {
+	var out []string
+	for i, a := range args {
+		out = append(out, redact.Passwords(a)...)
+		if strings.HasPrefix(a, "--webhook-secret=") {
+			out = append(out, strings.TrimPrefix(a, "--webhook-secret="))
+		} else if (a == "--webhook-secret" || a == "-webhook-secret") && i+1 < len(args) {
+			out = append(out, args[i+1])
+		}
+	}
+	for _, kv := range os.Environ() {
+		k, v, _ := strings.Cut(kv, "=")
+		if strings.HasPrefix(k, "OUTBOX_") {
+			out = append(out, redact.Passwords(v)...)
+			if k == "OUTBOX_WEBHOOK_SECRET" {
+				out = append(out, v)
+			}
+		}
+	}
+	return out
 }
 
 func usage(w io.Writer) {
@@ -108,17 +138,34 @@ func newFlags(name string, stderr io.Writer) *flag.FlagSet {
 	return fs
 }
 
-// applyEnv sets every flag not given on the command line from its OUTBOX_* variable.
+// applyEnv sets every flag not given on the command line from its OUTBOX_* variable,
+// or from the file its OUTBOX_*_FILE variable names (the container-secrets
+// convention: OUTBOX_DB_FILE=/run/secrets/db keeps a password out of the environment
+// and out of ps).
 func applyEnv(fs *flag.FlagSet) error {
 	set := map[string]bool{}
 	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
 	var envErr error
 	fs.VisitAll(func(f *flag.Flag) {
+		if envErr != nil || set[f.Name] {
+			return
+		}
 		key := envName(f.Name)
-		if v, ok := os.LookupEnv(key); ok && envErr == nil && !set[f.Name] {
-			if err := f.Value.Set(v); err != nil {
-				envErr = usageErr("%s=%q: %v", key, v, err)
+		v, ok := os.LookupEnv(key)
+		if !ok {
+			path, fromFile := os.LookupEnv(key + "_FILE")
+			if !fromFile {
+				return
 			}
+			b, err := os.ReadFile(path)
+			if err != nil {
+				envErr = usageErr("%s_FILE: %v", key, err)
+				return
+			}
+			key, v = key+"_FILE", strings.TrimRight(string(b), "\r\n")
+		}
+		if err := f.Value.Set(v); err != nil {
+			envErr = usageErr("%s: %v", key, err) // not the value: it may be a secret
 		}
 	})
 	return envErr

@@ -50,7 +50,12 @@ func runRelay(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	topic := fs.String("topic-template", "", "topic template (default outbox.event.${aggregatetype}; outbox/event/${aggregatetype} for MQTT)")
 	var bo brokerOptions
 	fs.BoolVar(&bo.natsCreateStream, "nats-create-stream", false, "NATS: create the JetStream stream OUTBOX over outbox.event.> when no stream covers a subject")
-	fs.StringVar(&bo.webhookSecret, "webhook-secret", "", "webhook: the signing secret (whsec_<base64> or raw)")
+	fs.StringVar(&bo.webhookSecret, "webhook-secret", "", "webhook: the signing secret (whsec_<base64> or raw); prefer --webhook-secret-file")
+	fs.StringVar(&bo.webhookSecretFile, "webhook-secret-file", "", "webhook: a file holding the signing secret (kept out of ps and the environment)")
+	fs.StringVar(&bo.webhookCA, "webhook-ca", "", "webhook: PEM file of the CAs that sign the endpoint's certificate (default: the system's)")
+	fs.StringVar(&bo.webhookCert, "webhook-cert", "", "webhook: PEM client certificate for mutual TLS (with --webhook-key)")
+	fs.StringVar(&bo.webhookKey, "webhook-key", "", "webhook: PEM private key of --webhook-cert")
+	fs.BoolVar(&bo.webhookAllowHTTP, "webhook-allow-http", false, "webhook: allow plain http:// to a host that is not loopback (signed, but readable on the wire)")
 	fs.IntVar(&bo.maxMessageBytes, "max-message-bytes", 0, "refuse larger messages before sending them (0: the publisher's default)")
 	fs.StringVar(&bo.amqpExchange, "amqp-exchange", amqp.ExchangeDefault, "RabbitMQ: the topic exchange")
 	fs.Int64Var(&bo.redisMaxLen, "redis-maxlen", 0, "Redis: trim each stream to about this many entries (0: no trimming)")
@@ -182,6 +187,9 @@ func runRelay(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		defer stopHTTP()
 	}
 	logger.Info("relay starting", "mode", *mode, "db", redact.URL(*dsn), "broker", redact.URL(*brokerURL), "table", table.String())
+	for _, w := range plaintextWarnings(*dsn, *brokerURL) {
+		logger.Warn(w)
+	}
 	err = r.Run(ctx)
 	st := r.Stats()
 	logger.Info("relay stopped", "published", st.Published, "failed", st.Failed)
@@ -193,7 +201,19 @@ func newLogger(w io.Writer, level, format string) (*slog.Logger, error) {
 	if err := l.UnmarshalText([]byte(level)); err != nil {
 		return nil, usageErr("--log-level %q: want debug, info, warn or error", level)
 	}
-	opts := &slog.HandlerOptions{Level: l}
+	// Every string and error a log line carries goes through the one redaction path:
+	// a driver's error can quote a DSN.
+	opts := &slog.HandlerOptions{Level: l, ReplaceAttr: func(_ []string, a slog.Attr) slog.Attr {
+		switch a.Value.Kind() {
+		case slog.KindString:
+			a.Value = slog.StringValue(redact.String(a.Value.String()))
+		case slog.KindAny:
+			if err, ok := a.Value.Any().(error); ok {
+				a.Value = slog.StringValue(redact.String(err.Error()))
+			}
+		}
+		return a
+	}}
 	switch format {
 	case "text":
 		return slog.New(slog.NewTextHandler(w, opts)), nil

@@ -82,9 +82,9 @@ func runStatus(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	case st.ActiveRelay == "":
 		fmt.Fprintf(stdout, "active relay:          none\n")
 	case st.ActiveSince.IsZero():
-		fmt.Fprintf(stdout, "active relay:          %s\n", st.ActiveRelay)
+		fmt.Fprintf(stdout, "active relay:          %s\n", termSafe(st.ActiveRelay))
 	default:
-		fmt.Fprintf(stdout, "active relay:          %s, since %s\n", st.ActiveRelay, st.ActiveSince.UTC().Format(time.RFC3339))
+		fmt.Fprintf(stdout, "active relay:          %s, since %s\n", termSafe(st.ActiveRelay), st.ActiveSince.UTC().Format(time.RFC3339))
 	}
 	if len(st.Relays) > 0 {
 		fmt.Fprintf(stdout, "relays in the group:   %d\n", len(st.Relays))
@@ -95,7 +95,7 @@ func runStatus(ctx context.Context, args []string, stdout, stderr io.Writer) err
 					backlog += st.PartitionBacklog[p]
 				}
 			}
-			fmt.Fprintf(stdout, "  %s: heartbeat %s ago, %d partitions %s, held for up to %s, backlog %d\n", rs.ID,
+			fmt.Fprintf(stdout, "  %s: heartbeat %s ago, %d partitions %s, held for up to %s, backlog %d\n", termSafe(rs.ID),
 				rs.HeartbeatAge.Round(time.Millisecond), len(rs.Partitions), ranges(rs.Partitions), rs.OldestLease.Round(time.Second), backlog)
 		}
 	}

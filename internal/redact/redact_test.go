@@ -3,38 +3,64 @@ package redact
 import (
 	"strings"
 	"testing"
+	"unicode"
 
 	"go.uber.org/goleak"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
-func TestURL(t *testing.T) {
+func TestString(t *testing.T) {
 	for in, want := range map[string]string{
 		"postgres://u:hunter2@db:5432/x":              "postgres://u:***@db:5432/x",
 		"postgres://u@db/x":                           "postgres://u@db/x",
 		"nats://127.0.0.1:4222":                       "nats://127.0.0.1:4222",
 		"kafka://u:p%40ss@h1:9092,h2:9092?sasl=plain": "kafka://u:***@h1:9092,h2:9092?sasl=plain",
 		"amqp://u:pw@host:5672/%zz":                   "amqp://u:***@host:5672/%zz",
-		"host=db password=x":                          "host=db password=x",
+		"postgres://admin:hun/ter2@host/db":           "postgres://admin:***@host/db",
+		"postgres://admin:a@b?c#d@host/db?x=1":        "postgres://admin:***@host/db?x=1",
+		"host=db password=hunter2 user=x":             "host=db password=*** user=x",
+		"host=db password='hun ter2' user=x":          "host=db password=*** user=x",
+		"postgres://db/x?sslmode=require&password=pw": "postgres://db/x?sslmode=require&password=***",
+		"root:s3cret@tcp(127.0.0.1:3306)/test":        "root:***@tcp(127.0.0.1:3306)/test",
+		`--db "postgres://u:pw@h/d": bad`:             `--db "postgres://u:***@h/d": bad`,
+		"no secret here: a=b":                         "no secret here: a=b",
 	} {
-		if got := URL(in); got != want {
-			t.Errorf("URL(%q) = %q, want %q", in, got, want)
+		if got := String(in); got != want {
+			t.Errorf("String(%q) = %q, want %q", in, got, want)
 		}
 	}
 }
 
-// FuzzURL: a password in a URL's user info never survives.
-func FuzzURL(f *testing.F) {
+// FuzzString: a password, made of any characters including every URL-reserved one, in
+// a URL's user info, a key=value DSN or a MySQL DSN, never survives.
+func FuzzString(f *testing.F) {
 	f.Add("postgres", "u", "hunter2", "db:5432/x")
-	f.Add("amqp", "guest", "p@ss:w/rd", "host/%zz")
+	f.Add("amqp", "guest", "p@ss:w/rd?#%", "host/%zz")
+	f.Add("nats", "u", "a/b@c:d", "h:4222")
 	f.Fuzz(func(t *testing.T, scheme, user, pw, rest string) {
-		if len(pw) < 4 || strings.ContainsAny(pw+user, "@/?#:") || strings.ContainsAny(rest, "@") {
-			return // not a URL with a recognisable user:password@ part
+		if strings.IndexFunc(scheme+user+rest, unicode.IsSpace) >= 0 {
+			return
 		}
-		raw := scheme + "://" + user + ":" + pw + "@" + rest
-		if out := URL(raw); strings.Contains(out, ":"+pw+"@") {
-			t.Fatalf("URL(%q) = %q keeps the password", raw, out)
+		if len(pw) < 4 || strings.IndexFunc(pw, unicode.IsSpace) >= 0 || strings.ContainsAny(pw, "\"'") || strings.ContainsAny(user, ":@/?# \t\n\"'") || user == "" ||
+			strings.ContainsAny(rest, "@ \t\n\"'") || strings.ContainsAny(scheme, ":/ \t\n\"'") ||
+			strings.Contains(scheme+"|"+user+"|"+rest+"|host=password=user=dbname=x|tcp(h:3306)/db", pw) {
+			return
+		}
+		for _, raw := range []string{
+			scheme + "://" + user + ":" + pw + "@" + rest,
+			"host=" + rest + " password=" + pw + " user=" + user,
+			"dbname=x password='" + strings.ReplaceAll(pw, "'", `\'`) + "'",
+		} {
+			if out := String(raw); strings.Contains(out, pw) {
+				t.Fatalf("String(%q) = %q keeps the password", raw, out)
+			}
+		}
+		if !strings.ContainsAny(pw, "()") {
+			raw := user + ":" + pw + "@tcp(" + "h:3306)/db"
+			if out := String(raw); strings.Contains(out, pw) {
+				t.Fatalf("String(%q) = %q keeps the password", raw, out)
+			}
 		}
 	})
 }
