@@ -13,15 +13,18 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
-	"github.com/outboxd/outbox/outboxdriver"
+	"github.com/outboxd/outbox/internal/redact"
 	"github.com/outboxd/outbox/relay"
+	"github.com/outboxd/outbox/relay/relayprom"
 )
 
 // serveHTTP serves /metrics, /healthz and /readyz on addr until ctx ends.
 //
 //	/healthz  200 while the process runs
 //	/readyz   200 when the database answers and the broker is not known to be down
-func serveHTTP(ctx context.Context, addr string, reg *prometheus.Registry, store outboxdriver.Store, r *relay.Relay, log *slog.Logger) (func(), error) {
+//
+// Both read the table's status through status (a cache: probes stay cheap).
+func serveHTTP(ctx context.Context, addr string, reg *prometheus.Registry, status relayprom.StatusReader, r *relay.Relay, log *slog.Logger) (func(), error) {
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	mux := http.NewServeMux()
 	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
@@ -29,8 +32,8 @@ func serveHTTP(ctx context.Context, addr string, reg *prometheus.Registry, store
 	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, req *http.Request) {
 		ctx, cancel := context.WithTimeout(req.Context(), 3*time.Second)
 		defer cancel()
-		if _, err := store.Status(ctx); err != nil {
-			http.Error(w, "database: "+err.Error(), http.StatusServiceUnavailable)
+		if _, err := status.Status(ctx); err != nil {
+			http.Error(w, "database: "+redact.String(err.Error()), http.StatusServiceUnavailable)
 			return
 		}
 		st := r.Stats()

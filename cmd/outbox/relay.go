@@ -162,7 +162,10 @@ func runRelay(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	}
 	defer pub.Close()
 	reg := prometheus.NewRegistry()
-	metrics, err := relayprom.New(reg, store)
+	// Probes and scrapes read the table's status through one cache: at most one
+	// status query per interval, however many requests come.
+	status := relayprom.NewStatusCache(store, relayprom.StatusCacheIntervalDefault)
+	metrics, err := relayprom.New(reg, status)
 	if err != nil {
 		return err
 	}
@@ -180,7 +183,7 @@ func runRelay(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		return err
 	}
 	if *httpAddr != "" {
-		stopHTTP, err := serveHTTP(ctx, *httpAddr, reg, store, r, logger)
+		stopHTTP, err := serveHTTP(ctx, *httpAddr, reg, status, r, logger)
 		if err != nil {
 			return err
 		}

@@ -35,7 +35,6 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/outboxd/outbox/broker"
-	"github.com/outboxd/outbox/outboxdriver"
 	"github.com/outboxd/outbox/relay"
 )
 
@@ -58,7 +57,7 @@ type Metrics struct {
 	publishTime prometheus.Histogram
 	leader      prometheus.Gauge
 	partitions  prometheus.Gauge
-	store       outboxdriver.Store
+	store       StatusReader
 
 	unpublished, oldest, failing, dead, held *prometheus.Desc
 	slotRetained, slotLag, slotSafe, slotOK  *prometheus.Desc
@@ -73,8 +72,9 @@ var (
 )
 
 // New registers the metrics on reg. store, when not nil, is read at every scrape for
-// the backlog gauges (with a 5 s timeout).
-func New(reg prometheus.Registerer, store outboxdriver.Store) (*Metrics, error) {
+// the backlog gauges (with a 5 s timeout): give it a StatusCache, so scrapes cannot
+// load the database.
+func New(reg prometheus.Registerer, store StatusReader) (*Metrics, error) {
 	m := &Metrics{
 		published: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "outbox_relay_published_total",
 			Help: "Events the broker acknowledged."}, []string{"topic"}),
