@@ -2,15 +2,19 @@ package main
 
 import (
 	"context"
+	neturl "net/url"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/outboxd/outbox/internal/testenv"
+	"github.com/outboxd/outbox/outboxdriver"
 )
 
 // TestSecretsNeverPrinted: a table of bad inputs, each carrying a password or secret
@@ -101,4 +105,91 @@ VALUES ($1, 'order', $2, 'T', '{}', 1, now(), 1, $3, true)`, uuid.NewString(), e
 	if !strings.Contains(stdout, `agg\x1b]0;pwned\x07\x1b[2K\x0dforged line\u202e`) {
 		t.Fatalf("the aggregate id is not shown escaped: %q", stdout)
 	}
+}
+
+// TestLeastPrivilegeRelay: the relay runs as a role holding exactly the grants
+// docs/security.md lists for it, and relays, dead-letters an event and cleans up.
+func TestLeastPrivilegeRelay(t *testing.T) {
+	url := testenv.DatabaseURL(t)
+	redisURL := testenv.ServiceURL(t, "TEST_REDIS_URL", "redis://127.0.0.1:6379/0", "127.0.0.1:6379", "Redis")
+	pool := testenv.Pool(t, url)
+	ctx := context.Background()
+	schema := testenv.Schema(t, url)
+	table := migrateSchema(t, url, schema, "outbox")
+	role := strings.ToLower(testenv.UniqueName("outbox_relay_"))
+	doc, err := os.ReadFile("../../docs/security.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, block, _ := strings.Cut(string(doc), "<!-- relay-grants -->\n```sql\n")
+	block, _, _ = strings.Cut(block, "```")
+	if !strings.Contains(block, "GRANT") {
+		t.Fatal("docs/security.md has no relay grants block")
+	}
+	grants := strings.NewReplacer("CREATE ROLE outbox_relay ", "CREATE ROLE "+role+" ", "TO outbox_relay;", "TO "+role+";",
+		"SCHEMA app ", "SCHEMA "+pgx.Identifier{schema}.Sanitize()+" ", "app.", pgx.Identifier{schema}.Sanitize()+".").Replace(block)
+	t.Cleanup(func() {
+		_, _ = pool.Exec(context.Background(), "DROP OWNED BY "+role)
+		_, _ = pool.Exec(context.Background(), "DROP ROLE IF EXISTS "+role)
+	})
+	for _, stmt := range strings.Split(grants, ";") {
+		if stmt = strings.TrimSpace(stmt); stmt != "" {
+			if _, err := pool.Exec(ctx, stmt); err != nil {
+				t.Fatalf("%s: %v", stmt, err)
+			}
+		}
+	}
+	u, err := neturl.Parse(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	u.User = neturl.User(role)
+	roleURL := u.String()
+
+	writeEvents(t, pool, table, 4, 40)
+	if _, err := pool.Exec(ctx, `INSERT INTO `+pgx.Identifier{schema, "outbox"}.Sanitize()+
+		` (id, aggregatetype, aggregateid, type, payload) VALUES ($1, 'order', 'too-big', 'T', $2)`,
+		uuid.NewString(), `{"pad":"`+strings.Repeat("x", 2000)+`"}`); err != nil {
+		t.Fatal(err)
+	}
+	prefix := testenv.UniqueName("leastpriv:")
+	relayProc := startRelayProc(t, nil, "--db", roleURL, "--table", schema+".outbox", "--broker", redisURL,
+		"--topic-template", prefix+"${aggregatetype}", "--max-message-bytes", "1000", "--poll-interval", "50ms", "--http", "")
+	if !waitUnpublishedOK(pool, table, 30*time.Second) {
+		t.Fatalf("events still unpublished; the relay said:\n%s", relayProc.output())
+	}
+	var dead int
+	if err := pool.QueryRow(ctx, `SELECT count(*) FROM `+pgx.Identifier{schema, "outbox_dead"}.Sanitize()).Scan(&dead); err != nil {
+		t.Fatal(err)
+	}
+	if dead != 1 {
+		t.Fatalf("%d dead letters, want the oversized event:\n%s", dead, relayProc.output())
+	}
+	stdout, stderr, code := runCLI(t, nil, "cleanup", "--db", roleURL, "--table", schema+".outbox", "--older-than", "1ns")
+	if code != 0 {
+		t.Fatalf("cleanup as the relay role: %d %s %s", code, stdout, stderr)
+	}
+	var left int
+	if err := pool.QueryRow(ctx, `SELECT count(*) FROM `+pgx.Identifier{schema, "outbox"}.Sanitize()).Scan(&left); err != nil {
+		t.Fatal(err)
+	}
+	if left != 0 {
+		t.Fatalf("%d published rows left after cleanup", left)
+	}
+	if out := relayProc.output(); strings.Contains(out, "permission denied") {
+		t.Fatalf("the relay met a missing grant:\n%s", out)
+	}
+}
+
+func waitUnpublishedOK(pool *pgxpool.Pool, table outboxdriver.Table, timeout time.Duration) bool {
+	deadline := time.Now().Add(timeout)
+	q := "SELECT count(*) FROM " + pgx.Identifier{table.Schema, table.Name}.Sanitize() + " WHERE published_at IS NULL"
+	for time.Now().Before(deadline) {
+		var n int64
+		if err := pool.QueryRow(context.Background(), q).Scan(&n); err == nil && n == 0 {
+			return true
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	return false
 }
