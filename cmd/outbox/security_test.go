@@ -116,35 +116,7 @@ func TestLeastPrivilegeRelay(t *testing.T) {
 	ctx := context.Background()
 	schema := testenv.Schema(t, url)
 	table := migrateSchema(t, url, schema, "outbox")
-	role := strings.ToLower(testenv.UniqueName("outbox_relay_"))
-	doc, err := os.ReadFile("../../docs/security.md")
-	if err != nil {
-		t.Fatal(err)
-	}
-	_, block, _ := strings.Cut(string(doc), "<!-- relay-grants -->\n```sql\n")
-	block, _, _ = strings.Cut(block, "```")
-	if !strings.Contains(block, "GRANT") {
-		t.Fatal("docs/security.md has no relay grants block")
-	}
-	grants := strings.NewReplacer("CREATE ROLE outbox_relay ", "CREATE ROLE "+role+" ", "TO outbox_relay;", "TO "+role+";",
-		"SCHEMA app ", "SCHEMA "+pgx.Identifier{schema}.Sanitize()+" ", "app.", pgx.Identifier{schema}.Sanitize()+".").Replace(block)
-	t.Cleanup(func() {
-		_, _ = pool.Exec(context.Background(), "DROP OWNED BY "+role)
-		_, _ = pool.Exec(context.Background(), "DROP ROLE IF EXISTS "+role)
-	})
-	for _, stmt := range strings.Split(grants, ";") {
-		if stmt = strings.TrimSpace(stmt); stmt != "" {
-			if _, err := pool.Exec(ctx, stmt); err != nil {
-				t.Fatalf("%s: %v", stmt, err)
-			}
-		}
-	}
-	u, err := neturl.Parse(url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	u.User = neturl.User(role)
-	roleURL := u.String()
+	roleURL := grantRole(t, pool, url, "relay-grants", "outbox_relay", schema)
 
 	writeEvents(t, pool, table, 4, 40)
 	if _, err := pool.Exec(ctx, `INSERT INTO `+pgx.Identifier{schema, "outbox"}.Sanitize()+
@@ -192,4 +164,59 @@ func waitUnpublishedOK(pool *pgxpool.Pool, table outboxdriver.Table, timeout tim
 		time.Sleep(20 * time.Millisecond)
 	}
 	return false
+}
+
+// grantRole creates a role of its own from the SQL block that follows <!-- marker -->
+// in docs/security.md (docRole renamed, schema app replaced by schema), drops it when
+// the test ends, and returns url logged in as it.
+func grantRole(t *testing.T, pool *pgxpool.Pool, url, marker, docRole, schema string) string {
+	t.Helper()
+	role := strings.ToLower(testenv.UniqueName(docRole + "_"))
+	doc, err := os.ReadFile("../../docs/security.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, block, _ := strings.Cut(string(doc), "<!-- "+marker+" -->\n```sql\n")
+	block, _, _ = strings.Cut(block, "```")
+	if !strings.Contains(block, "GRANT") {
+		t.Fatalf("docs/security.md has no %s block", marker)
+	}
+	sql := strings.NewReplacer("CREATE ROLE "+docRole+" ", "CREATE ROLE "+role+" ", "TO "+docRole+";", "TO "+role+";",
+		"SCHEMA app ", "SCHEMA "+pgx.Identifier{schema}.Sanitize()+" ", "app.", pgx.Identifier{schema}.Sanitize()+".").Replace(block)
+	t.Cleanup(func() {
+		_, _ = pool.Exec(context.Background(), "DROP OWNED BY "+role)
+		_, _ = pool.Exec(context.Background(), "DROP ROLE IF EXISTS "+role)
+	})
+	for _, stmt := range strings.Split(sql, ";") {
+		if stmt = strings.TrimSpace(stmt); stmt != "" {
+			if _, err := pool.Exec(context.Background(), stmt); err != nil {
+				t.Fatalf("%s: %v", stmt, err)
+			}
+		}
+	}
+	u, err := neturl.Parse(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	u.User = neturl.User(role)
+	return u.String()
+}
+
+// TestLeastPrivilegeCDCRelay: the CDC relay runs as a role with REPLICATION and the
+// grants docs/security.md lists, nothing more (the publication and slot were made by
+// the owner's `migrate --cdc`), and relays every event in order.
+func TestLeastPrivilegeCDCRelay(t *testing.T) {
+	url := testenv.DatabaseURL(t)
+	pool := testenv.Pool(t, url)
+	table, _ := cdcTable(t, url, pool)
+	roleURL := grantRole(t, pool, url, "cdc-grants", "outbox_cdc", table.Schema)
+	ns := newNATSScope(t)
+	const n = 300
+	want := writeEvents(t, pool, table, 5, n)
+	p := startRelayProc(t, nil, "--db", roleURL, "--table", table.Schema+".outbox", "--broker", ns.url, "--mode", "cdc",
+		"--topic-template", ns.template(), "--http", "")
+	checkOrder(t, want, ns.read(t, n))
+	if out := p.output(); strings.Contains(out, "permission denied") {
+		t.Fatalf("the CDC relay met a missing grant:\n%s", out)
+	}
 }
