@@ -257,7 +257,7 @@ func scratchFor(ctx context.Context, dbURL string, conns int32, mode, write stri
 // initCDC creates the table's publication and slot (as `outbox migrate --cdc`) and
 // returns a func that drops them.
 func initCDC(ctx context.Context, pool *pgxpool.Pool, table outboxdriver.Table) (func(), error) {
-	src, err := outboxpgx.New(pool, &table).CDC(&pgcdc.Config{})
+	src, err := pgcdc.ForDriver(outboxpgx.New(pool, &table), &pgcdc.Config{})
 	if err != nil {
 		return nil, err
 	}
@@ -576,7 +576,7 @@ func inProcessRelay(ctx context.Context, pool *pgxpool.Pool, table outboxdriver.
 		return nil, err
 	}
 	if mode == "cdc" {
-		if store, err = drv.CDC(nil); err != nil {
+		if store, err = pgcdc.ForDriver(drv, nil); err != nil {
 			return nil, err
 		}
 	}

@@ -72,7 +72,7 @@ func (e *cdcEnv) source(t testing.TB, cfg *pgcdc.Config) *pgcdc.Source {
 	if cfg.StatusInterval == 0 {
 		cfg.StatusInterval = 100 * time.Millisecond
 	}
-	src, err := e.drv.CDC(cfg)
+	src, err := pgcdc.ForDriver(e.drv, cfg)
 	if err != nil {
 		t.Fatal(err)
 	}

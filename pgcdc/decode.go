@@ -11,6 +11,7 @@ import (
 	"github.com/google/uuid"
 
 	"github.com/outboxd/outbox/outboxdriver"
+	"github.com/outboxd/outbox/outboxdriver/pgmessage"
 )
 
 // ErrMalformed wraps every decoding error: the stream is not valid pgoutput.
@@ -350,7 +351,7 @@ func (d *Decoder) message(r *reader) (Change, error) {
 		return Change{}, nil
 	}
 	ch := Change{Kind: ChangeEvent}
-	row, at, err := DecodeMessage(content)
+	row, at, err := pgmessage.Decode(content)
 	ch.AvailableAt = at
 	if err != nil {
 		ch.Bad = err

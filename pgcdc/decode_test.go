@@ -15,6 +15,7 @@ import (
 
 	"github.com/outboxd/outbox"
 	"github.com/outboxd/outbox/outboxdriver"
+	"github.com/outboxd/outbox/outboxdriver/pgmessage"
 	"github.com/outboxd/outbox/pgcdc"
 )
 
@@ -127,7 +128,7 @@ func TestDecodeInsertAndMessage(t *testing.T) {
 	id := uuid.MustParse("0190d2a4-5b6c-7d8e-9f00-112233445566")
 	seq := binary.BigEndian.AppendUint64(nil, 42)
 	d := pgcdc.NewDecoder(outboxdriver.Table{}, "public.outbox")
-	content, err := pgcdc.EncodeMessage(&outboxdriver.InsertEvent{ID: id.String(), AggregateType: "order", AggregateID: "7", Type: "Paid",
+	content, err := pgmessage.Encode(&outboxdriver.InsertEvent{ID: id.String(), AggregateType: "order", AggregateID: "7", Type: "Paid",
 		Payload: []byte("\xff\x00raw"), Headers: []byte(`{"tenant":"t1"}`)})
 	if err != nil {
 		t.Fatal(err)
@@ -201,11 +202,11 @@ func TestMessageRoundTrip(t *testing.T) {
 	at := time.Date(2030, 1, 2, 3, 4, 5, 0, time.UTC)
 	ev := outboxdriver.InsertEvent{ID: uuid.NewString(), AggregateType: "a", AggregateID: "line\nbreak", Type: "T",
 		Payload: nil, TraceContext: "traceparent=00-x", AvailableAt: at}
-	c, err := pgcdc.EncodeMessage(&ev)
+	c, err := pgmessage.Encode(&ev)
 	if err != nil {
 		t.Fatal(err)
 	}
-	row, gotAt, err := pgcdc.DecodeMessage(c)
+	row, gotAt, err := pgmessage.Decode(c)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -220,7 +221,7 @@ func TestMessageRoundTrip(t *testing.T) {
 // TestWriteFuzzCorpus.
 func FuzzDecode(f *testing.F) {
 	id := uuid.New()
-	content, _ := pgcdc.EncodeMessage(&outboxdriver.InsertEvent{ID: id.String(), AggregateType: "o", AggregateID: "1", Type: "T", Payload: []byte(`{}`)})
+	content, _ := pgmessage.Encode(&outboxdriver.InsertEvent{ID: id.String(), AggregateType: "o", AggregateID: "1", Type: "T", Payload: []byte(`{}`)})
 	f.Add(frames(begin(10), relationMsg(2, "public", "outbox", outboxCols),
 		insertMsg(2, id[:], []byte("order"), []byte("7"), []byte("Placed"), []byte("\x01{}"), nil, nil, binary.BigEndian.AppendUint64(nil, 1)),
 		logicalMsg(true, 9, "public.outbox", content), commit(10, 11)))

@@ -6,14 +6,14 @@
 // publish, retry and dead-letter logic in both modes:
 //
 //	drv := outboxpgx.New(pool, nil)
-//	src, err := drv.CDC(nil)           // slot outbox_public_outbox, same-named publication
+//	src, err := pgcdc.ForDriver(drv, nil)           // slot outbox_public_outbox, same-named publication
 //	err = src.Init(ctx)                // or `outbox migrate --cdc`: capture starts now
 //	r, err := relay.New(src, publisher, nil)
 //	err = r.Run(ctx)
 //
 // Events come from inserts into the outbox table and, in the table-less mode, from
 // transactional logical decoding messages written by the writer with
-// pg_logical_emit_message (outboxdriver.WriteMessage; EncodeMessage is the format).
+// pg_logical_emit_message (outboxdriver.WriteMessage; package outboxdriver/pgmessage is the format).
 //
 // The parts, from the wire in: Decoder turns pgoutput messages into changes (pure,
 // fuzzed); the stream reads the replication connection and reports the confirmed

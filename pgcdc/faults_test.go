@@ -20,6 +20,7 @@ import (
 	"github.com/outboxd/outbox/internal/testenv"
 	"github.com/outboxd/outbox/outboxdriver"
 	"github.com/outboxd/outbox/outboxdriver/outboxpgx"
+	"github.com/outboxd/outbox/outboxdriver/pgmessage"
 	"github.com/outboxd/outbox/pgcdc"
 	"github.com/outboxd/outbox/relay"
 )
@@ -32,7 +33,7 @@ func TestStartDuringBurstBackfillsRowsBeforeTheSlot(t *testing.T) {
 	wrote.Add(1)
 	go func() { defer wrote.Done(); e.produce(t, 4, 150) }()
 	time.Sleep(50 * time.Millisecond) // the burst is under way: some rows predate the slot
-	src, err := e.drv.CDC(&pgcdc.Config{Logger: quiet(), StatusInterval: 100 * time.Millisecond})
+	src, err := pgcdc.ForDriver(e.drv, &pgcdc.Config{Logger: quiet(), StatusInterval: 100 * time.Millisecond})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -165,7 +166,7 @@ func TestDelayedAndNonTransactional(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	content, _ := pgcdc.EncodeMessage(&outboxdriver.InsertEvent{ID: "0190d2a4-5b6c-7d8e-9f00-112233445566", AggregateType: "order", AggregateID: "nt", Type: "T", Payload: []byte(`{}`)})
+	content, _ := pgmessage.Encode(&outboxdriver.InsertEvent{ID: "0190d2a4-5b6c-7d8e-9f00-112233445566", AggregateType: "order", AggregateID: "nt", Type: "T", Payload: []byte(`{}`)})
 	if _, err := e.pool.Exec(ctx, `SELECT pg_logical_emit_message(false, $1, $2::bytea)`, e.table.MessagePrefix, content); err != nil {
 		t.Fatal(err)
 	}

@@ -61,7 +61,7 @@ func TestTablesWhoseSlotNamesUsedToCollide(t *testing.T) {
 		}
 		slot := pgcdc.DefaultSlot(table)
 		t.Cleanup(func() { dropSlot(t, pool, slot) })
-		src, err := drv.CDC(&pgcdc.Config{Logger: quiet(), StatusInterval: 100 * time.Millisecond})
+		src, err := pgcdc.ForDriver(drv, &pgcdc.Config{Logger: quiet(), StatusInterval: 100 * time.Millisecond})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -87,7 +87,7 @@ func TestTablesWhoseSlotNamesUsedToCollide(t *testing.T) {
 
 	// A slot and publication named for the first table, given to the second: refused.
 	drv := outboxpgx.New(pool, &tables[1])
-	src, err := drv.CDC(&pgcdc.Config{Logger: quiet(), Slot: pgcdc.DefaultSlot(tables[0])})
+	src, err := pgcdc.ForDriver(drv, &pgcdc.Config{Logger: quiet(), Slot: pgcdc.DefaultSlot(tables[0])})
 	if err != nil {
 		t.Fatal(err)
 	}

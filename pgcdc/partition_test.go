@@ -22,7 +22,7 @@ func TestPartitionedCDCRelay(t *testing.T) {
 	const bound = 3 * time.Second
 	e := setup(t, outboxdriver.WriteRows)
 	poolA, proxy := testenv.ProxiedPool(t, e.url)
-	srcA, err := outboxpgx.New(poolA, &e.table).CDC(&pgcdc.Config{Logger: quiet(), StatusInterval: 100 * time.Millisecond})
+	srcA, err := pgcdc.ForDriver(outboxpgx.New(poolA, &e.table), &pgcdc.Config{Logger: quiet(), StatusInterval: 100 * time.Millisecond})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -35,7 +35,7 @@ func TestPostgresRestart(t *testing.T) {
 			if _, err := m.Migrate(ctx); err != nil {
 				t.Fatal(err)
 			}
-			src, err := drv.CDC(&pgcdc.Config{Logger: quiet(), StatusInterval: 100 * time.Millisecond})
+			src, err := pgcdc.ForDriver(drv, &pgcdc.Config{Logger: quiet(), StatusInterval: 100 * time.Millisecond})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -119,7 +119,7 @@ func TestInvalidatedSlot(t *testing.T) {
 	if _, err := m.Migrate(ctx); err != nil {
 		t.Fatal(err)
 	}
-	src, err := drv.CDC(&pgcdc.Config{Logger: quiet()})
+	src, err := pgcdc.ForDriver(drv, &pgcdc.Config{Logger: quiet()})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -175,7 +175,7 @@ func TestInvalidatedSlot(t *testing.T) {
 		t.Fatalf("status of a lost slot: %+v, %v", st, err)
 	}
 
-	recovered, err := drv.CDC(&pgcdc.Config{Logger: quiet(), RecreateSlot: true})
+	recovered, err := pgcdc.ForDriver(drv, &pgcdc.Config{Logger: quiet(), RecreateSlot: true})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -20,6 +20,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/outboxd/outbox/outboxdriver"
+	"github.com/outboxd/outbox/outboxdriver/outboxpgx"
 )
 
 // Errors callers branch on.
@@ -108,6 +109,19 @@ type Source struct {
 	sess *session
 
 	skipped atomic.Int64
+}
+
+// ForDriver returns the CDC source of an outboxpgx driver's table, on its pool and
+// store. CDC builds on the driver; the driver knows nothing of it.
+func ForDriver(d *outboxpgx.Driver, cfg *Config) (*Source, error) {
+	if err := d.Err(); err != nil {
+		return nil, err
+	}
+	store, err := d.Store()
+	if err != nil {
+		return nil, err
+	}
+	return New(d.Pool(), store, d.Table(), cfg)
 }
 
 // New returns a CDC source for the table of inner (the PostgreSQL store of the same

@@ -95,7 +95,7 @@ func openPostgres(ctx context.Context, dsn string, table outboxdriver.Table) (*d
 		pool.Close()
 		return nil, err
 	}
-	return &database{store: store, migrator: m, close: pool.Close, cdc: drv.CDC}, nil
+	return &database{store: store, migrator: m, close: pool.Close, cdc: func(cfg *pgcdc.Config) (*pgcdc.Source, error) { return pgcdc.ForDriver(drv, cfg) }}, nil
 }
 
 // openTable opens --db for the --table of a command that reads or manages an existing

@@ -19,7 +19,6 @@ import (
 
 	"github.com/outboxd/outbox/outboxdriver"
 	"github.com/outboxd/outbox/outboxdriver/internal/pgsql"
-	"github.com/outboxd/outbox/pgcdc"
 )
 
 // Driver binds outbox to a pgx pool. Build it with New.
@@ -50,6 +49,9 @@ func (d *Driver) Name() string { return "pgx" }
 // Table implements outboxdriver.Driver.
 func (d *Driver) Table() outboxdriver.Table { return d.table }
 
+// Pool returns the pool the driver was built with (CDC sources build on it).
+func (d *Driver) Pool() *pgxpool.Pool { return d.pool }
+
 // Err implements outboxdriver.Driver.
 func (d *Driver) Err() error { return d.err }
 
@@ -72,17 +74,6 @@ func (d *Driver) Store() (outboxdriver.Store, error) {
 		return nil, err
 	}
 	return &pgsql.Store{S: d.s, DB: db{d.pool}, ListenFunc: d.listen}, nil
-}
-
-// CDC returns the relay store of CDC mode: events read from the WAL by logical
-// replication instead of polled from the table (see package pgcdc). Hand it to
-// relay.New in place of Store.
-func (d *Driver) CDC(cfg *pgcdc.Config) (*pgcdc.Source, error) {
-	store, err := d.Store()
-	if err != nil {
-		return nil, err
-	}
-	return pgcdc.New(d.pool, store, d.table, cfg)
 }
 
 // Migrator implements outboxdriver.Driver. Without a pool its SQL method still

@@ -13,7 +13,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/outboxd/outbox/outboxdriver"
-	"github.com/outboxd/outbox/pgcdc"
+	"github.com/outboxd/outbox/outboxdriver/pgmessage"
 )
 
 var errNoRows = errors.New("no rows")
@@ -206,7 +206,7 @@ func (e Executor) InsertEvents(ctx context.Context, p *outboxdriver.InsertParams
 func (e Executor) emitMessages(ctx context.Context, events []outboxdriver.InsertEvent) error {
 	contents := make([][]byte, len(events))
 	for i := range events {
-		c, err := pgcdc.EncodeMessage(&events[i])
+		c, err := pgmessage.Encode(&events[i])
 		if err != nil {
 			return err
 		}

@@ -1,4 +1,8 @@
-package pgcdc
+// Package pgmessage is the table-less CDC mode's message format: the content of the
+// pg_logical_emit_message each event is written as. The writer (the PostgreSQL
+// drivers) encodes it and the CDC relay (package pgcdc) decodes it; it is a leaf, so
+// neither side imports the other.
+package pgmessage
 
 import (
 	"bytes"
@@ -41,12 +45,12 @@ type messageHeader struct {
 	AvailableAt   *time.Time        `json:"available_at,omitempty"`
 }
 
-// MessagePrefixDefault returns the logical message prefix of a table's events:
+// PrefixDefault returns the logical message prefix of a table's events:
 // its qualified name, so several outboxes in one database stay apart.
-func MessagePrefixDefault(t outboxdriver.Table) string { return t.WithDefaults().String() }
+func PrefixDefault(t outboxdriver.Table) string { return t.WithDefaults().String() }
 
-// EncodeMessage returns the logical message content of one event.
-func EncodeMessage(ev *outboxdriver.InsertEvent) ([]byte, error) {
+// Encode returns the logical message content of one event.
+func Encode(ev *outboxdriver.InsertEvent) ([]byte, error) {
 	h := messageHeader{ID: ev.ID, AggregateType: ev.AggregateType, AggregateID: ev.AggregateID, Type: ev.Type,
 		TraceContext: ev.TraceContext, PayloadNull: ev.Payload == nil}
 	if !ev.AvailableAt.IsZero() {
@@ -66,9 +70,9 @@ func EncodeMessage(ev *outboxdriver.InsertEvent) ([]byte, error) {
 	return b.Bytes(), nil
 }
 
-// DecodeMessage reads the content of a table-less event and when it may go out
+// Decode reads the content of a table-less event and when it may go out
 // (zero: now). The payload aliases content.
-func DecodeMessage(content []byte) (outboxdriver.Row, time.Time, error) {
+func Decode(content []byte) (outboxdriver.Row, time.Time, error) {
 	line, payload, ok := bytes.Cut(content, []byte{'\n'})
 	if !ok {
 		return outboxdriver.Row{}, time.Time{}, errors.New("outbox message: no newline after the JSON header")

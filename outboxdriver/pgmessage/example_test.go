@@ -1,16 +1,16 @@
-package pgcdc_test
+package pgmessage_test
 
 import (
 	"fmt"
 
 	"github.com/outboxd/outbox/outboxdriver"
-	"github.com/outboxd/outbox/pgcdc"
+	"github.com/outboxd/outbox/outboxdriver/pgmessage"
 )
 
 // The table-less mode's message content: a JSON line with the event's metadata, then
 // the payload bytes as they will be published.
-func ExampleEncodeMessage() {
-	content, err := pgcdc.EncodeMessage(&outboxdriver.InsertEvent{
+func ExampleEncode() {
+	content, err := pgmessage.Encode(&outboxdriver.InsertEvent{
 		ID: "0190d2a4-5b6c-7d8e-9f00-112233445566", AggregateType: "order", AggregateID: "42",
 		Type: "OrderPlaced", Payload: []byte(`{"eventVersion":1,"total":990}`),
 	})
@@ -18,7 +18,7 @@ func ExampleEncodeMessage() {
 		panic(err)
 	}
 	fmt.Printf("%s\n", content)
-	row, _, err := pgcdc.DecodeMessage(content)
+	row, _, err := pgmessage.Decode(content)
 	if err != nil {
 		panic(err)
 	}
