@@ -22,6 +22,8 @@ import (
 	"errors"
 	"fmt"
 	"time"
+
+	"github.com/outboxd/outbox/internal/wire"
 )
 
 // Event is one fact a service tells the rest of the system about.
@@ -50,10 +52,10 @@ type Event struct {
 // Header names of the wire format. The relay sets the first four on every message;
 // the others are conventions for metadata that applications put in Event.Headers.
 const (
-	HeaderID            = "id"
-	HeaderEventType     = "eventType"
-	HeaderAggregateType = "aggregateType"
-	HeaderAggregateID   = "aggregateId"
+	HeaderID            = wire.HeaderID
+	HeaderEventType     = wire.HeaderEventType
+	HeaderAggregateType = wire.HeaderAggregateType
+	HeaderAggregateID   = wire.HeaderAggregateID
 
 	HeaderCorrelationID = "correlationId"
 	HeaderCausationID   = "causationId"

@@ -20,10 +20,10 @@ import (
 
 // Wire-format header names, set on every message (see EachHeader).
 const (
-	HeaderID            = "id"
-	HeaderEventType     = "eventType"
-	HeaderAggregateType = "aggregateType"
-	HeaderAggregateID   = "aggregateId"
+	HeaderID            = wire.HeaderID
+	HeaderEventType     = wire.HeaderEventType
+	HeaderAggregateType = wire.HeaderAggregateType
+	HeaderAggregateID   = wire.HeaderAggregateID
 	// HeaderPayloadNull is "true" on a message whose payload column was NULL (the
 	// body is then empty).
 	HeaderPayloadNull = "outbox-payload-null"

@@ -159,6 +159,12 @@ type LeadershipParams struct {
 	Timeout time.Duration
 }
 
+// AggregateKey is the one key of an aggregate (type and id, which may hold any bytes
+// but NUL on PostgreSQL): the unit of ordering, holds and quarantine.
+func AggregateKey(aggregateType, aggregateID string) string {
+	return aggregateType + "\x00" + aggregateID
+}
+
 // LeaseBound is implemented by a Leadership whose bound is its own rather than
 // LeadershipParams.Timeout (SQLite's lease TTL): the relay fences itself by it.
 type LeaseBound interface {

@@ -202,4 +202,6 @@ func (q *queue) close() {
 	q.mu.Unlock()
 }
 
-func aggregateKey(r *outboxdriver.Row) string { return r.AggregateType + "\x00" + r.AggregateID }
+func aggregateKey(r *outboxdriver.Row) string {
+	return outboxdriver.AggregateKey(r.AggregateType, r.AggregateID)
+}

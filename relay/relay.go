@@ -36,10 +36,10 @@ type Relay struct {
 }
 
 type stats struct {
-	published, failed, batches, claims, dead, cleaned atomic.Int64
-	brokerDownSince                                   atomic.Int64 // unix nanos; 0 while the broker answers
-	partitions                                        atomic.Int64 // partitions owned in a group
-	leader                                            atomic.Bool
+	published, failed, batches, dead, cleaned atomic.Int64
+	brokerDownSince                           atomic.Int64 // unix nanos; 0 while the broker answers
+	partitions                                atomic.Int64 // partitions owned in a group
+	leader                                    atomic.Bool
 }
 
 // Stats are counters since the relay was built.
@@ -325,7 +325,6 @@ func (r *Relay) lead(ctx context.Context, t term) error {
 			}
 			continue
 		}
-		r.stats.claims.Add(1)
 		r.cfg.Failpoint(FailpointAfterClaim)
 		// A claim cut short by MaxBatchBytes may still lock rows it did not read:
 		// no prefetch past them, and the next claim only after this one's mark.
@@ -439,7 +438,7 @@ func (r *Relay) outcome(rows []outboxdriver.Row, results []broker.Result) (p *ou
 	var failedKeys map[string]bool
 	for i, res := range results {
 		row := &rows[i]
-		key := row.AggregateType + "\x00" + row.AggregateID
+		key := outboxdriver.AggregateKey(row.AggregateType, row.AggregateID)
 		if res.Err == nil {
 			p.Published = append(p.Published, row.ID)
 			if failedKeys[key] {

@@ -6,6 +6,15 @@ package wire
 
 import "unicode/utf8"
 
+// The wire format's header names, set by the relay on every message (the root
+// package and package broker both export them from here).
+const (
+	HeaderID            = "id"
+	HeaderEventType     = "eventType"
+	HeaderAggregateType = "aggregateType"
+	HeaderAggregateID   = "aggregateId"
+)
+
 // MaxHeaderNameBytes is the longest header name every broker carries (an AMQP table
 // key is a short string).
 const MaxHeaderNameBytes = 255

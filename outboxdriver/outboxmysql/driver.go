@@ -544,10 +544,16 @@ func (m migrator) Migrate(ctx context.Context) ([]int, error) {
 	}
 	for rows.Next() {
 		var v int
-		_ = rows.Scan(&v)
+		if err := rows.Scan(&v); err != nil {
+			rows.Close()
+			return nil, err
+		}
 		done[v] = true
 	}
 	rows.Close()
+	if err := rows.Err(); err != nil {
+		return nil, err // a version list read halfway would re-run applied migrations
+	}
 	var applied []int
 	for _, mg := range ms {
 		if done[mg.Version] {
