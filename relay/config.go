@@ -161,6 +161,13 @@ type GroupConfig struct {
 // LeaseTTLDefault is GroupConfig.LeaseTTL's default.
 const LeaseTTLDefault = 10 * time.Second
 
+// Validate reports whether the configuration is usable (New checks the same), so a
+// command line can refuse bad flags before connecting to anything.
+func (c *Config) Validate() error {
+	_, _, err := c.withDefaults()
+	return err
+}
+
 func (c *Config) withDefaults() (Config, *broker.Template, error) {
 	var out Config
 	if c != nil {

@@ -74,6 +74,7 @@ func TestBadInputGetsOneClearLine(t *testing.T) {
 	url := testenv.DatabaseURL(t)
 	schema := testenv.Schema(t, url)
 	migrateSchema(t, url, schema, "outbox")
+	natsURL := testenv.NATSURL(t)
 	for _, tc := range []struct {
 		name string
 		args []string
@@ -104,6 +105,8 @@ func TestBadInputGetsOneClearLine(t *testing.T) {
 		{"cdc on sqlite", []string{"relay", "--db", "sqlite://" + t.TempDir() + "/x.db", "--mode", "cdc", "--broker", "stdout:"}, 2, "--mode cdc needs PostgreSQL"},
 		{"bad slot name", []string{"relay", "--db", url, "--table", schema + ".outbox", "--mode", "cdc", "--slot", "Bad-Slot", "--broker", "stdout:"}, 2, "slot and publication names"},
 		{"extra args", []string{"status", "now"}, 2, "unexpected arguments"},
+		{"template the broker refuses", []string{"relay", "--db", url, "--table", schema + ".outbox", "--broker", natsURL, "--http", "",
+			"--topic-template", "outbox event.${aggregatetype}"}, 1, "holds white space"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			_, stderr, code := runCLI(t, nil, tc.args...)

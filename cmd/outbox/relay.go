@@ -15,7 +15,6 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/outboxd/outbox/broker"
 	"github.com/outboxd/outbox/broker/amqp"
 	"github.com/outboxd/outbox/debezium"
 	"github.com/outboxd/outbox/internal/redact"
@@ -133,7 +132,7 @@ func runRelay(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		}
 		cfg.Router = router
 	}
-	if _, err := relay.New(nopStore{}, nopPublisher{}, cfg); err != nil {
+	if err := cfg.Validate(); err != nil {
 		return usageErr("%v", err) // bad flags, before connecting anywhere
 	}
 	db, err := openDB(ctx, *dsn, table, dbOptions{leaseTTL: *leaseTTL})
@@ -259,11 +258,6 @@ func failpointFromEnv() func(string) {
 		}
 	}
 }
-
-// nopStore and nopPublisher let relay.New validate the flags before connecting.
-type nopStore struct{ outboxdriver.Store }
-
-type nopPublisher struct{ broker.Publisher }
 
 // retentionOrOff maps the flag's 0 ("keep them") to the relay's "disabled".
 func retentionOrOff(d time.Duration) time.Duration {
