@@ -12,7 +12,7 @@ import (
 	"github.com/google/uuid"
 
 	"github.com/outboxd/outbox/broker"
-	"github.com/outboxd/outbox/internal/testenv"
+	"github.com/outboxd/outbox/internal/testname"
 )
 
 // Harness is one publisher under test and a way to read back what the broker stored.
@@ -43,7 +43,7 @@ func Run(t *testing.T, newHarness NewFunc) {
 }
 
 // UniqueName returns prefix plus random hex, for topics and streams.
-func UniqueName(prefix string) string { return testenv.UniqueName(prefix) }
+func UniqueName(prefix string) string { return testname.Unique(prefix) }
 
 func msg(topic, key string, i int) broker.Message {
 	return broker.Message{

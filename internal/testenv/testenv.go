@@ -5,8 +5,6 @@ package testenv
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"net"
 	"os"
 	"testing"
@@ -15,6 +13,8 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/nats-io/nats.go"
+
+	"github.com/outboxd/outbox/internal/testname"
 )
 
 // Defaults, overridden by TEST_DATABASE_URL and TEST_NATS_URL.
@@ -106,11 +106,7 @@ func NATSURL(t testing.TB) string {
 }
 
 // UniqueName returns prefix plus random lowercase hex.
-func UniqueName(prefix string) string {
-	b := make([]byte, 6)
-	_, _ = rand.Read(b)
-	return prefix + hex.EncodeToString(b)
-}
+func UniqueName(prefix string) string { return testname.Unique(prefix) }
 
 // ServiceURL returns the URL in env (or def) after checking that addr accepts TCP
 // connections; a closed port is a missing service.
