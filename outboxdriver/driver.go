@@ -356,9 +356,9 @@ type Migrator interface {
 	SQL() (string, error)
 }
 
-// HeaderParseError is the header a row gets when its headers column is not a flat JSON
+// HeaderHeadersInvalid names the header a row gets when its headers column is not a flat JSON
 // object of strings: the event still flows, and says why its headers are missing.
-const HeaderParseError = "outbox-headers-error"
+const HeaderHeadersInvalid = "outbox-headers-error"
 
 // ParseHeaders decodes a headers column (a JSON object of strings). nil means none.
 func ParseHeaders(b []byte) map[string]string {
@@ -367,7 +367,7 @@ func ParseHeaders(b []byte) map[string]string {
 	}
 	var h map[string]string
 	if err := json.Unmarshal(b, &h); err != nil {
-		return map[string]string{HeaderParseError: err.Error()}
+		return map[string]string{HeaderHeadersInvalid: err.Error()}
 	}
 	return h
 }

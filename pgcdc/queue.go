@@ -110,7 +110,7 @@ func (q *queue) hint() {
 
 // take removes up to limit claimable events: due, of no aggregate with an earlier
 // event still waiting, in order. blocked reports aggregates the caller holds (dead
-// letters); their events are returned apart, in held, for the caller to bury.
+// letters); their events are returned apart, in held, for the caller to deadLetter.
 func (q *queue) take(limit int, now time.Time, blocked func(key string) bool) (out, held []*entry) {
 	q.mu.Lock()
 	defer q.mu.Unlock()

@@ -102,7 +102,7 @@ type Source struct {
 	log   *slog.Logger
 
 	qTable, qDead, qCDC string
-	buryStmt            string // set by checkServer, before any session
+	deadLetterStmt      string // set by checkServer, before any session
 	bytesPayload        bool
 
 	mu   sync.Mutex
@@ -178,8 +178,8 @@ func New(pool *pgxpool.Pool, inner outboxdriver.Store, table outboxdriver.Table,
 
 var _ outboxdriver.Store = (*Source)(nil)
 
-// buryStatement inserts dead letters from arrays, for a jsonb or bytea payload.
-func buryStatement(table, dead string, bytesPayload bool) string {
+// deadLetterStatement inserts dead letters from arrays, for a jsonb or bytea payload.
+func deadLetterStatement(table, dead string, bytesPayload bool) string {
 	arg, expr := "text", "p::jsonb"
 	if bytesPayload {
 		arg, expr = "bytea", "p"
@@ -203,15 +203,15 @@ func (s *Source) Skipped() int64 { return s.skipped.Load() }
 
 // session is one leadership term: a replication connection and its queue.
 type session struct {
-	src     *Source
-	lead    outboxdriver.Leadership // the table's single-active-relay lock
-	q       *queue
-	st      *stream
-	cancel  context.CancelFunc
-	done    chan struct{}
-	err     atomic.Pointer[error]
-	backing atomic.Bool // still publishing the rows written before the slot
-	until   int64       // the backfill's last seq
+	src           *Source
+	lead          outboxdriver.Leadership // the table's single-active-relay lock
+	q             *queue
+	st            *stream
+	cancel        context.CancelFunc
+	done          chan struct{}
+	err           atomic.Pointer[error]
+	backfilling   atomic.Bool // still publishing the rows written before the slot
+	backfillUntil int64       // the backfill's last seq
 
 	heldMu sync.Mutex
 	held   map[string]bool
@@ -343,8 +343,8 @@ UPDATE `+s.qCDC+` SET backfill_until = coalesce(backfill_until, m.n) FROM m WHER
 			}
 			until = &n
 		}
-		sess.until = *until
-		sess.backing.Store(*until > 0)
+		sess.backfillUntil = *until
+		sess.backfilling.Store(*until > 0)
 		if *until == 0 {
 			if err := sess.finishBackfill(ctx); err != nil {
 				return nil, err
@@ -381,7 +381,7 @@ UPDATE `+s.qCDC+` SET backfill_until = coalesce(backfill_until, m.n) FROM m WHER
 		sess.q.close()
 		st.close()
 	}()
-	s.log.Info("pgcdc: streaming", "slot", s.cfg.Slot, "from", si.confirmed, "backfill_until_seq", sess.until)
+	s.log.Info("pgcdc: streaming", "slot", s.cfg.Slot, "from", si.confirmed, "backfill_until_seq", sess.backfillUntil)
 	return sess, nil
 }
 
@@ -426,7 +426,7 @@ func (s *Source) checkServer(ctx context.Context) error {
 			"slot", s.cfg.Slot)
 	}
 	s.bytesPayload = payloadType == "bytea"
-	s.buryStmt = buryStatement(s.qTable, s.qDead, s.bytesPayload)
+	s.deadLetterStmt = deadLetterStatement(s.qTable, s.qDead, s.bytesPayload)
 	return nil
 }
 
@@ -582,15 +582,15 @@ func (s *Source) Claim(ctx context.Context, p *outboxdriver.ClaimParams) (outbox
 	if ss == nil {
 		return nil, outboxdriver.ErrLeadershipLost
 	}
-	if ss.backing.Load() {
-		c, err := s.inner.Claim(ctx, &outboxdriver.ClaimParams{Limit: p.Limit, MaxBytes: p.MaxBytes, MaxSeq: ss.until})
+	if ss.backfilling.Load() {
+		c, err := s.inner.Claim(ctx, &outboxdriver.ClaimParams{Limit: p.Limit, MaxBytes: p.MaxBytes, MaxSeq: ss.backfillUntil})
 		if err != nil || len(c.Rows()) > 0 {
 			return c, err
 		}
 		if err := ss.finishBackfill(ctx); err != nil {
 			return nil, err
 		}
-		if ss.backing.Load() {
+		if ss.backfilling.Load() {
 			return c, nil // rows still wait for a retry
 		}
 	}
@@ -615,7 +615,7 @@ func (s *Source) Claim(ctx context.Context, p *outboxdriver.ClaimParams) (outbox
 		}
 		// Give the events back before the database work: the next take starts over.
 		ss.q.giveBack(out)
-		if err := ss.bury(ctx, held); err != nil {
+		if err := ss.deadLetter(ctx, held); err != nil {
 			ss.q.giveBack(held)
 			return nil, err
 		}
@@ -628,7 +628,7 @@ func (ss *session) finishBackfill(ctx context.Context) error {
 	var left bool
 	err := s.pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM `+s.qTable+` AS o WHERE o.published_at IS NULL AND o.seq <= $1
   AND NOT EXISTS (SELECT 1 FROM `+s.qDead+` AS d WHERE d.holds_key AND d.aggregatetype = o.aggregatetype AND d.aggregateid = o.aggregateid))`,
-		ss.until).Scan(&left)
+		ss.backfillUntil).Scan(&left)
 	if err != nil {
 		return fmt.Errorf("pgcdc: %w", interpret(err))
 	}
@@ -638,7 +638,7 @@ func (ss *session) finishBackfill(ctx context.Context) error {
 	if _, err := s.pool.Exec(ctx, `UPDATE `+s.qCDC+` SET backfilled_at = now() WHERE slot = $1`, s.cfg.Slot); err != nil {
 		return fmt.Errorf("pgcdc: %w", interpret(err))
 	}
-	if ss.backing.Swap(false) {
+	if ss.backfilling.Swap(false) {
 		s.log.Info("pgcdc: rows written before the slot are published; streaming from the WAL", "slot", s.cfg.Slot)
 	}
 	return nil
@@ -662,19 +662,19 @@ func (ss *session) loadHeld(ctx context.Context) error {
 }
 
 // holds reports whether a dead letter holds the aggregate (as far as this relay
-// knows; bury asks the database again before it acts on it).
+// knows; deadLetter asks the database again before it acts on it).
 func (ss *session) holds(key string) bool {
 	ss.heldMu.Lock()
 	defer ss.heldMu.Unlock()
 	return ss.held[key]
 }
 
-// bury moves events that must not be published now to the dead letters: rejected
+// deadLetter moves events that must not be published now to the dead letters: rejected
 // ones (dead, holding their aggregate unless FlowPastDeadLetters), and those of an
 // aggregate a dead letter holds (waiting there in order; replaying the aggregate
 // brings them back). An aggregate whose dead letters were replayed or purged since
 // is released and its events go back to the queue.
-func (ss *session) bury(ctx context.Context, es []*entry) error {
+func (ss *session) deadLetter(ctx context.Context, es []*entry) error {
 	var dead []deadEntry
 	var back []*entry
 	stillHeld := map[string]bool{}
@@ -765,7 +765,7 @@ func (s *Source) insertDead(ctx context.Context, ds []deadEntry) error {
 	if s.bytesPayload {
 		payloads = bytePayloads
 	}
-	_, err := s.pool.Exec(ctx, s.buryStmt, ids, ats, aids, types, payloads, headers, tcs, seqs, created, attempts, errs, holds)
+	_, err := s.pool.Exec(ctx, s.deadLetterStmt, ids, ats, aids, types, payloads, headers, tcs, seqs, created, attempts, errs, holds)
 	if err != nil {
 		return fmt.Errorf("pgcdc: dead letters: %w", interpret(err))
 	}
@@ -924,11 +924,11 @@ func (s *Source) PurgeDead(ctx context.Context, f *outboxdriver.DeadFilter) (int
 // retention goes, unless it waits for the backfill.
 func (s *Source) Cleanup(ctx context.Context, p *outboxdriver.CleanupParams) (int64, error) {
 	ss := s.current()
-	if ss == nil || ss.backing.Load() {
+	if ss == nil || ss.backfilling.Load() {
 		return s.inner.Cleanup(ctx, p)
 	}
 	tag, err := s.pool.Exec(ctx, `DELETE FROM `+s.qTable+` WHERE seq IN (SELECT seq FROM `+s.qTable+
-		` WHERE created_at < $1 AND (published_at IS NOT NULL OR seq > $3) ORDER BY seq LIMIT $2)`, p.Before, p.Limit, ss.until)
+		` WHERE created_at < $1 AND (published_at IS NOT NULL OR seq > $3) ORDER BY seq LIMIT $2)`, p.Before, p.Limit, ss.backfillUntil)
 	if err != nil {
 		return 0, fmt.Errorf("pgcdc: cleanup: %w", interpret(err))
 	}

@@ -18,9 +18,9 @@ type term interface {
 	// check runs between batches, every interval; an error ends the term.
 	check(ctx context.Context) error
 	interval() time.Duration
-	// quiet says check may change what the relay owns: lead then drops its prefetched
+	// drainsBeforeCheck says check may change what the relay owns: lead then drops its prefetched
 	// claim and waits for the marks first (a handover drains in-flight work).
-	quiet() bool
+	drainsBeforeCheck() bool
 	claimParams(limit int) *outboxdriver.ClaimParams
 	// publishable reports whether a claim's rows may still go to the broker.
 	publishable(rows []outboxdriver.Row) bool
@@ -39,7 +39,7 @@ type groupTerm struct {
 }
 
 func (g *groupTerm) interval() time.Duration { return g.ttl / 3 }
-func (g *groupTerm) quiet() bool             { return true }
+func (g *groupTerm) drainsBeforeCheck() bool { return true }
 
 func (g *groupTerm) claimParams(limit int) *outboxdriver.ClaimParams {
 	leases := make([]outboxdriver.Lease, 0, len(g.ready))

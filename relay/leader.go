@@ -77,7 +77,7 @@ func (t *singleTerm) check(context.Context) error {
 	return t.err
 }
 func (t *singleTerm) interval() time.Duration { return t.every }
-func (*singleTerm) quiet() bool               { return false }
+func (*singleTerm) drainsBeforeCheck() bool   { return false }
 func (t *singleTerm) publishable([]outboxdriver.Row) bool {
 	t.mu.Lock()
 	defer t.mu.Unlock()

@@ -290,7 +290,7 @@ func (r *Relay) lead(ctx context.Context, t term) error {
 			return nil
 		}
 		if time.Since(lastCheck) >= t.interval() {
-			if t.quiet() {
+			if t.drainsBeforeCheck() {
 				// The term may change what this relay owns: nothing may be in hand.
 				r.releasePending(work, next)
 				next = nil

@@ -57,7 +57,7 @@ func (d *Driver) Err() error { return d.err }
 
 // UnwrapExecutor implements outboxdriver.Driver.
 func (d *Driver) UnwrapExecutor(tx pgx.Tx) outboxdriver.Executor {
-	return pgsql.Executor{S: d.s, Q: querier{tx}}
+	return pgsql.Executor{Statements: d.s, Querier: querier{tx}}
 }
 
 // GetExecutor implements outboxdriver.Driver.
@@ -65,7 +65,7 @@ func (d *Driver) GetExecutor() (outboxdriver.Executor, error) {
 	if err := d.check(); err != nil {
 		return nil, err
 	}
-	return pgsql.Executor{S: d.s, Q: querier{d.pool}}, nil
+	return pgsql.Executor{Statements: d.s, Querier: querier{d.pool}}, nil
 }
 
 // Store implements outboxdriver.Driver.
@@ -73,7 +73,7 @@ func (d *Driver) Store() (outboxdriver.Store, error) {
 	if err := d.check(); err != nil {
 		return nil, err
 	}
-	return &pgsql.Store{S: d.s, DB: db{d.pool}, ListenFunc: d.listen}, nil
+	return &pgsql.Store{Statements: d.s, DB: db{d.pool}, ListenFunc: d.listen}, nil
 }
 
 // Migrator implements outboxdriver.Driver. Without a pool its SQL method still
@@ -83,9 +83,9 @@ func (d *Driver) Migrator() (outboxdriver.Migrator, error) {
 		return nil, d.err
 	}
 	if d.pool == nil {
-		return &pgsql.Migrator{S: d.s}, nil
+		return &pgsql.Migrator{Statements: d.s}, nil
 	}
-	return &pgsql.Migrator{S: d.s, DB: db{d.pool}}, nil
+	return &pgsql.Migrator{Statements: d.s, DB: db{d.pool}}, nil
 }
 
 func (d *Driver) check() error {

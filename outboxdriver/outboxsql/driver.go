@@ -52,7 +52,7 @@ func (d *Driver) Err() error { return d.err }
 
 // UnwrapExecutor implements outboxdriver.Driver.
 func (d *Driver) UnwrapExecutor(tx *sql.Tx) outboxdriver.Executor {
-	return pgsql.Executor{S: d.s, Q: querier{tx}}
+	return pgsql.Executor{Statements: d.s, Querier: querier{tx}}
 }
 
 // GetExecutor implements outboxdriver.Driver.
@@ -60,7 +60,7 @@ func (d *Driver) GetExecutor() (outboxdriver.Executor, error) {
 	if err := d.check(); err != nil {
 		return nil, err
 	}
-	return pgsql.Executor{S: d.s, Q: querier{d.db}}, nil
+	return pgsql.Executor{Statements: d.s, Querier: querier{d.db}}, nil
 }
 
 // Store implements outboxdriver.Driver.
@@ -68,7 +68,7 @@ func (d *Driver) Store() (outboxdriver.Store, error) {
 	if err := d.check(); err != nil {
 		return nil, err
 	}
-	return &pgsql.Store{S: d.s, DB: db{d.db}}, nil
+	return &pgsql.Store{Statements: d.s, DB: db{d.db}}, nil
 }
 
 // Migrator implements outboxdriver.Driver. Without a pool its SQL method still
@@ -78,9 +78,9 @@ func (d *Driver) Migrator() (outboxdriver.Migrator, error) {
 		return nil, d.err
 	}
 	if d.db == nil {
-		return &pgsql.Migrator{S: d.s}, nil
+		return &pgsql.Migrator{Statements: d.s}, nil
 	}
-	return &pgsql.Migrator{S: d.s, DB: db{d.db}}, nil
+	return &pgsql.Migrator{Statements: d.s, DB: db{d.db}}, nil
 }
 
 func (d *Driver) check() error {

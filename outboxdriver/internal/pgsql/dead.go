@@ -36,7 +36,7 @@ func (s *Store) ListDead(ctx context.Context, f *outboxdriver.DeadFilter) ([]out
 	where, args := deadWhere(f)
 	rows, err := s.DB.Query(ctx, `SELECT seq, id::text, aggregatetype, aggregateid, type, payload, headers::text,
        tracingspancontext, created_at, attempts, error, dead_at, holds_key
-FROM `+s.S.dead+where+` ORDER BY dead_at, seq`+limit(f), args...)
+FROM `+s.Statements.dead+where+` ORDER BY dead_at, seq`+limit(f), args...)
 	if err != nil {
 		return nil, InterpretError(err)
 	}
@@ -73,10 +73,10 @@ FROM `+s.S.dead+where+` ORDER BY dead_at, seq`+limit(f), args...)
 func (s *Store) ReplayDead(ctx context.Context, f *outboxdriver.DeadFilter) (int, error) {
 	where, args := deadWhere(f)
 	var n int
-	err := QueryRow(ctx, s.DB, `WITH picked AS (SELECT id FROM `+s.S.dead+where+` ORDER BY seq`+limit(f)+`),
-moved AS (DELETE FROM `+s.S.dead+` AS d USING picked WHERE d.id = picked.id
+	err := QueryRow(ctx, s.DB, `WITH picked AS (SELECT id FROM `+s.Statements.dead+where+` ORDER BY seq`+limit(f)+`),
+moved AS (DELETE FROM `+s.Statements.dead+` AS d USING picked WHERE d.id = picked.id
           RETURNING d.id, d.aggregatetype, d.aggregateid, d.type, d.payload, d.headers, d.tracingspancontext, d.seq, d.created_at),
-ins AS (INSERT INTO `+s.S.qualified+` (id, aggregatetype, aggregateid, type, payload, headers, tracingspancontext, seq, created_at, available_at)
+ins AS (INSERT INTO `+s.Statements.qualified+` (id, aggregatetype, aggregateid, type, payload, headers, tracingspancontext, seq, created_at, available_at)
         OVERRIDING SYSTEM VALUE SELECT *, moved.created_at FROM moved ORDER BY seq RETURNING 1)
 SELECT count(*) FROM ins`, args, &n)
 	return n, InterpretError(err)
@@ -86,8 +86,8 @@ SELECT count(*) FROM ins`, args, &n)
 func (s *Store) PurgeDead(ctx context.Context, f *outboxdriver.DeadFilter) (int, error) {
 	where, args := deadWhere(f)
 	var n int
-	err := QueryRow(ctx, s.DB, `WITH picked AS (SELECT id FROM `+s.S.dead+where+` ORDER BY seq`+limit(f)+`),
-del AS (DELETE FROM `+s.S.dead+` AS d USING picked WHERE d.id = picked.id RETURNING 1)
+	err := QueryRow(ctx, s.DB, `WITH picked AS (SELECT id FROM `+s.Statements.dead+where+` ORDER BY seq`+limit(f)+`),
+del AS (DELETE FROM `+s.Statements.dead+` AS d USING picked WHERE d.id = picked.id RETURNING 1)
 SELECT count(*) FROM del`, args, &n)
 	return n, InterpretError(err)
 }

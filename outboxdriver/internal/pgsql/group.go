@@ -18,16 +18,16 @@ func interval(d time.Duration) string {
 
 // Heartbeat implements outboxdriver.GroupStore.
 func (s *Store) Heartbeat(ctx context.Context, p *outboxdriver.HeartbeatParams) (*outboxdriver.Membership, error) {
-	err := s.DB.Exec(ctx, `INSERT INTO `+s.S.relays+` (id, info) VALUES ($1, $2)
+	err := s.DB.Exec(ctx, `INSERT INTO `+s.Statements.relays+` (id, info) VALUES ($1, $2)
 ON CONFLICT (id) DO UPDATE SET heartbeat_at = now(), info = excluded.info`, p.RelayID, p.Info)
 	if err != nil {
 		return nil, InterpretError(err)
 	}
 	// A relay that died without leaving stays listed (in `outbox status`) for a while.
-	if err := s.DB.Exec(ctx, `DELETE FROM `+s.S.relays+` WHERE heartbeat_at < now() - $1::interval`, interval(10*p.TTL)); err != nil {
+	if err := s.DB.Exec(ctx, `DELETE FROM `+s.Statements.relays+` WHERE heartbeat_at < now() - $1::interval`, interval(10*p.TTL)); err != nil {
 		return nil, InterpretError(err)
 	}
-	rows, err := s.DB.Query(ctx, `SELECT id, (SELECT count(*) FROM `+s.S.leases+`) FROM `+s.S.relays+`
+	rows, err := s.DB.Query(ctx, `SELECT id, (SELECT count(*) FROM `+s.Statements.leases+`) FROM `+s.Statements.relays+`
 WHERE heartbeat_at > now() - $1::interval ORDER BY id`, interval(p.TTL))
 	if err != nil {
 		return nil, InterpretError(err)
@@ -58,11 +58,11 @@ func (s *Store) Leases(ctx context.Context, p *outboxdriver.LeaseParams) ([]outb
 		return nil, InterpretError(err)
 	}
 	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
-	if err := tx.Exec(ctx, `UPDATE `+s.S.leases+` SET owner = NULL, lease_until = '-infinity'
+	if err := tx.Exec(ctx, `UPDATE `+s.Statements.leases+` SET owner = NULL, lease_until = '-infinity'
 WHERE owner = $1 AND NOT (partition = ANY($2::smallint[]))`, p.RelayID, want); err != nil {
 		return nil, InterpretError(err)
 	}
-	rows, err := tx.Query(ctx, `UPDATE `+s.S.leases+` SET
+	rows, err := tx.Query(ctx, `UPDATE `+s.Statements.leases+` SET
     epoch = CASE WHEN owner IS DISTINCT FROM $1 THEN epoch + 1 ELSE epoch END,
     acquired_at = CASE WHEN owner IS DISTINCT FROM $1 THEN now() ELSE acquired_at END,
     owner = $1, lease_until = now() + $3::interval
@@ -115,7 +115,7 @@ func (s *Store) Barrier(ctx context.Context, partitions []int) error {
 		}
 	}
 	var n int64
-	err = QueryRow(ctx, tx, `SELECT count(*) FROM (SELECT 1 FROM `+s.S.qualified+`
+	err = QueryRow(ctx, tx, `SELECT count(*) FROM (SELECT 1 FROM `+s.Statements.qualified+`
 WHERE partition = ANY($1::smallint[]) AND published_at IS NULL FOR UPDATE) AS locked`, []any{parts}, &n)
 	if err != nil {
 		return fmt.Errorf("partitions %v still locked by a previous owner: %w", partitions, InterpretError(err))
@@ -125,10 +125,10 @@ WHERE partition = ANY($1::smallint[]) AND published_at IS NULL FOR UPDATE) AS lo
 
 // Leave implements outboxdriver.GroupStore.
 func (s *Store) Leave(ctx context.Context, relayID string) error {
-	if err := s.DB.Exec(ctx, `UPDATE `+s.S.leases+` SET owner = NULL, lease_until = '-infinity' WHERE owner = $1`, relayID); err != nil {
+	if err := s.DB.Exec(ctx, `UPDATE `+s.Statements.leases+` SET owner = NULL, lease_until = '-infinity' WHERE owner = $1`, relayID); err != nil {
 		return InterpretError(err)
 	}
-	return InterpretError(s.DB.Exec(ctx, `DELETE FROM `+s.S.relays+` WHERE id = $1`, relayID))
+	return InterpretError(s.DB.Exec(ctx, `DELETE FROM `+s.Statements.relays+` WHERE id = $1`, relayID))
 }
 
 // groupStatus fills the relays of a group and the backlog per partition (nothing when
@@ -137,7 +137,7 @@ func (s *Store) groupStatus(ctx context.Context, st *outboxdriver.Status) error 
 	rows, err := s.DB.Query(ctx, `SELECT r.id, r.info, extract(epoch FROM now() - r.heartbeat_at)::float8,
        coalesce(array_agg(l.partition ORDER BY l.partition) FILTER (WHERE l.partition IS NOT NULL), '{}')::int[],
        coalesce(extract(epoch FROM now() - min(l.acquired_at)), 0)::float8
-FROM `+s.S.relays+` AS r LEFT JOIN `+s.S.leases+` AS l ON l.owner = r.id AND l.lease_until > now()
+FROM `+s.Statements.relays+` AS r LEFT JOIN `+s.Statements.leases+` AS l ON l.owner = r.id AND l.lease_until > now()
 GROUP BY r.id, r.info, r.heartbeat_at ORDER BY r.id`)
 	if err != nil {
 		return InterpretError(err)
@@ -161,11 +161,11 @@ GROUP BY r.id, r.info, r.heartbeat_at ORDER BY r.id`)
 	}
 	rows.Close()
 	var n int
-	if err := QueryRow(ctx, s.DB, `SELECT count(*) FROM `+s.S.leases, nil, &n); err != nil {
+	if err := QueryRow(ctx, s.DB, `SELECT count(*) FROM `+s.Statements.leases, nil, &n); err != nil {
 		return InterpretError(err)
 	}
 	st.PartitionBacklog = make([]int64, n)
-	brows, err := s.DB.Query(ctx, `SELECT partition, count(*) FROM `+s.S.qualified+` WHERE published_at IS NULL GROUP BY partition`)
+	brows, err := s.DB.Query(ctx, `SELECT partition, count(*) FROM `+s.Statements.qualified+` WHERE published_at IS NULL GROUP BY partition`)
 	if err != nil {
 		return InterpretError(err)
 	}

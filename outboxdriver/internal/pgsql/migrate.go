@@ -43,22 +43,22 @@ func (s *Statements) versionTable() string {
 
 // Migrator implements outboxdriver.Migrator.
 type Migrator struct {
-	S  *Statements
-	DB DB
+	Statements *Statements
+	DB         DB
 }
 
 // SQL implements outboxdriver.Migrator: every migration, with the bookkeeping, as one
 // script a team can run with its own tool.
 func (m *Migrator) SQL() (string, error) {
-	ms, err := m.S.Migrations()
+	ms, err := m.Statements.Migrations()
 	if err != nil {
 		return "", err
 	}
-	script := migrations.Script("outbox schema for "+m.S.table.String()+" (PostgreSQL)", ms,
-		m.S.createVersionTable(), "INSERT INTO "+m.S.versionTable()+" (version) VALUES (%d) ON CONFLICT DO NOTHING")
-	if m.S.table.Partitioned {
+	script := migrations.Script("outbox schema for "+m.Statements.table.String()+" (PostgreSQL)", ms,
+		m.Statements.createVersionTable(), "INSERT INTO "+m.Statements.versionTable()+" (version) VALUES (%d) ON CONFLICT DO NOTHING")
+	if m.Statements.table.Partitioned {
 		script += "\n-- daily partitions from today; the relay's cleanup creates the next ones\n" +
-			strings.Join(m.S.partitionDDL(time.Now()), ";\n") + ";\n"
+			strings.Join(m.Statements.partitionDDL(time.Now()), ";\n") + ";\n"
 	}
 	return script, nil
 }
@@ -75,11 +75,11 @@ func (m *Migrator) Migrate(ctx context.Context) (applied []int, err error) {
 	if m.DB == nil {
 		return nil, outboxdriver.ErrNoPool
 	}
-	ms, err := m.S.Migrations()
+	ms, err := m.Statements.Migrations()
 	if err != nil {
 		return nil, err
 	}
-	if err := m.DB.Exec(ctx, "CREATE SCHEMA IF NOT EXISTS "+pgx.Identifier{m.S.table.Schema}.Sanitize()); err != nil {
+	if err := m.DB.Exec(ctx, "CREATE SCHEMA IF NOT EXISTS "+pgx.Identifier{m.Statements.table.Schema}.Sanitize()); err != nil {
 		return nil, InterpretError(err)
 	}
 	tx, err := m.DB.Begin(ctx)
@@ -91,13 +91,13 @@ func (m *Migrator) Migrate(ctx context.Context) (applied []int, err error) {
 			_ = tx.Rollback(context.WithoutCancel(ctx))
 		}
 	}()
-	if err := tx.Exec(ctx, "SELECT pg_advisory_xact_lock($1)", m.S.lockKey+1); err != nil {
+	if err := tx.Exec(ctx, "SELECT pg_advisory_xact_lock($1)", m.Statements.lockKey+1); err != nil {
 		return nil, err
 	}
-	if err := tx.Exec(ctx, m.S.createVersionTable()); err != nil {
+	if err := tx.Exec(ctx, m.Statements.createVersionTable()); err != nil {
 		return nil, err
 	}
-	rows, err := tx.Query(ctx, "SELECT version FROM "+m.S.versionTable())
+	rows, err := tx.Query(ctx, "SELECT version FROM "+m.Statements.versionTable())
 	if err != nil {
 		return nil, err
 	}
@@ -121,13 +121,13 @@ func (m *Migrator) Migrate(ctx context.Context) (applied []int, err error) {
 		if err := tx.Exec(ctx, mg.SQL); err != nil {
 			return nil, fmt.Errorf("migration %03d_%s: %w", mg.Version, mg.Name, err)
 		}
-		if err := tx.Exec(ctx, "INSERT INTO "+m.S.versionTable()+" (version) VALUES ($1)", mg.Version); err != nil {
+		if err := tx.Exec(ctx, "INSERT INTO "+m.Statements.versionTable()+" (version) VALUES ($1)", mg.Version); err != nil {
 			return nil, err
 		}
 		applied = append(applied, mg.Version)
 	}
-	if m.S.table.Partitioned {
-		if err := m.S.ensurePartitions(ctx, tx, time.Now()); err != nil {
+	if m.Statements.table.Partitioned {
+		if err := m.Statements.ensurePartitions(ctx, tx, time.Now()); err != nil {
 			return nil, err
 		}
 	}

@@ -60,7 +60,7 @@ func (s *Statements) ensurePartitions(ctx context.Context, q Querier, now time.T
 // `before` and hold no unpublished row, and returns how many rows went with them.
 func (s *Store) dropPublishedPartitions(ctx context.Context, before time.Time) (int64, error) {
 	rows, err := s.DB.Query(ctx, `SELECT c.relname FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid
-WHERE i.inhparent = $1::regclass`, s.S.qualified)
+WHERE i.inhparent = $1::regclass`, s.Statements.qualified)
 	if err != nil {
 		return 0, InterpretError(err)
 	}
@@ -74,14 +74,14 @@ WHERE i.inhparent = $1::regclass`, s.S.qualified)
 		names = append(names, n)
 	}
 	rows.Close()
-	prefix := s.S.partitionPrefix()
+	prefix := s.Statements.partitionPrefix()
 	var dropped int64
 	for _, n := range names {
 		day, err := time.Parse(partitionDay, strings.TrimPrefix(n, prefix))
 		if !strings.HasPrefix(n, prefix) || err != nil || !day.AddDate(0, 0, 1).Before(before) && !day.AddDate(0, 0, 1).Equal(before) {
 			continue
 		}
-		part := pgx.Identifier{s.S.table.Schema, n}.Sanitize()
+		part := pgx.Identifier{s.Statements.table.Schema, n}.Sanitize()
 		tx, err := s.DB.Begin(ctx)
 		if err != nil {
 			return dropped, InterpretError(err)
@@ -95,7 +95,7 @@ WHERE i.inhparent = $1::regclass`, s.S.qualified)
 				nil, &unpublished, &count)
 		}
 		if err == nil && !unpublished {
-			err = tx.Exec(ctx, "ALTER TABLE "+s.S.qualified+" DETACH PARTITION "+part)
+			err = tx.Exec(ctx, "ALTER TABLE "+s.Statements.qualified+" DETACH PARTITION "+part)
 			if err == nil {
 				err = tx.Exec(ctx, "DROP TABLE "+part)
 			}

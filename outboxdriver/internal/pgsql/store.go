@@ -174,8 +174,8 @@ func availableAt(t time.Time) *time.Time {
 
 // Executor runs writer statements on q.
 type Executor struct {
-	S *Statements
-	Q Querier
+	Statements *Statements
+	Querier    Querier
 }
 
 // InsertEvents implements outboxdriver.Executor.
@@ -184,7 +184,7 @@ func (e Executor) InsertEvents(ctx context.Context, p *outboxdriver.InsertParams
 	if n == 0 {
 		return nil
 	}
-	switch e.S.table.Write {
+	switch e.Statements.table.Write {
 	case outboxdriver.WriteMessage:
 		return e.emitMessages(ctx, p.Events)
 	case outboxdriver.WriteInsertDelete:
@@ -196,7 +196,7 @@ func (e Executor) InsertEvents(ctx context.Context, p *outboxdriver.InsertParams
 			ids[i] = p.Events[i].ID
 		}
 		// The insert is in the WAL for the CDC relay; the row itself is not needed.
-		return InterpretError(e.Q.Exec(ctx, e.S.deletePublished, ids))
+		return InterpretError(e.Querier.Exec(ctx, e.Statements.deletePublished, ids))
 	}
 	return e.insertRows(ctx, p.Events)
 }
@@ -212,8 +212,8 @@ func (e Executor) emitMessages(ctx context.Context, events []outboxdriver.Insert
 		}
 		contents[i] = c
 	}
-	return InterpretError(e.Q.Exec(ctx, `SELECT count(pg_logical_emit_message(true, $1, c)) FROM unnest($2::bytea[]) WITH ORDINALITY AS u(c, i)`,
-		e.S.table.MessagePrefix, contents))
+	return InterpretError(e.Querier.Exec(ctx, `SELECT count(pg_logical_emit_message(true, $1, c)) FROM unnest($2::bytea[]) WITH ORDINALITY AS u(c, i)`,
+		e.Statements.table.MessagePrefix, contents))
 }
 
 func (e Executor) insertRows(ctx context.Context, events []outboxdriver.InsertEvent) error {
@@ -221,7 +221,7 @@ func (e Executor) insertRows(ctx context.Context, events []outboxdriver.InsertEv
 	p := &outboxdriver.InsertParams{Events: events}
 	if n <= maxValuesRows {
 		args := make([]any, 0, n*insertCols)
-		bytesPayload := e.S.table.Payload == outboxdriver.PayloadBytes
+		bytesPayload := e.Statements.table.Payload == outboxdriver.PayloadBytes
 		for _, ev := range p.Events {
 			var payload any = string(ev.Payload)
 			if bytesPayload {
@@ -233,14 +233,14 @@ func (e Executor) insertRows(ctx context.Context, events []outboxdriver.InsertEv
 			}
 			args = append(args, ev.ID, ev.AggregateType, ev.AggregateID, ev.Type, payload, headers, availableAt(ev.AvailableAt), nullable(ev.TraceContext))
 		}
-		return InterpretError(e.Q.Exec(ctx, e.S.insertValues[n], args...))
+		return InterpretError(e.Querier.Exec(ctx, e.Statements.insertValues[n], args...))
 	}
 	ids, ats, aids, types := make([]string, n), make([]string, n), make([]string, n), make([]string, n)
 	headers := make([]*string, n)
 	avail := make([]*time.Time, n)
 	traces := make([]*string, n)
 	var payload any
-	if e.S.table.Payload == outboxdriver.PayloadBytes {
+	if e.Statements.table.Payload == outboxdriver.PayloadBytes {
 		ps := make([][]byte, n)
 		for i := range p.Events {
 			ps[i] = nonNil(p.Events[i].Payload)
@@ -262,7 +262,7 @@ func (e Executor) insertRows(ctx context.Context, events []outboxdriver.InsertEv
 		avail[i] = availableAt(ev.AvailableAt)
 		traces[i] = nullable(ev.TraceContext)
 	}
-	return InterpretError(e.Q.Exec(ctx, e.S.insert, ids, ats, aids, types, payload, headers, avail, traces))
+	return InterpretError(e.Querier.Exec(ctx, e.Statements.insert, ids, ats, aids, types, payload, headers, avail, traces))
 }
 
 // nullable is NULL for an empty string.
@@ -284,16 +284,16 @@ func nonNil(b []byte) []byte {
 // Notify implements outboxdriver.Executor. Only rows are polled: the other write
 // modes are read from the WAL, with no need for a wake-up.
 func (e Executor) Notify(ctx context.Context) error {
-	if e.S.table.Write != outboxdriver.WriteRows {
+	if e.Statements.table.Write != outboxdriver.WriteRows {
 		return nil
 	}
-	return InterpretError(e.Q.Exec(ctx, "SELECT pg_notify($1, '')", e.S.channelRaw))
+	return InterpretError(e.Querier.Exec(ctx, "SELECT pg_notify($1, '')", e.Statements.channelRaw))
 }
 
 // Store implements outboxdriver.Store on a DB.
 type Store struct {
-	S  *Statements
-	DB DB
+	Statements *Statements
+	DB         DB
 	// ListenFunc, when set, opens a listener (only the pgx driver can LISTEN).
 	ListenFunc func(ctx context.Context) (outboxdriver.Listener, error)
 }
@@ -320,7 +320,7 @@ func (s *Store) Claim(ctx context.Context, p *outboxdriver.ClaimParams) (outboxd
 			return nil, InterpretError(err)
 		}
 	}
-	rows, err := tx.Query(ctx, s.S.claim, p.Limit, p.MaxSeq, parts)
+	rows, err := tx.Query(ctx, s.Statements.claim, p.Limit, p.MaxSeq, parts)
 	if err != nil {
 		_ = tx.Rollback(context.WithoutCancel(ctx))
 		return nil, InterpretError(err)
@@ -395,14 +395,14 @@ func (c *claim) Complete(ctx context.Context, p *outboxdriver.CompleteParams) er
 	tx := c.tx
 	c.tx = nil
 	if len(p.Published) > 0 {
-		stmt, args := c.s.S.markPublished, []any{p.Published}
+		stmt, args := c.s.Statements.markPublished, []any{p.Published}
 		switch {
 		case c.group != nil && p.Delete:
-			stmt, args = c.s.S.fencedDelete, append(args, c.fenceArgs()...)
+			stmt, args = c.s.Statements.fencedDelete, append(args, c.fenceArgs()...)
 		case c.group != nil:
-			stmt, args = c.s.S.fencedMark, append(args, c.fenceArgs()...)
+			stmt, args = c.s.Statements.fencedMark, append(args, c.fenceArgs()...)
 		case p.Delete:
-			stmt = c.s.S.deletePublished
+			stmt = c.s.Statements.deletePublished
 		}
 		if err := tx.Exec(ctx, stmt, args...); err != nil {
 			_ = tx.Rollback(context.WithoutCancel(ctx))
@@ -440,9 +440,9 @@ func (c *claim) recordFailures(ctx context.Context, tx Tx, failed []outboxdriver
 		}
 		ids, errs, ns, retries = append(ids, f.ID), append(errs, f.Error), append(ns, n), append(retries, availableAt(f.RetryAt))
 	}
-	failure, dead, fence := c.s.S.recordFailure, c.s.S.moveDead, []any(nil)
+	failure, dead, fence := c.s.Statements.recordFailure, c.s.Statements.moveDead, []any(nil)
 	if c.group != nil {
-		failure, dead, fence = c.s.S.fencedFailure, c.s.S.fencedDead, c.fenceArgs()
+		failure, dead, fence = c.s.Statements.fencedFailure, c.s.Statements.fencedDead, c.fenceArgs()
 	}
 	if len(ids) > 0 {
 		if err := tx.Exec(ctx, failure, append([]any{ids, errs, ns, retries}, fence...)...); err != nil {
@@ -503,14 +503,14 @@ func (s *Store) advisoryLock(ctx context.Context, try, unlock string, timeout ti
 		}
 	}
 	var got bool
-	if err := QueryRow(ctx, conn, "SELECT "+try+"($1)", []any{s.S.lockKey}, &got); err != nil {
+	if err := QueryRow(ctx, conn, "SELECT "+try+"($1)", []any{s.Statements.lockKey}, &got); err != nil {
 		_ = conn.Close()
 		return nil, InterpretError(err)
 	}
 	if !got {
 		return nil, conn.Close()
 	}
-	return &leadership{conn: conn, key: s.S.lockKey, unlock: unlock}, nil
+	return &leadership{conn: conn, key: s.Statements.lockKey, unlock: unlock}, nil
 }
 
 // sessionTimeouts makes the server end this session once its client shows no sign of
@@ -569,9 +569,9 @@ func (s *Store) Listen(ctx context.Context) (outboxdriver.Listener, error) {
 
 // Status implements outboxdriver.Store.
 func (s *Store) Status(ctx context.Context) (*outboxdriver.Status, error) {
-	st := &outboxdriver.Status{Table: s.S.table.String()}
+	st := &outboxdriver.Status{Table: s.Statements.table.String()}
 	var ageSec float64
-	if err := QueryRow(ctx, s.DB, s.S.status, nil, &st.Unpublished, &ageSec, &st.Published, &st.Failing, &st.Dead, &st.HeldKeys); err != nil {
+	if err := QueryRow(ctx, s.DB, s.Statements.status, nil, &st.Unpublished, &ageSec, &st.Published, &st.Failing, &st.Dead, &st.HeldKeys); err != nil {
 		return nil, InterpretError(err)
 	}
 	st.OldestAge = time.Duration(ageSec * float64(time.Second))
@@ -580,7 +580,7 @@ func (s *Store) Status(ctx context.Context) (*outboxdriver.Status, error) {
 FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid
 WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 1 AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
   AND l.classid::bigint = (($1::bigint >> 32) & 4294967295) AND l.objid::bigint = ($1::bigint & 4294967295)
-ORDER BY a.backend_start`, s.S.lockKey)
+ORDER BY a.backend_start`, s.Statements.lockKey)
 	if err != nil {
 		return nil, InterpretError(err)
 	}
@@ -616,7 +616,7 @@ ORDER BY a.backend_start`, s.S.lockKey)
 		// CDC mode: rows are relayed from the WAL, not marked. Only rows before a slot
 		// whose backfill is pending are the table's to publish.
 		var ageSec float64
-		if err := QueryRow(ctx, s.DB, s.S.statusCDC, nil, &st.Unpublished, &ageSec); err != nil {
+		if err := QueryRow(ctx, s.DB, s.Statements.statusCDC, nil, &st.Unpublished, &ageSec); err != nil {
 			return nil, InterpretError(err)
 		}
 		st.OldestAge = time.Duration(ageSec * float64(time.Second))
@@ -630,7 +630,7 @@ func (s *Store) slots(ctx context.Context) ([]outboxdriver.SlotStatus, error) {
        coalesce(pg_wal_lsn_diff(pg_current_wal_lsn(), r.restart_lsn), 0)::bigint,
        coalesce(pg_wal_lsn_diff(pg_current_wal_lsn(), r.confirmed_flush_lsn), 0)::bigint,
        coalesce(r.safe_wal_size, -1)::bigint, c.backfilled_at IS NOT NULL
-FROM `+s.S.cdc+` AS c LEFT JOIN pg_replication_slots AS r ON r.slot_name = c.slot ORDER BY c.slot`)
+FROM `+s.Statements.cdc+` AS c LEFT JOIN pg_replication_slots AS r ON r.slot_name = c.slot ORDER BY c.slot`)
 	if err != nil {
 		return nil, InterpretError(err)
 	}
@@ -656,11 +656,11 @@ func (s *Store) Cleanup(ctx context.Context, p *outboxdriver.CleanupParams) (int
 	// Partitioning is chosen at migration: ask the catalog, not the configuration.
 	var partitioned bool
 	if err := QueryRow(ctx, s.DB, `SELECT EXISTS (SELECT 1 FROM pg_partitioned_table WHERE partrelid = to_regclass($1))`,
-		[]any{s.S.qualified}, &partitioned); err != nil {
+		[]any{s.Statements.qualified}, &partitioned); err != nil {
 		return 0, InterpretError(err)
 	}
 	if partitioned {
-		if err := s.S.ensurePartitions(ctx, s.DB, time.Now()); err != nil {
+		if err := s.Statements.ensurePartitions(ctx, s.DB, time.Now()); err != nil {
 			return 0, err
 		}
 		var err error
@@ -670,8 +670,8 @@ func (s *Store) Cleanup(ctx context.Context, p *outboxdriver.CleanupParams) (int
 	}
 	var n int64
 	// (tableoid, ctid): a ctid alone is ambiguous across the partitions of a table.
-	err := QueryRow(ctx, s.DB, `WITH del AS (DELETE FROM `+s.S.qualified+` WHERE (tableoid, ctid) IN (
-    SELECT tableoid, ctid FROM `+s.S.qualified+` WHERE published_at IS NOT NULL AND published_at < $1 LIMIT $2)
+	err := QueryRow(ctx, s.DB, `WITH del AS (DELETE FROM `+s.Statements.qualified+` WHERE (tableoid, ctid) IN (
+    SELECT tableoid, ctid FROM `+s.Statements.qualified+` WHERE published_at IS NOT NULL AND published_at < $1 LIMIT $2)
   RETURNING 1)
 SELECT count(*) FROM del`, []any{p.Before, p.Limit}, &n)
 	return dropped + n, InterpretError(err)
