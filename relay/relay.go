@@ -254,30 +254,14 @@ func (r *Relay) startClaim(ctx context.Context, t term) chan claimResult {
 // and a crash republishes at most one batch; the claim of the next batch overlaps with
 // the publishing and marking of the current one.
 func (r *Relay) lead(ctx context.Context, t term) error {
-	// work outlives ctx by DrainTimeout, so a stop finishes the batch in hand.
-	work, cancelWork := context.WithCancel(context.WithoutCancel(ctx))
-	defer cancelWork()
-	stopDrain := context.AfterFunc(ctx, func() {
-		t := time.AfterFunc(r.cfg.DrainTimeout, cancelWork)
-		context.AfterFunc(work, func() { t.Stop() })
-	})
-	defer stopDrain()
-
+	work, endWork := r.drainContext(ctx)
+	defer endWork()
 	wake := make(chan struct{}, 1)
-	var wg sync.WaitGroup
-	listenCtx, stopListen := context.WithCancel(ctx)
-	wg.Add(1)
-	go func() { defer wg.Done(); r.listen(listenCtx, wake) }()
-	if r.cfg.Retention > 0 {
-		wg.Add(1)
-		go func() { defer wg.Done(); r.cleanup(listenCtx) }()
-	}
-
+	stopBackground := r.background(ctx, wake)
 	var markWG sync.WaitGroup
 	defer func() {
-		stopListen()
 		markWG.Wait()
-		wg.Wait()
+		stopBackground()
 	}()
 
 	bo := r.newBackoff()
@@ -344,58 +328,14 @@ func (r *Relay) lead(ctx context.Context, t term) error {
 			next, lastCheck = nil, time.Time{}
 			continue
 		}
-		msgs, idx, results := r.route(rows)
 		// The previous batch's mark must have landed before this one goes out: after a
 		// crash at most one batch (this one) is published again. (Letting them overlap
 		// measured no faster here: docs/benchmarks.md.)
 		markWG.Wait()
-		pubStart := time.Now()
-		var endTrace func([]broker.Result)
-		if r.cfg.Tracer != nil {
-			endTrace = r.cfg.Tracer.StartPublish(msgs)
-		}
-		pubResults := r.pub.Publish(work, msgs)
-		if endTrace != nil {
-			endTrace(pubResults)
-		}
-		for j, res := range pubResults {
-			results[idx[j]] = res
-		}
-		pubTime := time.Since(pubStart)
-		r.cfg.Failpoint(FailpointAfterPublish)
-		if r.cfg.Hooks != nil {
-			outcomes := make([]Outcome, len(rows))
-			for i := range rows {
-				outcomes[i] = Outcome{Row: &rows[i], Err: results[i].Err}
-			}
-			for j, i := range idx {
-				outcomes[i].Topic = msgs[j].Topic
-			}
-			r.hook("BatchPublished", func(h Hooks) { h.BatchPublished(outcomes, pubTime) })
-		}
+		results, pubTime := r.publish(work, rows)
 		params, failed, unavailable := r.outcome(rows, results)
-		switch {
-		case unavailable:
-			r.stats.brokerDownSince.CompareAndSwap(0, time.Now().UnixNano())
-		case len(params.Published) > 0:
-			r.stats.brokerDownSince.Store(0)
-		}
-		r.stats.batches.Add(1)
-		r.stats.published.Add(int64(len(params.Published)))
-		r.stats.failed.Add(int64(failed))
-
-		markWG.Add(1)
-		go func(c outboxdriver.Claim) {
-			defer markWG.Done()
-			markStart := time.Now()
-			mctx, cancel := r.dbCtx(work)
-			defer cancel()
-			if err := c.Complete(mctx, params); err != nil {
-				// The rows stay unpublished and are sent again: a duplicate, never a loss.
-				r.log.Error("relay: marking published rows failed; they will be published again", "rows", len(params.Published), "err", err)
-			}
-			r.log.Debug("relay: batch", "rows", len(rows), "claim_wait", claimWait, "publish", pubTime, "mark", time.Since(markStart))
-		}(cr.claim)
+		r.count(params, failed, unavailable)
+		r.writeBack(work, &markWG, cr.claim, params, len(rows), claimWait, pubTime)
 
 		if cut {
 			markWG.Wait()
@@ -427,6 +367,94 @@ func (r *Relay) lead(ctx context.Context, t term) error {
 			"first_error", firstErr(results), "retry_in", d)
 		r.waitFor(ctx, nil, d)
 	}
+}
+
+// drainContext returns the context the batch in hand runs under: it outlives ctx by
+// DrainTimeout, so a stop finishes (publishes and marks) what was claimed.
+func (r *Relay) drainContext(ctx context.Context) (context.Context, func()) {
+	work, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	stop := context.AfterFunc(ctx, func() {
+		t := time.AfterFunc(r.cfg.DrainTimeout, cancel)
+		context.AfterFunc(work, func() { t.Stop() })
+	})
+	return work, func() { stop(); cancel() }
+}
+
+// background runs, while the relay leads, the notification listener (feeding wake)
+// and the cleanup of published rows; the returned func stops them and waits.
+func (r *Relay) background(ctx context.Context, wake chan<- struct{}) func() {
+	ctx, cancel := context.WithCancel(ctx)
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() { defer wg.Done(); r.listen(ctx, wake) }()
+	if r.cfg.Retention > 0 {
+		wg.Add(1)
+		go func() { defer wg.Done(); r.cleanup(ctx) }()
+	}
+	return func() { cancel(); wg.Wait() }
+}
+
+// publish routes a claimed batch, sends it to the broker with tracing, and reports it
+// to the hooks: one result per row (a row the router refused fails permanently).
+func (r *Relay) publish(work context.Context, rows []outboxdriver.Row) ([]broker.Result, time.Duration) {
+	msgs, idx, results := r.route(rows)
+	start := time.Now()
+	var endTrace func([]broker.Result)
+	if r.cfg.Tracer != nil {
+		endTrace = r.cfg.Tracer.StartPublish(msgs)
+	}
+	pubResults := r.pub.Publish(work, msgs)
+	if endTrace != nil {
+		endTrace(pubResults)
+	}
+	for j, res := range pubResults {
+		results[idx[j]] = res
+	}
+	took := time.Since(start)
+	r.cfg.Failpoint(FailpointAfterPublish)
+	if r.cfg.Hooks != nil {
+		outcomes := make([]Outcome, len(rows))
+		for i := range rows {
+			outcomes[i] = Outcome{Row: &rows[i], Err: results[i].Err}
+		}
+		for j, i := range idx {
+			outcomes[i].Topic = msgs[j].Topic
+		}
+		r.hook("BatchPublished", func(h Hooks) { h.BatchPublished(outcomes, took) })
+	}
+	return results, took
+}
+
+// count updates the relay's counters after a batch.
+func (r *Relay) count(p *outboxdriver.CompleteParams, failed int, unavailable bool) {
+	switch {
+	case unavailable:
+		r.stats.brokerDownSince.CompareAndSwap(0, time.Now().UnixNano())
+	case len(p.Published) > 0:
+		r.stats.brokerDownSince.Store(0)
+	}
+	r.stats.batches.Add(1)
+	r.stats.published.Add(int64(len(p.Published)))
+	r.stats.failed.Add(int64(failed))
+}
+
+// writeBack marks (or deletes) what the broker acknowledged and records the failures,
+// in the claim's transaction, in the background; marks is waited on before the next
+// batch goes out.
+func (r *Relay) writeBack(work context.Context, marks *sync.WaitGroup, c outboxdriver.Claim, p *outboxdriver.CompleteParams,
+	rows int, claimWait, pubTime time.Duration) {
+	marks.Add(1)
+	go func() {
+		defer marks.Done()
+		start := time.Now()
+		ctx, cancel := r.dbCtx(work)
+		defer cancel()
+		if err := c.Complete(ctx, p); err != nil {
+			// The rows stay unpublished and are sent again: a duplicate, never a loss.
+			r.log.Error("relay: marking published rows failed; they will be published again", "rows", len(p.Published), "err", err)
+		}
+		r.log.Debug("relay: batch", "rows", rows, "claim_wait", claimWait, "publish", pubTime, "mark", time.Since(start))
+	}()
 }
 
 // outcome turns the broker's results into what to write back: published ids, and for
