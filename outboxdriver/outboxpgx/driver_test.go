@@ -189,68 +189,6 @@ SELECT gen_random_uuid(), 'order', 'agg-' || i || 'é', 'T', '{}' FROM generate_
 	}
 }
 
-// TestGroupFencing: a relay whose partition lease was taken over (a new epoch) cannot
-// mark its claimed rows any more; the new owner can.
-func TestGroupFencing(t *testing.T) {
-	pool, drv := testenv.Outbox(t)
-	ctx := context.Background()
-	store, _ := drv.Store()
-	gs := store.(outboxdriver.GroupStore)
-	w, _ := outbox.NewWriter(drv, nil)
-	evs := []outbox.Event{}
-	for i := 0; i < 20; i++ {
-		evs = append(evs, outbox.Event{AggregateType: "order", AggregateID: fmt.Sprint(i), Type: "T", Payload: []byte(`{}`)})
-	}
-	if err := w.Write(ctx, evs...); err != nil {
-		t.Fatal(err)
-	}
-	all := make([]int, 64)
-	for i := range all {
-		all[i] = i
-	}
-	leases, err := gs.Leases(ctx, &outboxdriver.LeaseParams{RelayID: "a", Want: all, TTL: time.Hour})
-	if err != nil || len(leases) != 64 {
-		t.Fatalf("leases for a: %d, %v", len(leases), err)
-	}
-	if again, _ := gs.Leases(ctx, &outboxdriver.LeaseParams{RelayID: "b", Want: all, TTL: time.Hour}); len(again) != 0 {
-		t.Fatalf("b took %d partitions a holds", len(again))
-	}
-	c, err := store.Claim(ctx, &outboxdriver.ClaimParams{Limit: 100, HoldTimeout: time.Minute, Group: &outboxdriver.ClaimGroup{RelayID: "a", Leases: leases}})
-	if err != nil || len(c.Rows()) != 20 {
-		t.Fatalf("claim: %v", err)
-	}
-	// a pauses; its leases expire and b takes them over with a new epoch.
-	qt := pgx.Identifier{drv.Table().Schema, drv.Table().Name + "_leases"}.Sanitize()
-	if _, err := pool.Exec(ctx, `UPDATE `+qt+` SET lease_until = now() - interval '1 second'`); err != nil {
-		t.Fatal(err)
-	}
-	bl, err := gs.Leases(ctx, &outboxdriver.LeaseParams{RelayID: "b", Want: all, TTL: time.Hour})
-	if err != nil || len(bl) != 64 || bl[0].Epoch != leases[0].Epoch+1 {
-		t.Fatalf("takeover: %v, %v", bl, err)
-	}
-	ids := make([]string, 0, 20)
-	for _, r := range c.Rows() {
-		ids = append(ids, r.ID)
-	}
-	if err := c.Complete(ctx, &outboxdriver.CompleteParams{Published: ids}); err != nil {
-		t.Fatal(err)
-	}
-	st, _ := store.Status(ctx)
-	if st.Unpublished != 20 {
-		t.Fatalf("the fenced relay marked %d rows", 20-st.Unpublished)
-	}
-	c2, err := store.Claim(ctx, &outboxdriver.ClaimParams{Limit: 100, HoldTimeout: time.Minute, Group: &outboxdriver.ClaimGroup{RelayID: "b", Leases: bl}})
-	if err != nil || len(c2.Rows()) != 20 {
-		t.Fatalf("b's claim: %v", err)
-	}
-	if err := c2.Complete(ctx, &outboxdriver.CompleteParams{Published: ids}); err != nil {
-		t.Fatal(err)
-	}
-	if st, _ := store.Status(ctx); st.Unpublished != 0 {
-		t.Fatalf("the owner's mark left %d rows", st.Unpublished)
-	}
-}
-
 // TestLongTableNames: valid names up to 63 bytes migrate (plain and partitioned), keep
 // every derived index and table distinct, and take writes with notifications on (the
 // NOTIFY channel fits PostgreSQL's limit): PostgreSQL would otherwise truncate derived

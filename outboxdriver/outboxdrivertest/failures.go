@@ -1,0 +1,151 @@
+package outboxdrivertest
+
+import (
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/outboxd/outbox/outboxdriver"
+)
+
+func testFailures[TTx any](t *testing.T, h *Harness[TTx]) {
+	ctx := ctxT(t)
+	all := writeCommitted(t, h, event("a", 1), event("b", 1))
+	s := store(t, h)
+	for i := 0; i < 3; i++ {
+		c, err := s.Claim(ctx, &outboxdriver.ClaimParams{Limit: 10})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := c.Complete(ctx, &outboxdriver.CompleteParams{Failed: []outboxdriver.Failure{
+			{ID: all[0], Error: "refused", CountAttempt: true},
+			{ID: all[1], Error: "broker down", CountAttempt: false},
+		}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	rows := drain(t, s)
+	if len(rows) != 2 || rows[0].Attempts != 3 || rows[1].Attempts != 0 {
+		t.Fatalf("attempts = %+v, want 3 for the refused event and 0 for the unavailable broker", rows)
+	}
+}
+
+func testFailingBlocks[TTx any](t *testing.T, h *Harness[TTx]) {
+	s := store(t, h)
+	k := writeCommitted(t, h, event("k", 1), event("k", 2), event("k", 3))
+	late := writeCommitted(t, h, event("late", 1), event("late", 2))
+	other := writeCommitted(t, h, event("other", 1))
+	c := claimAll(t, s)
+	if len(c.Rows()) != 6 {
+		t.Fatalf("claimed %d rows, want 6", len(c.Rows()))
+	}
+	// k's first event is refused and due again at once; late's first is refused and
+	// due in an hour. Their later events were held back by the broker.
+	complete(t, c, &outboxdriver.CompleteParams{Published: other, Failed: []outboxdriver.Failure{
+		{ID: k[0], Error: "refused", CountAttempt: true, RetryAt: time.Now().Add(-time.Millisecond)},
+		{ID: k[1], Error: "held back"}, {ID: k[2], Error: "held back"},
+		{ID: late[0], Error: "refused", CountAttempt: true, RetryAt: time.Now().Add(time.Hour)},
+		{ID: late[1], Error: "held back"},
+	}})
+	c = claimAll(t, s)
+	if got := ids(c.Rows()); fmt.Sprint(got) != fmt.Sprint(k[:1]) {
+		t.Fatalf("claimed %v; want only the failing event %s, retried alone", got, k[0])
+	}
+	if c.Rows()[0].Attempts != 1 {
+		t.Fatalf("attempts = %d, want 1", c.Rows()[0].Attempts)
+	}
+	complete(t, c, &outboxdriver.CompleteParams{Published: k[:1]})
+	if got := ids(drain(t, s)); fmt.Sprint(got) != fmt.Sprint(k[1:]) {
+		t.Fatalf("after the retry succeeded: %v, want %v", got, k[1:])
+	}
+	st, _ := s.Status(ctxT(t))
+	if st.Unpublished != 2 || st.Failing != 1 {
+		t.Fatalf("status = %+v, want late's two events waiting, one failing", st)
+	}
+}
+
+func testDeadLetterReplay[TTx any](t *testing.T, h *Harness[TTx]) {
+	ctx := ctxT(t)
+	s := store(t, h)
+	k := writeCommitted(t, h, event("k", 1), event("k", 2))
+	other := writeCommitted(t, h, event("other", 1))
+	c := claimAll(t, s)
+	complete(t, c, &outboxdriver.CompleteParams{Published: other, Failed: []outboxdriver.Failure{
+		{ID: k[0], Error: "too large", CountAttempt: true, Dead: true, HoldKey: true},
+		{ID: k[1], Error: "held back"},
+	}})
+	more := writeCommitted(t, h, event("k", 3), event("other", 2))
+	if got := ids(drain(t, s)); fmt.Sprint(got) != fmt.Sprint(more[1:]) {
+		t.Fatalf("while k is quarantined got %v, want only %v", got, more[1:])
+	}
+	dead, err := s.ListDead(ctx, &outboxdriver.DeadFilter{AggregateID: "k"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(dead) != 1 || dead[0].ID != k[0] || dead[0].Error != "too large" || dead[0].Attempts != 1 || !dead[0].HoldsKey ||
+		string(dead[0].Payload) != `{"n": 1}` {
+		t.Fatalf("dead letters = %+v", dead)
+	}
+	st, _ := s.Status(ctx)
+	if st.Dead != 1 || st.HeldKeys != 1 {
+		t.Fatalf("status = %+v, want 1 dead letter holding 1 key", st)
+	}
+	if n, err := s.ReplayDead(ctx, &outboxdriver.DeadFilter{AggregateType: "nope"}); err != nil || n != 0 {
+		t.Fatalf("replay with a filter matching nothing: %d, %v", n, err)
+	}
+	if n, err := s.ReplayDead(ctx, &outboxdriver.DeadFilter{IDs: []string{k[0]}}); err != nil || n != 1 {
+		t.Fatalf("replay: %d, %v", n, err)
+	}
+	want := []string{k[0], k[1], more[0]}
+	if got := ids(drain(t, s)); fmt.Sprint(got) != fmt.Sprint(want) {
+		t.Fatalf("after replay got %v, want the replayed event first, in order: %v", got, want)
+	}
+	if dead, _ := s.ListDead(ctx, nil); len(dead) != 0 {
+		t.Fatalf("dead letters left after replay: %d", len(dead))
+	}
+}
+
+func testDeadLetterFlowPurge[TTx any](t *testing.T, h *Harness[TTx]) {
+	ctx := ctxT(t)
+	s := store(t, h)
+	a := writeCommitted(t, h, event("a", 1), event("a", 2))
+	b := writeCommitted(t, h, event("b", 1), event("b", 2))
+	c := claimAll(t, s)
+	complete(t, c, &outboxdriver.CompleteParams{Failed: []outboxdriver.Failure{
+		{ID: a[0], Error: "invalid", CountAttempt: true, Dead: true, HoldKey: false}, // flows on
+		{ID: a[1], Error: "held back"},
+		{ID: b[0], Error: "invalid", CountAttempt: true, Dead: true, HoldKey: true},
+		{ID: b[1], Error: "held back"},
+	}})
+	if got := ids(drain(t, s)); fmt.Sprint(got) != fmt.Sprint(a[1:]) {
+		t.Fatalf("got %v, want a's later event (flowing past its dead letter) only", got)
+	}
+	if n, err := s.PurgeDead(ctx, &outboxdriver.DeadFilter{AggregateID: "b", OlderThan: time.Hour}); err != nil || n != 0 {
+		t.Fatalf("purge of dead letters older than an hour: %d, %v", n, err)
+	}
+	if n, err := s.PurgeDead(ctx, &outboxdriver.DeadFilter{AggregateID: "b"}); err != nil || n != 1 {
+		t.Fatalf("purge: %d, %v", n, err)
+	}
+	if got := ids(drain(t, s)); fmt.Sprint(got) != fmt.Sprint(b[1:]) {
+		t.Fatalf("after purge got %v, want b's later event", got)
+	}
+	if dead, _ := s.ListDead(ctx, nil); len(dead) != 1 || dead[0].ID != a[0] {
+		t.Fatalf("dead letters = %v", dead)
+	}
+}
+
+func testDelayed[TTx any](t *testing.T, h *Harness[TTx]) {
+	s := store(t, h)
+	later := event("k", 1)
+	later.NotBefore = time.Now().Add(time.Hour)
+	due := event("k", 2)
+	due.NotBefore = time.Now().Add(-time.Second)
+	ids2 := writeCommitted(t, h, later, due, event("k", 3))
+	if got := ids(drain(t, s)); fmt.Sprint(got) != fmt.Sprint(ids2[1:]) {
+		t.Fatalf("got %v, want the due events %v and not the one delayed by an hour", got, ids2[1:])
+	}
+	st, _ := s.Status(ctxT(t))
+	if st.Unpublished != 1 {
+		t.Fatalf("status = %+v, want the delayed event waiting", st)
+	}
+}

@@ -1,0 +1,127 @@
+package outboxdrivertest
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/outboxd/outbox/outboxdriver"
+)
+
+func testLeadership[TTx any](t *testing.T, h *Harness[TTx]) {
+	ctx := ctxT(t)
+	s := store(t, h)
+	l1, err := s.AcquireLeadership(ctx, &outboxdriver.LeadershipParams{Timeout: 10 * time.Second})
+	if err != nil || l1 == nil {
+		t.Fatalf("first acquire: %v, %v", l1, err)
+	}
+	if err := l1.Check(ctx); err != nil {
+		t.Fatalf("check: %v", err)
+	}
+	if st, err := s.Status(ctx); err != nil || st.ActiveRelay == "" {
+		t.Fatalf("status while a relay leads: %+v, %v; want the active relay named", st, err)
+	}
+	l2, err := s.AcquireLeadership(ctx, &outboxdriver.LeadershipParams{Timeout: 10 * time.Second})
+	if err != nil || l2 != nil {
+		t.Fatalf("second acquire while held: %v, %v; want nil, nil", l2, err)
+	}
+	if err := l1.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := l1.Release(ctx); err != nil {
+		t.Fatalf("second release: %v", err)
+	}
+	if err := l1.Check(ctx); !errors.Is(err, outboxdriver.ErrLeadershipLost) {
+		t.Fatalf("check after release: %v", err)
+	}
+	if st, err := s.Status(ctx); err != nil || st.ActiveRelay != "" {
+		t.Fatalf("status with no relay: %+v, %v", st, err)
+	}
+	l3, err := s.AcquireLeadership(ctx, &outboxdriver.LeadershipParams{Timeout: 10 * time.Second})
+	if err != nil || l3 == nil {
+		t.Fatalf("acquire after release: %v, %v", l3, err)
+	}
+	_ = l3.Release(ctx)
+}
+
+// testLeadershipRevoked: a leader that stops proving it is alive (no Check) loses the
+// leadership by a bound the database enforces (params.Timeout, or the driver's own
+// lease), so a standby gets it; the silent one then learns it was lost.
+func testLeadershipRevoked[TTx any](t *testing.T, h *Harness[TTx]) {
+	ctx := ctxT(t)
+	s := store(t, h)
+	params := &outboxdriver.LeadershipParams{Timeout: time.Second}
+	l1, err := s.AcquireLeadership(ctx, params)
+	if err != nil || l1 == nil {
+		t.Fatalf("acquire: %v, %v", l1, err)
+	}
+	defer func() { _ = l1.Release(context.WithoutCancel(ctx)) }()
+	bound := params.Timeout
+	if b, ok := l1.(outboxdriver.LeaseBound); ok {
+		bound = b.Bound()
+	}
+	if bound > 5*time.Second {
+		t.Skipf("the driver's leadership bound is %v; too long for this test", bound)
+	}
+	var l2 outboxdriver.Leadership
+	deadline := time.Now().Add(bound + 3*time.Second)
+	for l2 == nil && time.Now().Before(deadline) {
+		time.Sleep(100 * time.Millisecond)
+		if l2, err = s.AcquireLeadership(ctx, params); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if l2 == nil {
+		t.Fatalf("a leader silent for %v still holds the leadership (bound %v)", bound+3*time.Second, bound)
+	}
+	defer func() { _ = l2.Release(context.WithoutCancel(ctx)) }()
+	if err := l1.Check(ctx); err == nil {
+		t.Fatal("the silent leader's check passes after a standby took over")
+	}
+}
+
+func testListen[TTx any](t *testing.T, h *Harness[TTx]) {
+	ctx := ctxT(t)
+	l, err := store(t, h).Listen(ctx)
+	if errors.Is(err, outboxdriver.ErrNotSupported) {
+		t.Skip("driver declares no LISTEN/NOTIFY")
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close(ctx)
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		writeCommitted(t, h, event("a", 1))
+	}()
+	wctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	if err := l.Wait(wctx); err != nil {
+		t.Fatalf("no notification after a write: %v", err)
+	}
+	wg.Wait()
+}
+
+func testStatus[TTx any](t *testing.T, h *Harness[TTx]) {
+	ctx := ctxT(t)
+	s := store(t, h)
+	st, err := s.Status(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.Unpublished != 0 || st.OldestAge != 0 {
+		t.Fatalf("empty table status = %+v", st)
+	}
+	writeCommitted(t, h, event("a", 1), event("b", 1))
+	st, err = s.Status(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.Unpublished != 2 || st.OldestAge <= 0 || st.OldestAge > time.Minute {
+		t.Fatalf("status = %+v, want 2 unpublished with a small positive age", st)
+	}
+}

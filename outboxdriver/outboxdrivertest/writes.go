@@ -1,0 +1,146 @@
+package outboxdrivertest
+
+import (
+	"context"
+	"errors"
+	"testing"
+
+	"github.com/google/uuid"
+
+	"github.com/outboxd/outbox"
+	"github.com/outboxd/outbox/outboxdriver"
+)
+
+func testCommitRollback[TTx any](t *testing.T, h *Harness[TTx]) {
+	ctx := ctxT(t)
+	w := writer(t, h)
+	tx, err := h.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := w.WriteTx(ctx, tx, event("rolled-back", 1)); err != nil {
+		t.Fatal(err)
+	}
+	if err := h.Rollback(ctx, tx); err != nil {
+		t.Fatal(err)
+	}
+	kept := writeCommitted(t, h, event("committed", 1))
+	rows := drain(t, store(t, h))
+	if len(rows) != 1 || rows[0].ID != kept[0] {
+		t.Fatalf("claimed %v, want only the committed event %s", ids(rows), kept[0])
+	}
+}
+
+func testPlainSQL[TTx any](t *testing.T, h *Harness[TTx]) {
+	ctx := ctxT(t)
+	id := uuid.NewString()
+	if err := h.InsertPlain(ctx, id, "invoice", "inv-7", "InvoiceIssued", `{"total": 12}`); err != nil {
+		t.Fatal(err)
+	}
+	rows := drain(t, store(t, h))
+	if len(rows) != 1 {
+		t.Fatalf("claimed %d rows, want 1", len(rows))
+	}
+	r := rows[0]
+	if r.ID != id || r.AggregateType != "invoice" || r.AggregateID != "inv-7" || r.Type != "InvoiceIssued" || r.CreatedAt.IsZero() {
+		t.Fatalf("row = %+v", r)
+	}
+	if string(r.Payload) != `{"total": 12}` {
+		t.Fatalf("payload = %s", r.Payload)
+	}
+}
+
+func testInvalid[TTx any](t *testing.T, h *Harness[TTx]) {
+	ctx := ctxT(t)
+	w := writer(t, h)
+	good := event("a", 1)
+	for name, bad := range map[string]outbox.Event{
+		"non-JSON payload":   {AggregateType: "order", AggregateID: "1", Type: "T", Payload: []byte("\xff\x00not json")},
+		"empty payload":      {AggregateType: "order", AggregateID: "1", Type: "T"},
+		"NUL escape":         {AggregateType: "order", AggregateID: "1", Type: "T", Payload: []byte(`{"a":"\u0000"}`)},
+		"empty aggregate id": {AggregateType: "order", Type: "T", Payload: []byte(`{}`)},
+		"bad id":             {ID: "nope", AggregateType: "order", AggregateID: "1", Type: "T", Payload: []byte(`{}`)},
+		"reserved header":    {AggregateType: "order", AggregateID: "1", Type: "T", Payload: []byte(`{}`), Headers: map[string]string{"Nats-Msg-Id": "x"}},
+		"invalid UTF-8 type": {AggregateType: "order", AggregateID: "1", Type: "\xff", Payload: []byte(`{}`)},
+	} {
+		tx, err := h.Begin(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		err = w.WriteTx(ctx, tx, good, bad)
+		if !errors.Is(err, outbox.ErrInvalidEvent) {
+			t.Errorf("%s: err = %v, want ErrInvalidEvent", name, err)
+		}
+		// The transaction is still usable: nothing was sent to the database.
+		if err := h.Commit(ctx, tx); err != nil {
+			t.Errorf("%s: commit after a refused write: %v", name, err)
+		}
+	}
+	if rows := drain(t, store(t, h)); len(rows) != 0 {
+		t.Fatalf("refused writes left %d rows", len(rows))
+	}
+}
+
+func testDuplicate[TTx any](t *testing.T, h *Harness[TTx]) {
+	if h.NonUniqueIDs {
+		t.Skip("the table does not enforce unique event ids (partitioned)")
+	}
+	ctx := ctxT(t)
+	ev := event("a", 1)
+	writeCommitted(t, h, ev)
+	tx, err := h.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = h.Rollback(ctx, tx) }()
+	if err := writer(t, h).WriteTx(ctx, tx, ev); !errors.Is(err, outboxdriver.ErrDuplicateID) {
+		t.Fatalf("duplicate id: err = %v, want ErrDuplicateID", err)
+	}
+}
+
+func testBytesPayload[TTx any](t *testing.T, h *Harness[TTx]) {
+	raw := []byte("\x00\xffnot json at all\n")
+	ev := outbox.Event{AggregateType: "blob", AggregateID: "1", Type: "Raw", Payload: raw}
+	empty := outbox.Event{AggregateType: "blob", AggregateID: "1", Type: "Empty"}
+	writeCommitted(t, h, ev, empty)
+	rows := drain(t, store(t, h))
+	if len(rows) != 2 || string(rows[0].Payload) != string(raw) || len(rows[1].Payload) != 0 || rows[1].PayloadNull {
+		t.Fatalf("rows = %+v", rows)
+	}
+}
+
+// testTraceContext: the writer's trace context lands in tracingspancontext, for small
+// and large writes alike.
+func testTraceContext[TTx any](t *testing.T, h *Harness[TTx]) {
+	const tc = "traceparent=00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01\ntracestate=vendor=x"
+	w, err := outbox.NewWriter(h.Driver, &outbox.Config{TraceContext: func(context.Context) string { return tc }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := ctxT(t)
+	for _, n := range []int{1, 40} {
+		evs := make([]outbox.Event, n)
+		for i := range evs {
+			evs[i] = event("k", i)
+		}
+		tx, err := h.Begin(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := w.WriteTx(ctx, tx, evs...); err != nil {
+			t.Fatal(err)
+		}
+		if err := h.Commit(ctx, tx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	rows := drain(t, store(t, h))
+	if len(rows) != 41 {
+		t.Fatalf("%d rows", len(rows))
+	}
+	for _, r := range rows {
+		if r.TraceContext != tc {
+			t.Fatalf("row %d trace context %q", r.Seq, r.TraceContext)
+		}
+	}
+}
