@@ -571,6 +571,7 @@ func latency(dbURL, natsURL string, args []string) error {
 
 func inProcessRelay(ctx context.Context, pool *pgxpool.Pool, table outboxdriver.Table, js jetstream.JetStream, mode, prefix string) (func(), error) {
 	drv := outboxpgx.New(pool, &table)
+	var store outboxdriver.Source
 	store, err := drv.Store()
 	if err != nil {
 		return nil, err

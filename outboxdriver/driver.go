@@ -98,8 +98,15 @@ type Row struct {
 	Partition     int // the aggregate's partition (PostgreSQL; 0 elsewhere)
 }
 
-// Store is what the relay needs from the database.
+// Store is a table's store, both roles: what every driver gives.
 type Store interface {
+	Source
+	Admin
+}
+
+// Source is the relay's side of a table: what its hot loop needs. A CDC source
+// implements only this; the table store's Admin serves the operator.
+type Source interface {
 	// Claim locks up to params.Limit committed, unpublished rows in write order,
 	// skipping rows another claim holds. The claim holds its lock until Complete
 	// or Release; an empty claim is released by the store and returned with no rows.
@@ -110,6 +117,13 @@ type Store interface {
 	// Listen subscribes to the writer's wake-up notifications, or returns
 	// ErrNotSupported.
 	Listen(ctx context.Context) (Listener, error)
+	// Cleanup deletes up to params.Limit published rows published before
+	// params.Before and returns how many. It never deletes an unpublished row.
+	Cleanup(ctx context.Context, params *CleanupParams) (int64, error)
+}
+
+// Admin is the operator's side of a table: status and dead letters.
+type Admin interface {
 	// Status reports the backlog.
 	Status(ctx context.Context) (*Status, error)
 	// ListDead returns dead letters matching the filter, oldest first.
@@ -120,9 +134,6 @@ type Store interface {
 	ReplayDead(ctx context.Context, f *DeadFilter) (int, error)
 	// PurgeDead deletes matching dead letters, releasing their keys.
 	PurgeDead(ctx context.Context, f *DeadFilter) (int, error)
-	// Cleanup deletes up to params.Limit published rows published before
-	// params.Before and returns how many. It never deletes an unpublished row.
-	Cleanup(ctx context.Context, params *CleanupParams) (int64, error)
 }
 
 // CleanupParams select published rows to delete.

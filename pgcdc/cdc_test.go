@@ -82,7 +82,18 @@ func (e *cdcEnv) source(t testing.TB, cfg *pgcdc.Config) *pgcdc.Source {
 	return src
 }
 
-func (e *cdcEnv) startRelay(t testing.TB, store outboxdriver.Store, pub broker.Publisher, cfg *relay.Config) *relay.Relay {
+// admin is the table store: status and dead letters (the CDC source is only the
+// relay's side).
+func (e *cdcEnv) admin(t testing.TB) outboxdriver.Store {
+	t.Helper()
+	s, err := e.drv.Store()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
+func (e *cdcEnv) startRelay(t testing.TB, store outboxdriver.Source, pub broker.Publisher, cfg *relay.Config) *relay.Relay {
 	t.Helper()
 	return testenv.StartRelay(t, store, pub, cfg)
 }

@@ -125,7 +125,7 @@ func TestDeadLettersAndReplay(t *testing.T) {
 			ctx := context.Background()
 			deadline := time.Now().Add(20 * time.Second)
 			for {
-				dead, err := src.ListDead(ctx, &outboxdriver.DeadFilter{AggregateID: "agg-0"})
+				dead, err := e.admin(t).ListDead(ctx, &outboxdriver.DeadFilter{AggregateID: "agg-0"})
 				if err != nil {
 					t.Fatal(err)
 				}
@@ -141,7 +141,7 @@ func TestDeadLettersAndReplay(t *testing.T) {
 				time.Sleep(50 * time.Millisecond)
 			}
 			b.RefuseNone("agg-0")
-			if n, err := src.ReplayDead(ctx, &outboxdriver.DeadFilter{AggregateID: "agg-0"}); err != nil || n != 20 {
+			if n, err := e.admin(t).ReplayDead(ctx, &outboxdriver.DeadFilter{AggregateID: "agg-0"}); err != nil || n != 20 {
 				t.Fatalf("replay: %d, %v", n, err)
 			}
 			waitMessages(t, b, 3*20)
@@ -176,7 +176,7 @@ func TestDelayedAndNonTransactional(t *testing.T) {
 	}
 	deadline := time.Now().Add(10 * time.Second)
 	for {
-		dead, err := src.ListDead(ctx, &outboxdriver.DeadFilter{})
+		dead, err := e.admin(t).ListDead(ctx, &outboxdriver.DeadFilter{})
 		if err != nil {
 			t.Fatal(err)
 		}

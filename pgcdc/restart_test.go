@@ -170,7 +170,8 @@ func TestInvalidatedSlot(t *testing.T) {
 	if !errors.Is(err, pgcdc.ErrSlotLost) || !errors.Is(err, outboxdriver.ErrNeedsOperator) {
 		t.Fatalf("relay on an invalidated slot: %v, want ErrSlotLost", err)
 	}
-	st, err := src.Status(ctx)
+	admin, _ := drv.Store()
+	st, err := admin.Status(ctx)
 	if err != nil || len(st.Slots) != 1 || st.Slots[0].WALStatus != "lost" {
 		t.Fatalf("status of a lost slot: %+v, %v", st, err)
 	}

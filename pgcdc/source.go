@@ -176,7 +176,7 @@ func New(pool *pgxpool.Pool, inner outboxdriver.Store, table outboxdriver.Table,
 	return s, nil
 }
 
-var _ outboxdriver.Store = (*Source)(nil)
+var _ outboxdriver.Source = (*Source)(nil)
 
 // deadLetterStatement inserts dead letters from arrays, for a jsonb or bytea payload.
 func deadLetterStatement(table, dead string, bytesPayload bool) string {
@@ -217,7 +217,7 @@ type session struct {
 	held   map[string]bool
 }
 
-// AcquireLeadership implements outboxdriver.Store: the table's relay lock (so a poll
+// AcquireLeadership implements outboxdriver.Source: the table's relay lock (so a poll
 // relay and a CDC relay never run at once), then the slot. A standby retries. With
 // params.Timeout, the replication connection also runs with that
 // wal_sender_timeout: PostgreSQL ends the stream of a relay that stopped sending
@@ -574,7 +574,7 @@ func (s *Source) current() *session {
 	return s.sess
 }
 
-// Claim implements outboxdriver.Store. While the rows written before the slot are
+// Claim implements outboxdriver.Source. While the rows written before the slot are
 // being published it claims them from the table; then it hands out events from the
 // WAL in commit order, holding back an aggregate behind its waiting event.
 func (s *Source) Claim(ctx context.Context, p *outboxdriver.ClaimParams) (outboxdriver.Claim, error) {
@@ -875,7 +875,7 @@ func (c *claim) Release(context.Context) error {
 	return nil
 }
 
-// Listen implements outboxdriver.Store: the relay wakes up as soon as the stream
+// Listen implements outboxdriver.Source: the relay wakes up as soon as the stream
 // queued something.
 func (s *Source) Listen(ctx context.Context) (outboxdriver.Listener, error) {
 	ss := s.current()
@@ -898,28 +898,7 @@ func (l listener) Wait(ctx context.Context) error {
 
 func (listener) Close(context.Context) error { return nil }
 
-// Status implements outboxdriver.Store (the table store's, which reports the slots).
-func (s *Source) Status(ctx context.Context) (*outboxdriver.Status, error) {
-	return s.inner.Status(ctx)
-}
-
-// ListDead implements outboxdriver.Store.
-func (s *Source) ListDead(ctx context.Context, f *outboxdriver.DeadFilter) ([]outboxdriver.DeadLetter, error) {
-	return s.inner.ListDead(ctx, f)
-}
-
-// ReplayDead implements outboxdriver.Store: the events go back into the table, whose
-// inserts the stream publishes.
-func (s *Source) ReplayDead(ctx context.Context, f *outboxdriver.DeadFilter) (int, error) {
-	return s.inner.ReplayDead(ctx, f)
-}
-
-// PurgeDead implements outboxdriver.Store.
-func (s *Source) PurgeDead(ctx context.Context, f *outboxdriver.DeadFilter) (int, error) {
-	return s.inner.PurgeDead(ctx, f)
-}
-
-// Cleanup implements outboxdriver.Store. In CDC mode rows are not marked when
+// Cleanup implements outboxdriver.Source. In CDC mode rows are not marked when
 // published (the WAL, not the row, is what is relayed), so every row older than the
 // retention goes, unless it waits for the backfill.
 func (s *Source) Cleanup(ctx context.Context, p *outboxdriver.CleanupParams) (int64, error) {

@@ -19,7 +19,7 @@ import (
 // Relay publishes committed outbox rows. Build it with New, run it with Run or
 // Start/Stop.
 type Relay struct {
-	store outboxdriver.Store
+	store outboxdriver.Source
 	pub   broker.Publisher
 	cfg   Config
 	tmpl  *broker.Template
@@ -55,8 +55,9 @@ type Stats struct {
 	Partitions      int  // partitions this group member owns now
 }
 
-// New returns a relay reading from store and publishing to pub.
-func New(store outboxdriver.Store, pub broker.Publisher, cfg *Config) (*Relay, error) {
+// New returns a relay reading from store (a table store, or a CDC source) and
+// publishing to pub.
+func New(store outboxdriver.Source, pub broker.Publisher, cfg *Config) (*Relay, error) {
 	if store == nil {
 		return nil, errors.New("relay: store is nil")
 	}

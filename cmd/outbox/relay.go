@@ -146,7 +146,7 @@ func runRelay(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	if _, err := db.store.Status(ctx); err != nil {
 		return fmt.Errorf("%s: %w", table, err)
 	}
-	store := db.store
+	var store outboxdriver.Source = db.store // the relay's side; db.store serves status either way
 	if *mode == "cdc" {
 		cdcCfg.Logger, cdcCfg.FlowPastDeadLetters, cdcCfg.Failpoint = logger, *flowPast, cfg.Failpoint
 		src, err := db.cdc(&cdcCfg)
@@ -163,7 +163,7 @@ func runRelay(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	reg := prometheus.NewRegistry()
 	// Probes and scrapes read the table's status through one cache: at most one
 	// status query per interval, however many requests come.
-	status := relayprom.NewStatusCache(store, relayprom.StatusCacheIntervalDefault)
+	status := relayprom.NewStatusCache(db.store, relayprom.StatusCacheIntervalDefault)
 	metrics, err := relayprom.New(reg, status)
 	if err != nil {
 		return err

@@ -24,7 +24,7 @@ func QuietLogger() *slog.Logger {
 // StartRelay starts a relay on store and pub with test-speed defaults (a quiet
 // logger, backoff 20–200 ms, standbys retrying every 50 ms), stopped when the test
 // ends.
-func StartRelay(t testing.TB, store outboxdriver.Store, pub broker.Publisher, cfg *relay.Config) *relay.Relay {
+func StartRelay(t testing.TB, store outboxdriver.Source, pub broker.Publisher, cfg *relay.Config) *relay.Relay {
 	t.Helper()
 	if cfg == nil {
 		cfg = &relay.Config{}
