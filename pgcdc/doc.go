@@ -2,18 +2,20 @@
 // outbox events from the write-ahead log by logical replication (the built-in pgoutput
 // plugin) instead of polling the outbox table.
 //
-// A Source is an outboxdriver.Store, so the relay engine (package relay) runs the same
-// publish, retry and dead-letter logic in both modes:
+// A Source is an outboxdriver.Source (the relay's side of a table; status and dead
+// letters stay with the table store), so the relay engine (package relay) runs the
+// same publish, retry and dead-letter logic in both modes:
 //
 //	drv := outboxpgx.New(pool, nil)
-//	src, err := pgcdc.ForDriver(drv, nil)           // slot outbox_public_outbox, same-named publication
-//	err = src.Init(ctx)                // or `outbox migrate --cdc`: capture starts now
+//	src, err := pgcdc.ForDriver(drv, nil) // slot outbox_public_outbox, same-named publication
+//	err = src.Init(ctx)                   // or `outbox migrate --cdc`: capture starts now
 //	r, err := relay.New(src, publisher, nil)
 //	err = r.Run(ctx)
 //
 // Events come from inserts into the outbox table and, in the table-less mode, from
 // transactional logical decoding messages written by the writer with
-// pg_logical_emit_message (outboxdriver.WriteMessage; package outboxdriver/pgmessage is the format).
+// pg_logical_emit_message (outboxdriver.WriteMessage; package outboxdriver/pgmessage
+// is the format).
 //
 // The parts, from the wire in: Decoder turns pgoutput messages into changes (pure,
 // fuzzed); the stream reads the replication connection and reports the confirmed
