@@ -1,0 +1,235 @@
+package pgcdc
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/outboxd/outbox/outboxdriver"
+)
+
+// Claim implements outboxdriver.Source. While the rows written before the slot are
+// being published it claims them from the table; then it hands out events from the
+// WAL in commit order, holding back an aggregate behind its waiting event.
+func (s *Source) Claim(ctx context.Context, p *outboxdriver.ClaimParams) (outboxdriver.Claim, error) {
+	ss := s.current()
+	if ss == nil {
+		return nil, outboxdriver.ErrLeadershipLost
+	}
+	if ss.backfilling.Load() {
+		c, err := s.inner.Claim(ctx, &outboxdriver.ClaimParams{Limit: p.Limit, MaxBytes: p.MaxBytes, MaxSeq: ss.backfillUntil})
+		if err != nil || len(c.Rows()) > 0 {
+			return c, err
+		}
+		if err := ss.finishBackfill(ctx); err != nil {
+			return nil, err
+		}
+		if ss.backfilling.Load() {
+			return c, nil // rows still wait for a retry
+		}
+	}
+	for lingered := false; ; {
+		out, held := ss.q.take(p.Limit, time.Now(), ss.holds)
+		if len(held) == 0 && len(out) > 0 && len(out) < p.Limit && !lingered && s.cfg.ClaimLinger > 0 {
+			// A trickle: wait a moment for the rest of the transaction and its
+			// neighbours, so a batch is not one event (per-event batches cost a
+			// round of wake-ups in the relay, the broker and the walsender each).
+			ss.q.giveBack(out)
+			lingered = true
+			t := time.NewTimer(s.cfg.ClaimLinger)
+			select {
+			case <-t.C:
+			case <-ctx.Done():
+			}
+			t.Stop()
+			continue
+		}
+		if len(held) == 0 {
+			return &claim{ss: ss, es: out}, nil
+		}
+		// Give the events back before the database work: the next take starts over.
+		ss.q.giveBack(out)
+		if err := ss.deadLetter(ctx, held); err != nil {
+			ss.q.giveBack(held)
+			return nil, err
+		}
+	}
+}
+
+// finishBackfill ends the backfill once no row before the slot waits any more.
+func (ss *session) finishBackfill(ctx context.Context) error {
+	s := ss.src
+	var left bool
+	err := s.pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM `+s.qTable+` AS o WHERE o.published_at IS NULL AND o.seq <= $1
+  AND NOT EXISTS (SELECT 1 FROM `+s.qDead+` AS d WHERE d.holds_key AND d.aggregatetype = o.aggregatetype AND d.aggregateid = o.aggregateid))`,
+		ss.backfillUntil).Scan(&left)
+	if err != nil {
+		return fmt.Errorf("pgcdc: %w", interpret(err))
+	}
+	if left {
+		return nil
+	}
+	if _, err := s.pool.Exec(ctx, `UPDATE `+s.qCDC+` SET backfilled_at = now() WHERE slot = $1`, s.cfg.Slot); err != nil {
+		return fmt.Errorf("pgcdc: %w", interpret(err))
+	}
+	if ss.backfilling.Swap(false) {
+		s.log.Info("pgcdc: rows written before the slot are published; streaming from the WAL", "slot", s.cfg.Slot)
+	}
+	return nil
+}
+
+func (ss *session) loadHeld(ctx context.Context) error {
+	rows, err := ss.src.pool.Query(ctx, `SELECT DISTINCT aggregatetype, aggregateid FROM `+ss.src.qDead+` WHERE holds_key`)
+	if err != nil {
+		return fmt.Errorf("pgcdc: %w", interpret(err))
+	}
+	ss.held = map[string]bool{}
+	for rows.Next() {
+		var r outboxdriver.Row
+		if err := rows.Scan(&r.AggregateType, &r.AggregateID); err != nil {
+			rows.Close()
+			return err
+		}
+		ss.held[aggregateKey(&r)] = true
+	}
+	return rows.Err()
+}
+
+// holds reports whether a dead letter holds the aggregate (as far as this relay
+// knows; deadLetter asks the database again before it acts on it).
+func (ss *session) holds(key string) bool {
+	ss.heldMu.Lock()
+	defer ss.heldMu.Unlock()
+	return ss.held[key]
+}
+
+// claim is a batch of events handed to the relay.
+type claim struct {
+	ss   *session
+	es   []*entry
+	rows []outboxdriver.Row
+	once bool
+}
+
+func (c *claim) Rows() []outboxdriver.Row {
+	if c.rows == nil && len(c.es) > 0 {
+		c.rows = make([]outboxdriver.Row, len(c.es))
+		for i, e := range c.es {
+			c.rows[i] = e.row
+		}
+	}
+	return c.rows
+}
+
+// Complete implements outboxdriver.Claim: acknowledged events are done (their
+// position becomes confirmable), dead ones go to the dead letters first, and failed
+// ones wait in the queue, in order, for their retry time.
+func (c *claim) Complete(ctx context.Context, p *outboxdriver.CompleteParams) error {
+	if c.once {
+		return nil
+	}
+	c.once = true
+	byID := make(map[string]*entry, len(c.es))
+	for _, e := range c.es {
+		byID[e.row.ID] = e
+	}
+	var dead []deadEntry
+	var back []*entry
+	failed := map[*entry]bool{}
+	for _, f := range p.Failed {
+		e := byID[f.ID]
+		if e == nil {
+			continue
+		}
+		failed[e] = true
+		if f.CountAttempt {
+			e.row.Attempts++
+		}
+		if f.Dead {
+			dead = append(dead, deadEntry{e, f.Error, f.HoldKey})
+			continue
+		}
+		e.availableAt = f.RetryAt
+		back = append(back, e)
+	}
+	if err := c.ss.src.insertDead(ctx, dead); err != nil {
+		// Not done: the events come again after a restart; never confirmed unsent.
+		c.ss.q.giveBack(back)
+		return err
+	}
+	if len(dead) > 0 {
+		c.ss.heldMu.Lock()
+		for _, d := range dead {
+			if d.hold {
+				c.ss.held[aggregateKey(&d.e.row)] = true
+			}
+		}
+		c.ss.heldMu.Unlock()
+	}
+	done := make([]*entry, 0, len(c.es))
+	for _, e := range c.es {
+		if !failed[e] {
+			done = append(done, e) // published (an id the broker acked)
+		}
+	}
+	for _, d := range dead {
+		done = append(done, d.e)
+	}
+	c.ss.q.giveBack(back)
+	c.ss.q.done(done)
+	// Report now, before the relay sends its next batch. A failed write ends the
+	// stream, and the relay steps down.
+	if err := c.ss.st.sendStatus(false); err != nil {
+		c.ss.src.log.Warn("pgcdc: could not report the confirmed position", "err", err)
+	}
+	return nil
+}
+
+// Listen implements outboxdriver.Source: the relay wakes up as soon as the stream
+// queued something.
+func (s *Source) Listen(ctx context.Context) (outboxdriver.Listener, error) {
+	ss := s.current()
+	if ss == nil {
+		return nil, outboxdriver.ErrLeadershipLost
+	}
+	return listener{ss.q}, nil
+}
+
+type listener struct{ q *queue }
+
+func (l listener) Wait(ctx context.Context) error {
+	select {
+	case <-l.q.avail:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// Cleanup implements outboxdriver.Source. In CDC mode rows are not marked when
+// published (the WAL, not the row, is what is relayed), so every row older than the
+// retention goes, unless it waits for the backfill.
+func (s *Source) Cleanup(ctx context.Context, p *outboxdriver.CleanupParams) (int64, error) {
+	ss := s.current()
+	if ss == nil || ss.backfilling.Load() {
+		return s.inner.Cleanup(ctx, p)
+	}
+	tag, err := s.pool.Exec(ctx, `DELETE FROM `+s.qTable+` WHERE seq IN (SELECT seq FROM `+s.qTable+
+		` WHERE created_at < $1 AND (published_at IS NOT NULL OR seq > $3) ORDER BY seq LIMIT $2)`, p.Before, p.Limit, ss.backfillUntil)
+	if err != nil {
+		return 0, fmt.Errorf("pgcdc: cleanup: %w", interpret(err))
+	}
+	return tag.RowsAffected(), nil
+}
+
+// Release implements outboxdriver.Claim: the events go back, in order.
+func (c *claim) Release(context.Context) error {
+	if c.once {
+		return nil
+	}
+	c.once = true
+	c.ss.q.giveBack(c.es)
+	return nil
+}
+
+func (listener) Close(context.Context) error { return nil }

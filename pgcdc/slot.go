@@ -1,0 +1,183 @@
+package pgcdc
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/jackc/pglogrepl"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/outboxd/outbox/outboxdriver"
+)
+
+func (s *Source) slotInfo(ctx context.Context) (slotInfo, error) {
+	var si slotInfo
+	var confirmed *string
+	err := s.pool.QueryRow(ctx, `SELECT active, coalesce(wal_status, ''), confirmed_flush_lsn::text FROM pg_replication_slots WHERE slot_name = $1`,
+		s.cfg.Slot).Scan(&si.active, &si.walStatus, &confirmed)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return si, nil
+	}
+	if err != nil {
+		return si, err
+	}
+	si.exists = true
+	if confirmed != nil {
+		si.confirmed, err = pglogrepl.ParseLSN(*confirmed)
+	}
+	return si, err
+}
+
+type slotInfo struct {
+	exists, active bool
+	walStatus      string
+	confirmed      pglogrepl.LSN
+}
+
+// Init creates the publication and the replication slot when they are missing, so
+// that events written from now on are captured even before a relay first runs. The
+// insert-delete and table-less write modes leave nothing in the table for a backfill:
+// run Init (`outbox migrate --cdc`) before their producers start.
+func (s *Source) Init(ctx context.Context) error {
+	if err := s.checkServer(ctx); err != nil {
+		return err
+	}
+	if err := s.ensurePublication(ctx); err != nil {
+		return err
+	}
+	si, err := s.slotInfo(ctx)
+	if err != nil || si.exists {
+		return err
+	}
+	conn, err := s.connect(ctx, 0)
+	if err != nil {
+		return err
+	}
+	defer conn.Close(context.WithoutCancel(ctx))
+	_, err = s.createSlot(ctx, conn)
+	return err
+}
+
+// checkServer refuses a server without logical decoding, warns when slots may keep
+// WAL without limit, and learns the payload column's type for the dead letters.
+func (s *Source) checkServer(ctx context.Context) error {
+	var walLevel, keep, payloadType string
+	err := s.pool.QueryRow(ctx, `SELECT current_setting('wal_level'), current_setting('max_slot_wal_keep_size'),
+  (SELECT format_type(atttypid, NULL) FROM pg_attribute WHERE attrelid = $1::regclass AND attname = 'payload')`, s.qDead).Scan(&walLevel, &keep, &payloadType)
+	if err != nil {
+		return fmt.Errorf("pgcdc: %w", interpret(err))
+	}
+	if walLevel != "logical" {
+		return fmt.Errorf("%w (it is %s; %w)", ErrWALLevel, walLevel, outboxdriver.ErrNeedsOperator)
+	}
+	if keep == "-1" {
+		s.log.Warn("pgcdc: max_slot_wal_keep_size is unset: a stopped relay's slot keeps WAL without limit; set it and watch the slot lag",
+			"slot", s.cfg.Slot)
+	}
+	s.bytesPayload = payloadType == "bytea"
+	s.deadLetterStmt = deadLetterStatement(s.qTable, s.qDead, s.bytesPayload)
+	return nil
+}
+
+func (s *Source) connect(ctx context.Context, walSenderTimeout time.Duration) (*pgconn.PgConn, error) {
+	rcfg := s.pool.Config().ConnConfig.Config.Copy()
+	if rcfg.RuntimeParams == nil {
+		rcfg.RuntimeParams = map[string]string{}
+	}
+	rcfg.RuntimeParams["replication"] = "database"
+	rcfg.RuntimeParams["application_name"] = "outbox relay (cdc)"
+	if walSenderTimeout > 0 {
+		rcfg.RuntimeParams["wal_sender_timeout"] = strconv.FormatInt(walSenderTimeout.Milliseconds(), 10)
+	}
+	conn, err := pgconn.ConnectConfig(ctx, rcfg)
+	if err != nil {
+		return nil, fmt.Errorf("pgcdc: replication connection: %w", err)
+	}
+	return conn, nil
+}
+
+// createSlot registers and creates the slot and returns its consistent point.
+func (s *Source) createSlot(ctx context.Context, conn *pgconn.PgConn) (pglogrepl.LSN, error) {
+	// Register first: if the relay dies right after creating the slot, the next
+	// start still knows the rows before it need publishing.
+	if _, err := s.pool.Exec(ctx, `INSERT INTO `+s.qCDC+` (slot) VALUES ($1)
+ON CONFLICT (slot) DO UPDATE SET created_at = now(), backfill_until = NULL, backfilled_at = NULL`, s.cfg.Slot); err != nil {
+		return 0, fmt.Errorf("pgcdc: %w", interpret(err))
+	}
+	res, err := pglogrepl.CreateReplicationSlot(ctx, conn, s.cfg.Slot, "pgoutput",
+		pglogrepl.CreateReplicationSlotOptions{Mode: pglogrepl.LogicalReplication, SnapshotAction: "NOEXPORT_SNAPSHOT"})
+	if err != nil {
+		return 0, fmt.Errorf("pgcdc: create slot %q: %w", s.cfg.Slot, err)
+	}
+	s.log.Info("pgcdc: replication slot created", "slot", s.cfg.Slot, "consistent_point", res.ConsistentPoint)
+	lsn, err := pglogrepl.ParseLSN(res.ConsistentPoint)
+	if err != nil {
+		return 0, fmt.Errorf("pgcdc: %w", err)
+	}
+	// Every row committed before the slot existed has a seq at most this (a later
+	// maximum would only add duplicates).
+	if _, err := s.pool.Exec(ctx, `UPDATE `+s.qCDC+` SET backfill_until = (SELECT coalesce(max(seq), 0) FROM `+s.qTable+`)
+WHERE slot = $1`, s.cfg.Slot); err != nil {
+		return 0, fmt.Errorf("pgcdc: %w", interpret(err))
+	}
+	return lsn, nil
+}
+
+func (s *Source) ensurePublication(ctx context.Context) error {
+	var n int
+	if err := s.pool.QueryRow(ctx, `SELECT count(*) FROM pg_publication WHERE pubname = $1`, s.cfg.Publication).Scan(&n); err != nil {
+		return fmt.Errorf("pgcdc: %w", err)
+	}
+	if n > 0 {
+		return s.checkPublication(ctx)
+	}
+	_, err := s.pool.Exec(ctx, `CREATE PUBLICATION `+pgx.Identifier{s.cfg.Publication}.Sanitize()+` FOR TABLE `+s.qTable+
+		` WITH (publish = 'insert', publish_via_partition_root = true)`)
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) && pgErr.Code == "42710" { // created meanwhile by another relay
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("pgcdc: create publication: %w", interpret(err))
+	}
+	return nil
+}
+
+// checkPublication refuses a publication that does not publish this table's inserts,
+// or that publishes another table too: a slot and publication named for another table
+// would have this relay stream (and confirm past) WAL that is not its own, while its
+// own rows were never read.
+func (s *Source) checkPublication(ctx context.Context) error {
+	rows, err := s.pool.Query(ctx, `SELECT schemaname, tablename FROM pg_publication_tables WHERE pubname = $1`, s.cfg.Publication)
+	if err != nil {
+		return fmt.Errorf("pgcdc: %w", err)
+	}
+	var others []string
+	ours := false
+	for rows.Next() {
+		var schema, name string
+		if err := rows.Scan(&schema, &name); err != nil {
+			rows.Close()
+			return fmt.Errorf("pgcdc: %w", err)
+		}
+		if schema == s.table.Schema && (name == s.table.Name || strings.HasPrefix(name, s.table.Name+"_p")) {
+			ours = true
+			continue
+		}
+		others = append(others, schema+"."+name)
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		return fmt.Errorf("pgcdc: %w", err)
+	}
+	if !ours || len(others) > 0 {
+		return fmt.Errorf("%w: publication %q publishes %v, not only %s: it belongs to another table (name this table's slot and publication with --slot/--publication)",
+			ErrForeignPublication, s.cfg.Publication, others, s.table)
+	}
+	return nil
+}
