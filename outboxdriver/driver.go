@@ -190,6 +190,10 @@ type ClaimParams struct {
 	// bounded by bytes, not only by rows. Rows the query matched past it stay
 	// unpublished; on PostgreSQL and MySQL they stay locked until the claim ends.
 	MaxBytes int
+	// FlowPastDeadLetters says an event the store itself dead-letters (the CDC
+	// source's rejects) does not hold back its aggregate's later events: the relay's
+	// setting, passed down so it lives in one place.
+	FlowPastDeadLetters bool
 	// HoldTimeout, when positive, is how long the claim's transaction may sit idle
 	// before the database ends its session and its row locks go (a paused or cut-off
 	// relay cannot hold rows past its leadership).

@@ -17,7 +17,9 @@ func (s *Source) Claim(ctx context.Context, p *outboxdriver.ClaimParams) (outbox
 		return nil, outboxdriver.ErrLeadershipLost
 	}
 	if ss.backfilling.Load() {
-		c, err := s.inner.Claim(ctx, &outboxdriver.ClaimParams{Limit: p.Limit, MaxBytes: p.MaxBytes, MaxSeq: ss.backfillUntil})
+		backfill := *p // the relay's bounds (bytes, hold timeout), up to the slot's start
+		backfill.MaxSeq = ss.backfillUntil
+		c, err := s.inner.Claim(ctx, &backfill)
 		if err != nil || len(c.Rows()) > 0 {
 			return c, err
 		}
@@ -49,7 +51,7 @@ func (s *Source) Claim(ctx context.Context, p *outboxdriver.ClaimParams) (outbox
 		}
 		// Give the events back before the database work: the next take starts over.
 		ss.q.giveBack(out)
-		if err := ss.deadLetter(ctx, held); err != nil {
+		if err := ss.deadLetter(ctx, held, p.FlowPastDeadLetters); err != nil {
 			ss.q.giveBack(held)
 			return nil, err
 		}

@@ -24,11 +24,11 @@ ON CONFLICT (id) DO NOTHING`
 }
 
 // deadLetter moves events that must not be published now to the dead letters: rejected
-// ones (dead, holding their aggregate unless FlowPastDeadLetters), and those of an
+// ones (dead, holding their aggregate unless flowPast), and those of an
 // aggregate a dead letter holds (waiting there in order; replaying the aggregate
 // brings them back). An aggregate whose dead letters were replayed or purged since
 // is released and its events go back to the queue.
-func (ss *session) deadLetter(ctx context.Context, es []*entry) error {
+func (ss *session) deadLetter(ctx context.Context, es []*entry, flowPast bool) error {
 	var dead []deadEntry
 	var back []*entry
 	stillHeld := map[string]bool{}
@@ -36,7 +36,7 @@ func (ss *session) deadLetter(ctx context.Context, es []*entry) error {
 	for _, e := range es {
 		key := aggregateKey(&e.row)
 		if e.reject != nil {
-			dead = append(dead, deadEntry{e, e.reject.Error(), !ss.src.cfg.FlowPastDeadLetters})
+			dead = append(dead, deadEntry{e, e.reject.Error(), !flowPast})
 			done = append(done, e)
 			continue
 		}

@@ -77,9 +77,6 @@ type Config struct {
 	// RecreateSlot replaces a lost slot: a new one is created and every row still
 	// unpublished in the table is published again (the documented recovery).
 	RecreateSlot bool
-	// FlowPastDeadLetters must match the relay's setting: whether the later events of
-	// a dead letter's aggregate go on (true) or wait for it (false, the default).
-	FlowPastDeadLetters bool
 	// Logger receives the source's logs. Default: slog.Default().
 	Logger *slog.Logger
 	// Failpoint, for fault-injection tests only, is called at FailpointAfterReceive.

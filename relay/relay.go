@@ -240,6 +240,7 @@ func (r *Relay) startClaim(ctx context.Context, t term) chan claimResult {
 	ch := make(chan claimResult, 1)
 	p := t.claimParams(r.cfg.BatchSize) // taken now: the term may change before the claim runs
 	p.MaxBytes = max(r.cfg.MaxBatchBytes, 0)
+	p.FlowPastDeadLetters = r.cfg.FlowPastDeadLetters
 	go func() {
 		cctx, cancel := r.dbCtx(ctx)
 		defer cancel()

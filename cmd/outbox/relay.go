@@ -148,7 +148,7 @@ func runRelay(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	}
 	var store outboxdriver.Source = db.store // the relay's side; db.store serves status either way
 	if *mode == "cdc" {
-		cdcCfg.Logger, cdcCfg.FlowPastDeadLetters, cdcCfg.Failpoint = logger, *flowPast, cfg.Failpoint
+		cdcCfg.Logger, cdcCfg.Failpoint = logger, cfg.Failpoint
 		src, err := db.cdc(&cdcCfg)
 		if err != nil {
 			return usageErr("%v", err)
