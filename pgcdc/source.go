@@ -12,7 +12,6 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/outboxd/outbox/outboxdriver"
@@ -178,10 +177,4 @@ func (s *Source) Slot() string { return s.cfg.Slot }
 // event (each is logged with its position).
 func (s *Source) Skipped() int64 { return s.skipped.Load() }
 
-func interpret(err error) error {
-	var pgErr *pgconn.PgError
-	if errors.As(err, &pgErr) && (pgErr.Code == "42P01" || pgErr.Code == "3F000") {
-		return fmt.Errorf("%w: %s", outboxdriver.ErrTableMissing, pgErr.Message)
-	}
-	return err
-}
+func interpret(err error) error { return outboxpgx.InterpretError(err) }

@@ -49,6 +49,11 @@ func (d *Driver) Name() string { return "pgx" }
 // Table implements outboxdriver.Driver.
 func (d *Driver) Table() outboxdriver.Table { return d.table }
 
+// InterpretError translates a PostgreSQL error into the outboxdriver sentinels
+// (ErrTableMissing, ErrDuplicateID), for code built on this driver (the CDC source):
+// one place knows the SQLSTATE codes.
+func InterpretError(err error) error { return pgsql.InterpretError(err) }
+
 // Pool returns the pool the driver was built with (CDC sources build on it).
 func (d *Driver) Pool() *pgxpool.Pool { return d.pool }
 
