@@ -63,7 +63,7 @@ func (ss *session) finishBackfill(ctx context.Context) error {
 	s := ss.src
 	var left bool
 	err := s.pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM `+s.qTable+` AS o WHERE o.published_at IS NULL AND o.seq <= $1
-  AND NOT EXISTS (SELECT 1 FROM `+s.qDead+` AS d WHERE d.holds_key AND d.aggregatetype = o.aggregatetype AND d.aggregateid = o.aggregateid))`,
+  AND `+outboxdriver.NotHeldSQL(s.qDead)+`)`,
 		ss.backfillUntil).Scan(&left)
 	if err != nil {
 		return fmt.Errorf("pgcdc: %w", interpret(err))

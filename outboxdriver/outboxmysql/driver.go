@@ -235,10 +235,8 @@ func (d *Driver) Claim(ctx context.Context, p *outboxdriver.ClaimParams) (outbox
 	}
 	rows, err := tx.QueryContext(ctx, `SELECT `+rowColumns+` FROM `+d.q+` AS o
 WHERE o.published_at IS NULL AND (o.available_at IS NULL OR o.available_at <= UTC_TIMESTAMP(6))
-  AND NOT EXISTS (SELECT 1 FROM `+d.q+` AS f WHERE f.published_at IS NULL AND f.attempts > 0
-                  AND f.aggregatetype = o.aggregatetype AND f.aggregateid = o.aggregateid AND f.seq < o.seq)
-  AND NOT EXISTS (SELECT 1 FROM `+d.qDead+` AS dl WHERE dl.holds_key
-                  AND dl.aggregatetype = o.aggregatetype AND dl.aggregateid = o.aggregateid)
+  AND `+outboxdriver.NotBehindFailingSQL(d.q)+`
+  AND `+outboxdriver.NotHeldSQL(d.qDead)+`
 ORDER BY o.seq LIMIT ? FOR UPDATE SKIP LOCKED`, p.Limit)
 	if err != nil {
 		_ = tx.Rollback()

@@ -269,10 +269,8 @@ func (d *Driver) Claim(ctx context.Context, p *outboxdriver.ClaimParams) (outbox
 	// Due rows, not behind a failing row of their aggregate, not held by a dead letter.
 	rows, err := d.db.QueryContext(ctx, `SELECT seq, id, aggregatetype, aggregateid, type, payload, payload IS NULL, headers, tracingspancontext, created_at, attempts
 FROM `+d.q+` AS o WHERE published_at IS NULL AND available_at <= ?
-  AND NOT EXISTS (SELECT 1 FROM `+d.q+` AS f WHERE f.published_at IS NULL AND f.attempts > 0
-                  AND f.aggregatetype = o.aggregatetype AND f.aggregateid = o.aggregateid AND f.seq < o.seq)
-  AND NOT EXISTS (SELECT 1 FROM `+d.qDead+` AS d WHERE d.holds_key
-                  AND d.aggregatetype = o.aggregatetype AND d.aggregateid = o.aggregateid)`+where.String()+` ORDER BY seq LIMIT ?`, args...)
+  AND `+outboxdriver.NotBehindFailingSQL(d.q)+`
+  AND `+outboxdriver.NotHeldSQL(d.qDead)+where.String()+` ORDER BY seq LIMIT ?`, args...)
 	if err != nil {
 		return nil, interpretError(err)
 	}

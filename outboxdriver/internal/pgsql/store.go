@@ -90,10 +90,8 @@ FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], ` + payloadArg + `, 
 FROM ` + q + ` AS o
 WHERE o.published_at IS NULL AND o.available_at <= now() AND ($2 <= 0 OR o.seq <= $2)
   AND ($3::smallint[] IS NULL OR o.partition = ANY($3::smallint[]))
-  AND NOT EXISTS (SELECT 1 FROM ` + q + ` AS f WHERE f.published_at IS NULL AND f.attempts > 0
-                  AND f.aggregatetype = o.aggregatetype AND f.aggregateid = o.aggregateid AND f.seq < o.seq)
-  AND NOT EXISTS (SELECT 1 FROM ` + s.dead + ` AS d WHERE d.holds_key
-                  AND d.aggregatetype = o.aggregatetype AND d.aggregateid = o.aggregateid)
+  AND ` + outboxdriver.NotBehindFailingSQL(q) + `
+  AND ` + outboxdriver.NotHeldSQL(s.dead) + `
 ORDER BY o.seq LIMIT $1 FOR UPDATE OF o SKIP LOCKED`
 	s.markPublished = `UPDATE ` + q + ` AS o SET published_at = now(), last_error = NULL WHERE o.id = ANY($1::uuid[])`
 	s.deletePublished = `DELETE FROM ` + q + ` AS o WHERE o.id = ANY($1::uuid[])`
