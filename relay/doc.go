@@ -35,6 +35,9 @@
 //     (its claim's transaction is gone, so it marks nothing) and becomes a standby.
 //     A batch it had already handed to the broker before the pause may arrive again:
 //     duplicates only, never an earlier first delivery after a later one.
+//   - a group member paused or cut off: its partition leases lapse after LeaseTTL and
+//     the live members take them (measured: every partition 2.0 s after the cut with a
+//     2 s lease, TestPartitionedGroupMember); its write-backs are fenced by epoch.
 //   - SQLite: the lease row lasts its TTL (outboxsqlite.Options.LeaseTTL, 5 s) and
 //     plays the same part; the relay fences itself by it.
 //

@@ -70,3 +70,50 @@ func TestPartitionedLeader(t *testing.T) {
 	t.Logf("old leader sent %d messages before the cut, %d more after healing (duplicates dropped: %d)",
 		aBefore, pubA.N.Load()-aBefore, mem.Duplicates())
 }
+
+// TestPartitionedGroupMember (issue #20, group mode): one of two group members is cut
+// off from PostgreSQL (blackholed) while producers write; the other takes its
+// partitions after the lease (2 s) and publishes them; after healing nothing is lost
+// and no first delivery is out of order.
+func TestPartitionedGroupMember(t *testing.T) {
+	e := setup(t)
+	poolA, proxy := testenv.ProxiedPool(t, testenv.DatabaseURL(t))
+	storeA, _ := outboxpgx.New(poolA, &e.table).Store()
+	mem := memory.New(0)
+	pubA, pubB := &testenv.Counted{Publisher: mem}, &testenv.Counted{Publisher: mem}
+	const lease = 2 * time.Second
+	cfg := func(id string) *relay.Config {
+		return &relay.Config{PollInterval: 50 * time.Millisecond, Group: &relay.GroupConfig{RelayID: id, LeaseTTL: lease}}
+	}
+	a := testenv.StartRelay(t, storeA, pubA, cfg("a"))
+	b := testenv.StartRelay(t, e.store, pubB, cfg("b"))
+	for a.Stats().Partitions == 0 || b.Stats().Partitions == 0 || a.Stats().Partitions+b.Stats().Partitions < 64 {
+		time.Sleep(20 * time.Millisecond)
+	}
+	produced := make(chan map[string][]string, 1)
+	go func() { produced <- produce(t, e, 16, 100) }()
+	for pubA.N.Load() == 0 {
+		time.Sleep(5 * time.Millisecond)
+	}
+	proxy.Blackhole()
+	cut := time.Now()
+	for b.Stats().Partitions < 64 {
+		if time.Since(cut) > 10*lease {
+			t.Fatalf("the live member owns %d partitions %v after the other was cut off", b.Stats().Partitions, time.Since(cut))
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	t.Logf("the live member owned every partition %v after the cut (lease %v)", time.Since(cut).Round(time.Millisecond), lease)
+	time.Sleep(500 * time.Millisecond)
+	proxy.Heal()
+	want := <-produced
+	total := 0
+	for _, ids := range want {
+		total += len(ids)
+	}
+	ctx := waitCtx(t)
+	for len(mem.Messages()) < total && ctx.Err() == nil {
+		time.Sleep(20 * time.Millisecond)
+	}
+	checkDelivery(t, want, mem.Messages())
+}
