@@ -535,42 +535,30 @@ func (m migrator) Migrate(ctx context.Context) ([]int, error) {
 	if _, err := conn.ExecContext(ctx, m.createVersions()); err != nil {
 		return nil, err
 	}
-	done := map[int]bool{}
 	rows, err := conn.QueryContext(ctx, "SELECT version FROM "+m.versionTable())
 	if err != nil {
 		return nil, err
 	}
-	for rows.Next() {
-		var v int
-		if err := rows.Scan(&v); err != nil {
-			rows.Close()
-			return nil, err
-		}
-		done[v] = true
-	}
+	done, err := migrations.Versions(rows)
 	rows.Close()
-	if err := rows.Err(); err != nil {
-		return nil, err // a version list read halfway would re-run applied migrations
+	if err != nil {
+		return nil, err
 	}
-	var applied []int
-	for _, mg := range ms {
-		if done[mg.Version] {
-			continue
-		}
+	// DDL commits on its own in MySQL: statement by statement, recorded after each step.
+	return migrations.Apply(ms, done, func(mg migrations.Migration) error {
 		for _, stmt := range strings.Split(stripComments(mg.SQL), ";") {
 			if strings.TrimSpace(stmt) == "" {
 				continue
 			}
 			if _, err := conn.ExecContext(ctx, stmt); err != nil {
-				return applied, fmt.Errorf("migration %03d_%s: %w", mg.Version, mg.Name, err)
+				return err
 			}
 		}
-		if _, err := conn.ExecContext(ctx, "INSERT INTO "+m.versionTable()+" (version, applied_at) VALUES (?, UTC_TIMESTAMP(6))", mg.Version); err != nil {
-			return applied, err
-		}
-		applied = append(applied, mg.Version)
-	}
-	return applied, nil
+		return nil
+	}, func(v int) error {
+		_, err := conn.ExecContext(ctx, "INSERT INTO "+m.versionTable()+" (version, applied_at) VALUES (?, UTC_TIMESTAMP(6))", v)
+		return err
+	})
 }
 
 func stripComments(s string) string {

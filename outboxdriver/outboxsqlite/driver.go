@@ -547,31 +547,24 @@ func (m migrator) Migrate(ctx context.Context) (applied []int, err error) {
 	if _, err := tx.ExecContext(ctx, m.createVersions()); err != nil {
 		return nil, err
 	}
-	done := map[int]bool{}
 	rows, err := tx.QueryContext(ctx, "SELECT version FROM "+m.versionTable())
 	if err != nil {
 		return nil, err
 	}
-	for rows.Next() {
-		var v int
-		if err := rows.Scan(&v); err != nil {
-			rows.Close()
-			return nil, err
-		}
-		done[v] = true
-	}
+	done, err := migrations.Versions(rows)
 	rows.Close()
-	for _, mg := range ms {
-		if done[mg.Version] {
-			continue
-		}
-		if _, err := tx.ExecContext(ctx, mg.SQL); err != nil {
-			return nil, fmt.Errorf("migration %03d_%s: %w", mg.Version, mg.Name, err)
-		}
-		if _, err := tx.ExecContext(ctx, "INSERT INTO "+m.versionTable()+" (version, applied_at) VALUES (?, ?)", mg.Version, nowMillis()); err != nil {
-			return nil, err
-		}
-		applied = append(applied, mg.Version)
+	if err != nil {
+		return nil, err
+	}
+	applied, err = migrations.Apply(ms, done, func(mg migrations.Migration) error {
+		_, err := tx.ExecContext(ctx, mg.SQL)
+		return err
+	}, func(v int) error {
+		_, err := tx.ExecContext(ctx, "INSERT INTO "+m.versionTable()+" (version, applied_at) VALUES (?, ?)", v, nowMillis())
+		return err
+	})
+	if err != nil {
+		return nil, err
 	}
 	return applied, tx.Commit()
 }

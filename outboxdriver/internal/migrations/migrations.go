@@ -65,3 +65,46 @@ func Script(title string, ms []Migration, createVersions, recordVersion string) 
 	b.WriteString("COMMIT;\n")
 	return b.String()
 }
+
+// Rows is the part of a result set Versions reads (database/sql's and pgx's both fit).
+type Rows interface {
+	Next() bool
+	Scan(dest ...any) error
+	Err() error
+}
+
+// Versions reads the applied versions from a `SELECT version` result; the caller
+// closes rows. A list read halfway is an error: it would re-run applied migrations.
+func Versions(rows Rows) (map[int]bool, error) {
+	done := map[int]bool{}
+	for rows.Next() {
+		var v int
+		if err := rows.Scan(&v); err != nil {
+			return nil, err
+		}
+		done[v] = true
+	}
+	return done, rows.Err()
+}
+
+// Apply runs, in version order, every migration not in done: run applies one, record
+// notes its version. It is the one migration loop of every driver; each driver
+// supplies its own session, lock and transaction (they differ: PostgreSQL runs all in
+// one transaction under an advisory lock, SQLite in one immediate transaction, MySQL
+// statement by statement under GET_LOCK because DDL commits).
+func Apply(ms []Migration, done map[int]bool, run func(Migration) error, record func(version int) error) ([]int, error) {
+	var applied []int
+	for _, m := range ms {
+		if done[m.Version] {
+			continue
+		}
+		if err := run(m); err != nil {
+			return applied, fmt.Errorf("migration %03d_%s: %w", m.Version, m.Name, err)
+		}
+		if err := record(m.Version); err != nil {
+			return applied, fmt.Errorf("migration %03d_%s: record the version: %w", m.Version, m.Name, err)
+		}
+		applied = append(applied, m.Version)
+	}
+	return applied, nil
+}

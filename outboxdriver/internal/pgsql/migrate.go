@@ -3,7 +3,6 @@ package pgsql
 import (
 	"context"
 	"embed"
-	"fmt"
 	"strconv"
 	"strings"
 	"time"
@@ -101,30 +100,18 @@ func (m *Migrator) Migrate(ctx context.Context) (applied []int, err error) {
 	if err != nil {
 		return nil, err
 	}
-	done := map[int]bool{}
-	for rows.Next() {
-		var v int
-		if err := rows.Scan(&v); err != nil {
-			rows.Close()
-			return nil, err
-		}
-		done[v] = true
-	}
+	done, err := migrations.Versions(rows)
 	rows.Close()
-	if err := rows.Err(); err != nil {
+	if err != nil {
 		return nil, err
 	}
-	for _, mg := range ms {
-		if done[mg.Version] {
-			continue
-		}
-		if err := tx.Exec(ctx, mg.SQL); err != nil {
-			return nil, fmt.Errorf("migration %03d_%s: %w", mg.Version, mg.Name, err)
-		}
-		if err := tx.Exec(ctx, "INSERT INTO "+m.Statements.versionTable()+" (version) VALUES ($1)", mg.Version); err != nil {
-			return nil, err
-		}
-		applied = append(applied, mg.Version)
+	applied, err = migrations.Apply(ms, done, func(mg migrations.Migration) error {
+		return tx.Exec(ctx, mg.SQL)
+	}, func(v int) error {
+		return tx.Exec(ctx, "INSERT INTO "+m.Statements.versionTable()+" (version) VALUES ($1)", v)
+	})
+	if err != nil {
+		return nil, err
 	}
 	if m.Statements.table.Partitioned {
 		if err := m.Statements.ensurePartitions(ctx, tx, time.Now()); err != nil {
