@@ -33,8 +33,6 @@ var ErrUnroutable = errors.New("unroutable: no queue is bound for the routing ke
 
 // Config configures a Publisher.
 type Config struct {
-	// URL is the amqp:// or amqps:// URL.
-	URL string
 	// Exchange is the topic exchange, declared durable unless NoDeclare. Default
 	// ExchangeDefault.
 	Exchange string
@@ -47,15 +45,16 @@ type Config struct {
 	ConnectionName string
 	// DialTimeout bounds connecting. Default 10s.
 	DialTimeout time.Duration
-	// Dial, if set, opens the connection instead of dialing URL: for connections you
-	// build yourself (TLS client certificates, custom SASL). It is called again to
-	// reconnect.
+	// Dial, if set, opens the connection instead of dialing the URL: for connections
+	// you build yourself (TLS client certificates, custom SASL). It is called again
+	// to reconnect.
 	Dial func() (*amqp.Connection, error)
 }
 
-// Publisher publishes to RabbitMQ. Build it with New.
+// Publisher publishes to RabbitMQ. Build it with Dial.
 type Publisher struct {
 	cfg Config
+	url string
 
 	mu      sync.Mutex
 	conn    *amqp.Connection
@@ -63,9 +62,15 @@ type Publisher struct {
 	returns chan amqp.Return
 }
 
-// New validates cfg and connects once, so a bad URL or an unreachable server is
-// reported at once.
-func New(ctx context.Context, cfg Config) (*Publisher, error) {
+// Dial validates url (amqp:// or amqps://) and cfg (nil for the defaults) and
+// connects once, so a bad URL or an unreachable server is reported at once. The
+// publisher owns the connection and reconnects when it is lost.
+func Dial(ctx context.Context, url string, cfg *Config) (*Publisher, error) {
+	if cfg == nil {
+		cfg = &Config{}
+	}
+	p := &Publisher{cfg: *cfg, url: url}
+	cfg = &p.cfg
 	if cfg.Exchange == "" {
 		cfg.Exchange = ExchangeDefault
 	}
@@ -76,11 +81,10 @@ func New(ctx context.Context, cfg Config) (*Publisher, error) {
 		cfg.DialTimeout = 10 * time.Second
 	}
 	if cfg.Dial == nil {
-		if _, err := amqp.ParseURI(cfg.URL); err != nil {
-			return nil, fmt.Errorf("AMQP URL %s: %w", redact.URL(cfg.URL), err)
+		if _, err := amqp.ParseURI(url); err != nil {
+			return nil, fmt.Errorf("AMQP URL %s: %w", redact.URL(url), err)
 		}
 	}
-	p := &Publisher{cfg: cfg}
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if err := p.ensure(); err != nil {
@@ -95,7 +99,7 @@ func (p *Publisher) dial() (*amqp.Connection, error) {
 	}
 	props := amqp.NewConnectionProperties()
 	props.SetClientConnectionName(p.cfg.ConnectionName)
-	return amqp.DialConfig(p.cfg.URL, amqp.Config{Properties: props, Dial: amqp.DefaultDial(p.cfg.DialTimeout)})
+	return amqp.DialConfig(p.url, amqp.Config{Properties: props, Dial: amqp.DefaultDial(p.cfg.DialTimeout)})
 }
 
 // ensure opens the connection and the confirming channel if needed. p.mu is held.
@@ -103,7 +107,7 @@ func (p *Publisher) ensure() error {
 	if p.conn == nil || p.conn.IsClosed() {
 		conn, err := p.dial()
 		if err != nil {
-			return broker.Unavailable(fmt.Errorf("connect to RabbitMQ at %s: %w", redact.URL(p.cfg.URL), err))
+			return broker.Unavailable(fmt.Errorf("connect to RabbitMQ at %s: %w", redact.URL(p.url), err))
 		}
 		p.conn, p.ch = conn, nil
 	}

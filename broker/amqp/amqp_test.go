@@ -136,7 +136,7 @@ func TestConformance(t *testing.T) {
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancel()
 		name := testenv.UniqueName("outbox-test-")
-		pub, err := amqp.New(ctx, amqp.Config{URL: url, Exchange: exchange, MaxMessageBytes: 4096, ConnectionName: name})
+		pub, err := amqp.Dial(ctx, url, &amqp.Config{Exchange: exchange, MaxMessageBytes: 4096, ConnectionName: name})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -155,7 +155,7 @@ func TestUnroutable(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	exchange := testenv.UniqueName("outboxtest.")
-	pub, err := amqp.New(ctx, amqp.Config{URL: url, Exchange: exchange})
+	pub, err := amqp.Dial(ctx, url, &amqp.Config{Exchange: exchange})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -176,10 +176,10 @@ func TestUnroutable(t *testing.T) {
 
 func TestBadURL(t *testing.T) {
 	ctx := context.Background()
-	if _, err := amqp.New(ctx, amqp.Config{URL: "http://x"}); err == nil {
+	if _, err := amqp.Dial(ctx, "http://x", nil); err == nil {
 		t.Fatal("http URL accepted")
 	}
-	_, err := amqp.New(ctx, amqp.Config{URL: "amqp://u:hunter2@127.0.0.1:1/", DialTimeout: time.Second})
+	_, err := amqp.Dial(ctx, "amqp://u:hunter2@127.0.0.1:1/", &amqp.Config{DialTimeout: time.Second})
 	if err == nil || strings.Contains(err.Error(), "hunter2") {
 		t.Fatalf("closed port: %v", err)
 	}

@@ -38,8 +38,6 @@ const (
 
 // Config configures a Publisher.
 type Config struct {
-	// URL is mqtt://[user:pass@]host:1883 or mqtts://...
-	URL string
 	// ClientID identifies the session. Default "outbox-relay-" plus random hex.
 	ClientID string
 	// Concurrency is how many keys are published at once. Default ConcurrencyDefault.
@@ -51,12 +49,12 @@ type Config struct {
 	Timeout time.Duration
 	// TLS configures mqtts:// connections. Default: the system roots.
 	TLS *tls.Config
-	// Connect, if set, returns a connected client instead of dialing URL: for clients
+	// Connect, if set, returns a connected client instead of dialing the URL: for clients
 	// you build yourself (WebSockets, custom auth). It is called again to reconnect.
 	Connect func(ctx context.Context) (*paho.Client, error)
 }
 
-// Publisher publishes over MQTT. Build it with New.
+// Publisher publishes over MQTT. Build it with Dial.
 type Publisher struct {
 	cfg  Config
 	addr string
@@ -68,14 +66,18 @@ type Publisher struct {
 	maxPkt int
 }
 
-// New validates cfg and connects once, so a bad URL or an unreachable broker is
-// reported at once.
-func New(ctx context.Context, cfg Config) (*Publisher, error) {
-	p := &Publisher{cfg: cfg}
+// Dial validates rawURL (mqtt://[user:pass@]host:1883 or mqtts://...) and cfg (nil
+// for the defaults) and connects once, so a bad URL or an unreachable broker is
+// reported at once. The publisher owns the session and reconnects when it is lost.
+func Dial(ctx context.Context, rawURL string, cfg *Config) (*Publisher, error) {
+	if cfg == nil {
+		cfg = &Config{}
+	}
+	p := &Publisher{cfg: *cfg}
 	if cfg.Connect == nil {
-		u, err := url.Parse(cfg.URL)
+		u, err := url.Parse(rawURL)
 		if err != nil || (u.Scheme != "mqtt" && u.Scheme != "mqtts" && u.Scheme != "tcp") || u.Host == "" {
-			return nil, fmt.Errorf("MQTT URL %q: want mqtt://host:1883 or mqtts://host:8883", redact.URL(cfg.URL))
+			return nil, fmt.Errorf("MQTT URL %q: want mqtt://host:1883 or mqtts://host:8883", redact.URL(rawURL))
 		}
 		p.addr, p.user, p.tls = u.Host, u.User, u.Scheme == "mqtts"
 		if !strings.Contains(u.Host, ":") {

@@ -125,7 +125,7 @@ func harness(t *testing.T, addr string, restart func(*testing.T, *subscriber)) *
 	s := subscribe(t, addr, prefix+"/#")
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	pub, err := mqtt.New(ctx, mqtt.Config{URL: "mqtt://" + addr, MaxMessageBytes: 4096, Timeout: 2 * time.Second})
+	pub, err := mqtt.Dial(ctx, "mqtt://"+addr, &mqtt.Config{MaxMessageBytes: 4096, Timeout: 2 * time.Second})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -194,11 +194,11 @@ func TestEscapeToken(t *testing.T) {
 func TestBadURL(t *testing.T) {
 	ctx := context.Background()
 	for _, u := range []string{"http://x", "mqtt://", "::"} {
-		if _, err := mqtt.New(ctx, mqtt.Config{URL: u}); err == nil {
+		if _, err := mqtt.Dial(ctx, u, nil); err == nil {
 			t.Errorf("%q accepted", u)
 		}
 	}
-	if _, err := mqtt.New(ctx, mqtt.Config{URL: "mqtt://127.0.0.1:1", Timeout: time.Second}); !broker.IsUnavailable(err) {
+	if _, err := mqtt.Dial(ctx, "mqtt://127.0.0.1:1", &mqtt.Config{Timeout: time.Second}); !broker.IsUnavailable(err) {
 		t.Errorf("closed port: %v", err)
 	}
 }

@@ -53,8 +53,6 @@ const (
 
 // Config configures a Publisher.
 type Config struct {
-	// URL receives every event.
-	URL string
 	// Secret signs the requests: "whsec_" followed by base64, as Standard Webhooks
 	// secrets are written, or raw bytes without that prefix. Required.
 	Secret string
@@ -70,9 +68,10 @@ type Config struct {
 	Now func() time.Time
 }
 
-// Publisher posts events. Build it with New.
+// Publisher posts events. Build it with Dial.
 type Publisher struct {
 	cfg    Config
+	url    string
 	secret []byte
 	health *window
 }
@@ -107,11 +106,18 @@ func (w *window) record(failed bool) (mostFail bool) {
 	return w.n >= windowMin && 2*bad > w.n
 }
 
-// New validates cfg and returns a publisher.
-func New(cfg Config) (*Publisher, error) {
-	if cfg.URL == "" || !(strings.HasPrefix(cfg.URL, "http://") || strings.HasPrefix(cfg.URL, "https://")) {
-		return nil, fmt.Errorf("webhook: URL %q must be http:// or https://", cfg.URL)
+// Dial validates url (http:// or https://, where every event is POSTed) and cfg
+// and returns a publisher, as the other publishers' Dial do. HTTP has no session:
+// nothing is sent until the first Publish, so an unreachable endpoint shows there.
+func Dial(_ context.Context, url string, cfg *Config) (*Publisher, error) {
+	if !strings.HasPrefix(url, "http://") && !strings.HasPrefix(url, "https://") {
+		return nil, fmt.Errorf("webhook: URL %q must be http:// or https://", redact.URL(url))
 	}
+	if cfg == nil {
+		return nil, errors.New("webhook: a Config with a signing secret is required")
+	}
+	c := *cfg
+	cfg = &c
 	secret, err := DecodeSecret(cfg.Secret)
 	if err != nil {
 		return nil, err
@@ -134,7 +140,7 @@ func New(cfg Config) (*Publisher, error) {
 	if cfg.Now == nil {
 		cfg.Now = time.Now
 	}
-	return &Publisher{cfg: cfg, secret: secret, health: &window{}}, nil
+	return &Publisher{cfg: c, url: url, secret: secret, health: &window{}}, nil
 }
 
 // DecodeSecret reads a "whsec_<base64>" secret, or takes any other string as raw bytes.
@@ -203,7 +209,7 @@ func (p *Publisher) post(ctx context.Context, m *broker.Message) error {
 			return broker.Permanent(fmt.Errorf("key or topic: %s", problem))
 		}
 	}
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, p.cfg.URL, bytes.NewReader(m.Payload))
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, p.url, bytes.NewReader(m.Payload))
 	if err != nil {
 		return broker.Permanent(err)
 	}

@@ -116,7 +116,7 @@ func (r *receiver) read(ctx context.Context, topic string, n int) ([]broker.Mess
 func TestConformance(t *testing.T) {
 	brokertest.Run(t, func(t *testing.T) *brokertest.Harness {
 		r := newReceiver(t)
-		pub, err := webhook.New(webhook.Config{URL: r.url(), Secret: secret, MaxMessageBytes: 4096, Timeout: 2 * time.Second})
+		pub, err := webhook.Dial(context.Background(), r.url(), &webhook.Config{Secret: secret, MaxMessageBytes: 4096, Timeout: 2 * time.Second})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -136,7 +136,7 @@ func TestConformance(t *testing.T) {
 
 func TestStatusClasses(t *testing.T) {
 	r := newReceiver(t)
-	pub, err := webhook.New(webhook.Config{URL: r.url(), Secret: secret})
+	pub, err := webhook.Dial(context.Background(), r.url(), &webhook.Config{Secret: secret})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -178,13 +178,17 @@ func TestStatusClasses(t *testing.T) {
 }
 
 func TestBadConfig(t *testing.T) {
-	for _, cfg := range []webhook.Config{
-		{URL: "ftp://x", Secret: "s"},
-		{URL: "http://127.0.0.1:1/x"},
-		{URL: "http://127.0.0.1:1/x", Secret: "whsec_%%%"},
+	for _, tc := range []struct {
+		url string
+		cfg *webhook.Config
+	}{
+		{"ftp://x", &webhook.Config{Secret: "s"}},
+		{"http://127.0.0.1:1/x", &webhook.Config{}},
+		{"http://127.0.0.1:1/x", nil},
+		{"http://127.0.0.1:1/x", &webhook.Config{Secret: "whsec_%%%"}},
 	} {
-		if _, err := webhook.New(cfg); err == nil {
-			t.Errorf("config %+v accepted", cfg)
+		if _, err := webhook.Dial(context.Background(), tc.url, tc.cfg); err == nil {
+			t.Errorf("%s %+v accepted", tc.url, tc.cfg)
 		}
 	}
 }
@@ -202,7 +206,7 @@ func TestSignatureVector(t *testing.T) {
 // requests fail, the endpoint is down and the publisher says so (no attempt spent).
 func TestMostFail(t *testing.T) {
 	r := newReceiver(t)
-	pub, err := webhook.New(webhook.Config{URL: r.url(), Secret: secret})
+	pub, err := webhook.Dial(context.Background(), r.url(), &webhook.Config{Secret: secret})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -229,7 +233,7 @@ func TestRetryAfter(t *testing.T) {
 		w.WriteHeader(http.StatusTooManyRequests)
 	}))
 	defer srv.Close()
-	pub, err := webhook.New(webhook.Config{URL: srv.URL, Secret: secret})
+	pub, err := webhook.Dial(context.Background(), srv.URL, &webhook.Config{Secret: secret})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -245,7 +249,7 @@ func TestRetryAfter(t *testing.T) {
 // unreachable endpoint; other keys are delivered.
 func TestUnsendableHeader(t *testing.T) {
 	r := newReceiver(t)
-	pub, err := webhook.New(webhook.Config{URL: r.url(), Secret: secret})
+	pub, err := webhook.Dial(context.Background(), r.url(), &webhook.Config{Secret: secret})
 	if err != nil {
 		t.Fatal(err)
 	}

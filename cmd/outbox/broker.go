@@ -82,13 +82,13 @@ func openBroker(ctx context.Context, rawURL string, o brokerOptions) (broker.Pub
 	case "kafka", "kafkas":
 		return kafka.Dial(ctx, rawURL, &kafka.Config{MaxMessageBytes: o.maxMessageBytes})
 	case "amqp", "amqps":
-		return amqp.New(ctx, amqp.Config{URL: rawURL, Exchange: o.amqpExchange, MaxMessageBytes: o.maxMessageBytes})
+		return amqp.Dial(ctx, rawURL, &amqp.Config{Exchange: o.amqpExchange, MaxMessageBytes: o.maxMessageBytes})
 	case "redis", "rediss":
 		return redis.Dial(ctx, rawURL, &redis.Config{MaxLen: o.redisMaxLen, MaxMessageBytes: o.maxMessageBytes})
 	case "mqtt", "mqtts":
-		return mqtt.New(ctx, mqtt.Config{URL: rawURL, MaxMessageBytes: o.maxMessageBytes})
+		return mqtt.Dial(ctx, rawURL, &mqtt.Config{MaxMessageBytes: o.maxMessageBytes})
 	case "http", "https":
-		return openWebhook(rawURL, o)
+		return openWebhook(ctx, rawURL, o)
 	case "stdout":
 		return stdout.New(os.Stdout), nil
 	}
@@ -97,7 +97,7 @@ func openBroker(ctx context.Context, rawURL string, o brokerOptions) (broker.Pub
 
 // openWebhook builds the webhook publisher: the secret from its file when given, and
 // an HTTP client with the CAs and client certificate asked for.
-func openWebhook(rawURL string, o brokerOptions) (broker.Publisher, error) {
+func openWebhook(ctx context.Context, rawURL string, o brokerOptions) (broker.Publisher, error) {
 	secret := o.webhookSecret
 	if o.webhookSecretFile != "" {
 		b, err := os.ReadFile(o.webhookSecretFile)
@@ -128,7 +128,7 @@ func openWebhook(rawURL string, o brokerOptions) (broker.Publisher, error) {
 	tr := http.DefaultTransport.(*http.Transport).Clone()
 	tr.TLSClientConfig = tc
 	client := &http.Client{Timeout: webhook.TimeoutDefault, Transport: tr}
-	return webhook.New(webhook.Config{URL: rawURL, Secret: secret, MaxMessageBytes: o.maxMessageBytes, Client: client})
+	return webhook.Dial(ctx, rawURL, &webhook.Config{Secret: secret, MaxMessageBytes: o.maxMessageBytes, Client: client})
 }
 
 // loopbackURL reports whether rawURL's host is a loopback address or localhost.

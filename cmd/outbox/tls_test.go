@@ -58,7 +58,7 @@ func TestWebhookTLSOptions(t *testing.T) {
 	msg := []broker.Message{{ID: "a", Topic: "t", Key: "k", Payload: []byte("{}")}}
 	publish := func(o brokerOptions) error {
 		o.webhookSecret = "whsec_c2VjcmV0"
-		p, err := openWebhook(srv.URL, o)
+		p, err := openWebhook(context.Background(), srv.URL, o)
 		if err != nil {
 			return err
 		}
@@ -74,7 +74,7 @@ func TestWebhookTLSOptions(t *testing.T) {
 	if err := publish(brokerOptions{webhookCA: caFile, webhookCert: clientCert, webhookKey: clientKey}); err != nil {
 		t.Fatalf("with the CA and a client certificate: %v", err)
 	}
-	if _, err := openWebhook(srv.URL, brokerOptions{webhookSecret: "s", webhookCA: clientKey}); err == nil || !strings.Contains(err.Error(), "--webhook-ca") {
+	if _, err := openWebhook(context.Background(), srv.URL, brokerOptions{webhookSecret: "s", webhookCA: clientKey}); err == nil || !strings.Contains(err.Error(), "--webhook-ca") {
 		t.Fatalf("a CA file without a certificate: %v", err)
 	}
 }

@@ -37,7 +37,7 @@ func TestEndToEnd(t *testing.T) {
 		t.Fatal(err)
 	}
 	_ = ch.QueueBind(q.Name, "#", exchange, false, nil)
-	pub, err := amqp.New(ctx, amqp.Config{URL: url, Exchange: exchange})
+	pub, err := amqp.Dial(ctx, url, &amqp.Config{Exchange: exchange})
 	if err != nil {
 		t.Fatal(err)
 	}

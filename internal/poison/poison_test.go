@@ -429,7 +429,7 @@ func TestFlakyReceiver(t *testing.T) {
 		}
 	}))
 	t.Cleanup(srv.Close)
-	p, err := webhook.New(webhook.Config{URL: srv.URL, Secret: secret})
+	p, err := webhook.Dial(context.Background(), srv.URL, &webhook.Config{Secret: secret})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -169,7 +169,7 @@ func natsPub(t *testing.T) *pub {
 func amqpPub(t *testing.T) *pub {
 	url := testenv.ServiceURL(t, "TEST_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/", "127.0.0.1:5672", "RabbitMQ")
 	exchange := testenv.UniqueName("poison.")
-	p, err := amqp.New(context.Background(), amqp.Config{URL: url, Exchange: exchange})
+	p, err := amqp.Dial(context.Background(), url, &amqp.Config{Exchange: exchange})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -216,7 +216,7 @@ func redisPub(t *testing.T) *pub {
 
 func mqttPub(t *testing.T) *pub {
 	url := testenv.ServiceURL(t, "TEST_MQTT_URL", "mqtt://127.0.0.1:1883", "127.0.0.1:1883", "Mosquitto")
-	p, err := mqtt.New(context.Background(), mqtt.Config{URL: url})
+	p, err := mqtt.Dial(context.Background(), url, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -260,7 +260,7 @@ func webhookPub(t *testing.T) *pub {
 		mu.Unlock()
 	}))
 	t.Cleanup(srv.Close)
-	p, err := webhook.New(webhook.Config{URL: srv.URL, Secret: secret})
+	p, err := webhook.Dial(context.Background(), srv.URL, &webhook.Config{Secret: secret})
 	if err != nil {
 		t.Fatal(err)
 	}
