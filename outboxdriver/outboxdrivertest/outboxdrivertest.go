@@ -23,6 +23,9 @@ type Harness[TTx any] struct {
 	// InsertPlain inserts a row with only the five Debezium columns, by plain SQL, as
 	// a producer in another language would.
 	InsertPlain func(ctx context.Context, id, aggregateType, aggregateID, typ, payload string) error
+	// Reopen, if set, builds another driver on the same database for table (the
+	// harness's own table with other options, such as a write mode).
+	Reopen func(table outboxdriver.Table) outboxdriver.Driver[TTx]
 	// MultipleClaims says the store lets two claims be held at once.
 	MultipleClaims bool
 	// ConcurrentWriters says two write transactions can be open at once (not SQLite).
@@ -56,6 +59,7 @@ func Run[TTx any](t *testing.T, newHarness NewFunc[TTx]) {
 		{"PlainSQLInsert", testPlainSQL[TTx]},
 		{"InvalidEventsWriteNothing", testInvalid[TTx]},
 		{"DuplicateID", testDuplicate[TTx]},
+		{"WriteModes", testWriteModes[TTx]},
 		{"Leadership", testLeadership[TTx]},
 		{"LeadershipRevokedWhenSilent", testLeadershipRevoked[TTx]},
 		{"Listen", testListen[TTx]},

@@ -3,6 +3,7 @@ package outboxdrivertest
 import (
 	"context"
 	"errors"
+	"strings"
 	"testing"
 
 	"github.com/google/uuid"
@@ -142,5 +143,63 @@ func testTraceContext[TTx any](t *testing.T, h *Harness[TTx]) {
 		if r.TraceContext != tc {
 			t.Fatalf("row %d trace context %q", r.Seq, r.TraceContext)
 		}
+	}
+}
+
+// testWriteModes: the table-less write modes (insert-delete, message) commit with the
+// caller's transaction and leave nothing for the polling store to claim: their events
+// reach a relay only through the WAL (pgcdc's TestRowsInOrderNoPhantoms relays them end to end).
+// A driver that cannot write a mode refuses it when built, naming the mode.
+func testWriteModes[TTx any](t *testing.T, h *Harness[TTx]) {
+	for _, mode := range []outboxdriver.WriteMode{outboxdriver.WriteInsertDelete, outboxdriver.WriteMessage} {
+		t.Run(string(mode), func(t *testing.T) {
+			if h.Reopen == nil {
+				t.Skip("the harness cannot open a second driver on its table")
+			}
+			ctx := ctxT(t)
+			table := h.Driver.Table()
+			table.Write = mode
+			w, err := outbox.NewWriter(h.Reopen(table), nil)
+			if err != nil {
+				if !strings.Contains(err.Error(), string(mode)) {
+					t.Fatalf("refused without naming the mode: %v", err)
+				}
+				t.Skipf("the driver refuses this mode: %v", err)
+			}
+			write := func(commit bool, evs ...outbox.Event) error {
+				tx, err := h.Begin(ctx)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if err := w.WriteTx(ctx, tx, evs...); err != nil {
+					_ = h.Rollback(ctx, tx)
+					return err
+				}
+				if !commit {
+					return h.Rollback(ctx, tx)
+				}
+				return h.Commit(ctx, tx)
+			}
+			if err := write(false, event("a", 1), event("b", 2)); err != nil {
+				t.Fatalf("rolled-back write: %v", err)
+			}
+			if err := write(true, event("a", 3), event("b", 4)); err != nil {
+				t.Fatalf("committed write: %v", err)
+			}
+			bad := event("a", 5)
+			bad.Payload = []byte("not json")
+			if err := write(true, event("a", 6), bad); !errors.Is(err, outbox.ErrInvalidEvent) {
+				t.Fatalf("invalid event: err = %v, want ErrInvalidEvent", err)
+			}
+			s := store(t, h)
+			if rows := drain(t, s); len(rows) != 0 {
+				t.Fatalf("mode %s left %d claimable rows", mode, len(rows))
+			}
+			// The table keeps working for a rows-mode writer next to it.
+			writeCommitted(t, h, event("c", 7))
+			if rows := drain(t, s); len(rows) != 1 {
+				t.Fatalf("rows-mode write after %s: %d rows", mode, len(rows))
+			}
+		})
 	}
 }

@@ -40,6 +40,7 @@ func TestConformance(t *testing.T) {
 				_, err := db.ExecContext(ctx, "INSERT INTO `"+name+"` (id, aggregatetype, aggregateid, type, payload) VALUES (?, ?, ?, ?, ?)", id, at, aid, typ, payload)
 				return err
 			},
+			Reopen:            func(t outboxdriver.Table) outboxdriver.Driver[*sql.Tx] { return outboxmysql.New(db, &t) },
 			MultipleClaims:    true,
 			ConcurrentWriters: true,
 		}

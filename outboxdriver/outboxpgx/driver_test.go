@@ -39,6 +39,7 @@ func conformance(t *testing.T, partitioned bool) {
 					" (id, aggregatetype, aggregateid, type, payload) VALUES ($1, $2, $3, $4, $5)", id, at, aid, typ, payload)
 				return err
 			},
+			Reopen:            func(t outboxdriver.Table) outboxdriver.Driver[pgx.Tx] { return outboxpgx.New(pool, &t) },
 			MultipleClaims:    true,
 			ConcurrentWriters: true,
 			NonUniqueIDs:      partitioned,

@@ -36,6 +36,7 @@ func TestConformance(t *testing.T) {
 					" (id, aggregatetype, aggregateid, type, payload) VALUES ($1, $2, $3, $4, $5)", id, at, aid, typ, payload)
 				return err
 			},
+			Reopen:            func(t outboxdriver.Table) outboxdriver.Driver[*sql.Tx] { return outboxsql.New(db, &t) },
 			MultipleClaims:    true,
 			ConcurrentWriters: true,
 		}

@@ -31,6 +31,9 @@ func TestConformance(t *testing.T) {
 				_, err := db.ExecContext(ctx, `INSERT INTO outbox (id, aggregatetype, aggregateid, type, payload) VALUES (?, ?, ?, ?, ?)`, id, at, aid, typ, payload)
 				return err
 			},
+			Reopen: func(t outboxdriver.Table) outboxdriver.Driver[*sql.Tx] {
+				return outboxsqlite.New(db, &outboxsqlite.Options{Table: t})
+			},
 			MultipleClaims: true,
 		}
 	})
