@@ -19,3 +19,8 @@ func NotHeldSQL(dead string) string {
 	return `NOT EXISTS (SELECT 1 FROM ` + dead + ` AS d WHERE d.holds_key
                   AND d.aggregatetype = o.aggregatetype AND d.aggregateid = o.aggregateid)`
 }
+
+// DeadLetterColumns are the dead-letter columns a move to the dead letters fills, in
+// the order the PostgreSQL statements (the polling store's and the CDC source's)
+// list them; dead_at takes its default.
+const DeadLetterColumns = "id, aggregatetype, aggregateid, type, payload, headers, tracingspancontext, seq, created_at, attempts, error, holds_key"

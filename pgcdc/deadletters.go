@@ -5,6 +5,8 @@ import (
 	"encoding/json"
 	"fmt"
 	"time"
+
+	"github.com/outboxd/outbox/outboxdriver"
 )
 
 // deadLetterStatement inserts dead letters from arrays, for a jsonb or bytea payload.
@@ -16,7 +18,7 @@ func deadLetterStatement(table, dead string, bytesPayload bool) string {
 	// The row (rows mode) leaves the table in the same statement, so a replay can
 	// insert it again and a backfill never sees it.
 	return `WITH gone AS (DELETE FROM ` + table + ` WHERE id = ANY($1::uuid[]))
-INSERT INTO ` + dead + ` (id, aggregatetype, aggregateid, type, payload, headers, tracingspancontext, seq, created_at, attempts, error, holds_key)
+INSERT INTO ` + dead + ` (` + outboxdriver.DeadLetterColumns + `)
 SELECT id, at, aid, t, ` + expr + `, h::jsonb, tc, seq, coalesce(ca, now()), n, err, hold
 FROM unnest($1::uuid[], $2::text[], $3::text[], $4::text[], $5::` + arg + `[], $6::text[], $7::text[],
             $8::bigint[], $9::timestamptz[], $10::int[], $11::text[], $12::bool[]) AS u(id, at, aid, t, p, h, tc, seq, ca, n, err, hold)
@@ -42,8 +44,7 @@ func (ss *session) deadLetter(ctx context.Context, es []*entry, flowPast bool) e
 		}
 		held, ok := stillHeld[key]
 		if !ok {
-			if err := ss.src.pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM `+ss.src.qDead+` WHERE holds_key AND aggregatetype = $1 AND aggregateid = $2)`,
-				e.row.AggregateType, e.row.AggregateID).Scan(&held); err != nil {
+			if err := ss.src.pool.QueryRow(ctx, ss.src.heldStmt, e.row.AggregateType, e.row.AggregateID).Scan(&held); err != nil {
 				return fmt.Errorf("pgcdc: %w", err)
 			}
 			stillHeld[key] = held

@@ -81,6 +81,8 @@ func (s *Source) checkServer(ctx context.Context) error {
 	}
 	s.bytesPayload = payloadType == "bytea"
 	s.deadLetterStmt = deadLetterStatement(s.qTable, s.qDead, s.bytesPayload)
+	// The claim's own hold rule, asked of one aggregate.
+	s.heldStmt = `SELECT NOT ` + outboxdriver.NotHeldSQL(s.qDead) + ` FROM (SELECT $1::text AS aggregatetype, $2::text AS aggregateid) AS o`
 	return nil
 }
 

@@ -95,6 +95,7 @@ type Source struct {
 
 	qTable, qDead, qCDC string
 	deadLetterStmt      string // set by checkServer, before any session
+	heldStmt            string // likewise
 	bytesPayload        bool
 
 	mu   sync.Mutex

@@ -102,7 +102,7 @@ FROM unnest($1::uuid[], $2::text[], $3::int[], $4::timestamptz[]) AS f(id, err, 
 moved AS (DELETE FROM ` + q + ` AS o USING f WHERE o.id = f.id
           RETURNING o.id, o.aggregatetype, o.aggregateid, o.type, o.payload, o.headers, o.tracingspancontext,
                     o.seq, o.created_at, o.attempts + f.n AS attempts, f.err, f.hold)
-INSERT INTO ` + s.dead + ` (id, aggregatetype, aggregateid, type, payload, headers, tracingspancontext, seq, created_at, attempts, error, holds_key)
+INSERT INTO ` + s.dead + ` (` + outboxdriver.DeadLetterColumns + `)
 SELECT * FROM moved`
 	s.status = `SELECT count(*) FILTER (WHERE published_at IS NULL),
        coalesce(extract(epoch FROM now() - min(created_at) FILTER (WHERE published_at IS NULL)), 0)::float8,
