@@ -130,6 +130,18 @@ func (t Table) Validate() error {
 	return nil
 }
 
+// ValidatePortable is Validate for a driver other than PostgreSQL's: it also refuses
+// what only PostgreSQL does (partitioned tables, the table-less write modes).
+func (t Table) ValidatePortable() error {
+	switch {
+	case t.Partitioned:
+		return errors.New("partitioned outbox tables are PostgreSQL only")
+	case t.Write != WriteRows:
+		return fmt.Errorf("write mode %q is PostgreSQL only", t.Write)
+	}
+	return t.Validate()
+}
+
 // String returns schema.name, unquoted.
 func (t Table) String() string { return t.Schema + "." + t.Name }
 

@@ -54,14 +54,7 @@ func New(db *sql.DB, table *outboxdriver.Table) *Driver {
 		t.Schema = "_current"
 	}
 	t = t.WithDefaults()
-	d := &Driver{db: db, table: t}
-	if t.Partitioned {
-		d.err = errors.New("partitioned outbox tables are PostgreSQL only")
-	} else if t.Write != outboxdriver.WriteRows {
-		d.err = fmt.Errorf("write mode %q is PostgreSQL only", t.Write)
-	} else if err := t.Validate(); err != nil {
-		d.err = err
-	}
+	d := &Driver{db: db, table: t, err: t.ValidatePortable()}
 	prefix := ""
 	if t.Schema != "_current" && t.Schema != outboxdriver.DefaultSchema {
 		prefix = quote(t.Schema) + "."

@@ -103,15 +103,10 @@ func New(db *sql.DB, opts *Options) *Driver {
 	if d.ttl <= 0 {
 		d.ttl = LeaseTTLDefault
 	}
-	switch {
-	case t.Schema != "main":
+	if t.Schema != "main" {
 		d.err = fmt.Errorf("%w: SQLite tables have no schema (got %q)", outboxdriver.ErrInvalidIdentifier, t.Schema)
-	case t.Partitioned:
-		d.err = errors.New("partitioned outbox tables are PostgreSQL only")
-	case t.Write != outboxdriver.WriteRows:
-		d.err = fmt.Errorf("write mode %q is PostgreSQL only", t.Write)
-	default:
-		d.err = t.Validate()
+	} else {
+		d.err = t.ValidatePortable()
 	}
 	d.q = quote(t.Name)
 	d.qLead = quote(t.Derived("_leader"))
