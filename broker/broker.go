@@ -53,6 +53,16 @@ type Message struct {
 	Headers map[string]string
 	// HeaderOrder, if set, is the order in which Headers go on the wire.
 	HeaderOrder []string
+	// Verbatim, set by a router that renders another system's records exactly
+	// (debezium.Router), sends the message as built: Headers alone, in HeaderOrder
+	// (no wire-format headers), PayloadNull as a null value with no header of its
+	// own, and KeyNull as a null key.
+	Verbatim bool
+	// KeyNull marks a null key (Verbatim messages; Key is then "").
+	KeyNull bool
+	// Timestamp, if set, is the record's time where the broker keeps one (Kafka);
+	// zero leaves it to the broker.
+	Timestamp time.Time
 }
 
 // EachHeader calls fn for every header the message carries on the wire, in a fixed
@@ -61,6 +71,14 @@ type Message struct {
 // wins over an event header of the same name. Publishers render headers with it, so
 // every broker carries the same set.
 func (m *Message) EachHeader(fn func(name, value string)) {
+	if m.Verbatim {
+		for _, k := range m.HeaderOrder {
+			if v, ok := m.Headers[k]; ok {
+				fn(k, v)
+			}
+		}
+		return
+	}
 	fn(HeaderID, m.ID)
 	if m.EventType != "" {
 		fn(HeaderEventType, m.EventType)

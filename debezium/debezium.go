@@ -1,200 +1,162 @@
 // Package debezium routes outbox rows the way Debezium's Outbox Event Router
 // (io.debezium.transforms.outbox.EventRouter) does, configured with the router's own
-// option names, so a team moving off Debezium and Kafka Connect copies its options and
-// changes no consumer.
+// option names, and renders each record's key and value with the bytes the chosen
+// Kafka Connect converter would have written, so a team moving off Debezium and
+// Kafka Connect pastes its connector config and changes no consumer.
 //
-// Supported options (defaults as in Debezium):
+// Options (defaults as in Debezium; every value is checked at start as Debezium's
+// configuration definition checks it):
 //
-//	route.by.field                       aggregatetype
-//	route.topic.regex                    (?<routedByValue>.*)
-//	route.topic.replacement              outbox.event.${routedByValue}
-//	route.tombstone.on.empty.payload     false
-//	table.field.event.id                 id
-//	table.field.event.key                aggregateid (empty: no key)
-//	table.field.event.payload            payload
-//	table.field.event.type               type (accepted, unused, as in Debezium)
-//	table.fields.additional.placement    column:header[:alias], column:envelope[:alias]
-//	table.field.additional.missing       error | ignore
-//	table.expand.json.payload            accepted: the value is always the payload's JSON bytes
-//	table.op.invalid.behavior            accepted: the poll relay never sees updates
-//	tracing.span.context.field           tracingspancontext
+//	route.by.field                          aggregatetype
+//	route.topic.regex                       (?<routedByValue>.*)        Java syntax; what Go reads differently is refused
+//	route.topic.replacement                 outbox.event.${routedByValue}  Java syntax ($1, ${name}, \$)
+//	route.tombstone.on.empty.payload        false
+//	table.field.event.id                    id
+//	table.field.event.key                   aggregateid (empty: a null key)
+//	table.field.event.payload               payload
+//	table.field.event.type                  type (accepted, unused, as in Debezium)
+//	table.fields.additional.placement       column:header|envelope[:alias], ...
+//	table.field.additional.missing          error | ignore
+//	table.expand.json.payload               false
+//	table.json.payload.null.behavior        ignore | optional_bytes
+//	table.json.payload.empty.array.behavior ignore | optional_string
+//	table.op.invalid.behavior               warn | error | fatal (updates never reach the relay)
+//	tracing.span.context.field              tracingspancontext
+//	tracing.operation.name, tracing.with.context.field.only
 //
 // Columns are those of the outbox table: id, aggregatetype, aggregateid, type,
 // payload, tracingspancontext, and headers.NAME for a key of the headers column.
-// Options Debezium has and this router does not (partition placement, record
-// timestamps from a column, schema versions, custom table columns) are refused with
-// an error naming them, never silently ignored.
+// Options naming other columns (partition placements, table.field.event.timestamp,
+// table.field.event.schema.version) are refused at start with the reason.
+//
+// Converters: key.converter and value.converter as a Kafka Connect config names them
+// (StringConverter, the default here; JsonConverter, with schemas unless
+// schemas.enable=false); a Debezium Server config writes JSON unless its
+// debezium.format.* says otherwise.
 package debezium
 
 import (
-	"encoding/json"
 	"fmt"
-	"regexp"
-	"sort"
 	"strings"
+	"sync"
 
 	"github.com/outboxd/outbox/broker"
 	"github.com/outboxd/outbox/outboxdriver"
 )
 
-// Router turns rows into messages. Build it with New.
+// Config is what New reads.
+type Config struct {
+	// Options holds the router's options, bare or as a connector config holds them
+	// (transforms.NAME.* or debezium.transforms.NAME.*), and may hold the whole
+	// Kafka Connect or Debezium Server config around them: its converters and topic
+	// prefix are used, its other keys reported by Ignored.
+	Options map[string]string
+	// Table is the outbox table: its payload type, and its names, which name the
+	// value schema of envelope records under a JSON converter with schemas.
+	Table outboxdriver.Table
+}
+
+// Router turns rows into the records Debezium would emit. Build it with New.
 type Router struct {
-	routeBy       string
-	regex         *regexp.Regexp
-	replacement   string
-	tombstone     bool
-	idField       string
-	keyField      string
-	payloadField  string
-	traceField    string
-	headers       []placement
-	envelope      []placement
-	ignoreMissing bool
+	routeBy, idField, keyField, payloadField, traceField string
+	topics                                               *regexRouter
+	tombstone, ignoreMissing                             bool
+	headers, envelope                                    []placement
+	expand                                               *expander // nil: off
+	keyConv, valueConv                                   Converter
+	bytesPayload                                         bool
+	schemaPrefix                                         string // "<topic.prefix>.<schema>.<table>."
+	ignored                                              []string
+
+	mu            sync.Mutex
+	envelopeNamed string // the value schema's name, fixed by the first record as in Debezium
 }
 
-type placement struct{ column, alias string }
-
-var known = map[string]string{
-	"route.by.field":                          "aggregatetype",
-	"route.topic.regex":                       "(?<routedByValue>.*)",
-	"route.topic.replacement":                 "outbox.event.${routedByValue}",
-	"route.tombstone.on.empty.payload":        "false",
-	"table.field.event.id":                    "id",
-	"table.field.event.key":                   "aggregateid",
-	"table.field.event.payload":               "payload",
-	"table.field.event.type":                  "type",
-	"table.fields.additional.placement":       "",
-	"table.field.additional.missing":          "error",
-	"table.expand.json.payload":               "false",
-	"table.json.payload.null.behavior":        "ignore",
-	"table.json.payload.empty.array.behavior": "ignore",
-	"table.op.invalid.behavior":               "warn",
-	"tracing.span.context.field":              "tracingspancontext",
-	"tracing.operation.name":                  "debezium-read",
-	"tracing.with.context.field.only":         "false",
+// Enabled reports whether a config names the router at all (one of its options, or
+// a transform of its class): without it the relay keeps its own wire format.
+func Enabled(options map[string]string) bool {
+	c, err := readConnector(options)
+	return err != nil || c.present
 }
 
-// IsOption reports whether key is a router option (with or without a Kafka Connect
-// "transforms.NAME." prefix).
-func IsOption(key string) bool {
-	_, ok := known[strip(key)]
-	return ok || unsupported[strip(key)] != ""
-}
-
-var unsupported = map[string]string{
-	"table.field.event.timestamp":      "record timestamps come from the broker",
-	"table.field.event.schema.version": "schemas are not emitted",
-}
-
-// strip removes a Kafka Connect "transforms.NAME." prefix.
-func strip(key string) string {
-	if rest, ok := strings.CutPrefix(key, "transforms."); ok {
-		if _, opt, ok := strings.Cut(rest, "."); ok {
-			return opt
-		}
+// New builds a router. Unknown or unsupported options, values Debezium would refuse,
+// transforms other than the router and converters it cannot reproduce are errors.
+func New(cfg *Config) (*Router, error) {
+	c, err := readConnector(cfg.Options)
+	if err != nil {
+		return nil, fmt.Errorf("debezium: %w", err)
 	}
-	return key
-}
-
-// New builds a router from Debezium options. Unknown or unsupported options, bad
-// regexes and unknown columns are errors.
-func New(opts map[string]string) (*Router, error) {
-	o := map[string]string{}
-	for k, v := range known {
-		o[k] = v
+	o, err := resolve(c.router)
+	if err != nil {
+		return nil, fmt.Errorf("debezium: %w", err)
 	}
-	var bad []string
-	for k, v := range opts {
-		k = strip(k)
-		if why := unsupported[k]; why != "" {
-			return nil, fmt.Errorf("debezium option %s is not supported (%s)", k, why)
-		}
-		if _, ok := known[k]; !ok {
-			bad = append(bad, k)
-			continue
-		}
-		o[k] = strings.TrimSpace(v)
-	}
-	if len(bad) > 0 {
-		sort.Strings(bad)
-		return nil, fmt.Errorf("unknown debezium option(s): %s", strings.Join(bad, ", "))
-	}
+	t := cfg.Table.WithDefaults()
 	r := &Router{
-		routeBy: o["route.by.field"], replacement: o["route.topic.replacement"],
-		idField: o["table.field.event.id"], keyField: o["table.field.event.key"], payloadField: o["table.field.event.payload"],
-		traceField: o["tracing.span.context.field"],
+		routeBy: o["route.by.field"], idField: o["table.field.event.id"], keyField: o["table.field.event.key"],
+		payloadField: o["table.field.event.payload"], traceField: o["tracing.span.context.field"],
+		tombstone:     strings.EqualFold(o["route.tombstone.on.empty.payload"], "true"),
+		ignoreMissing: strings.EqualFold(o["table.field.additional.missing"], "ignore"),
+		keyConv:       c.key, valueConv: c.value, bytesPayload: t.Payload == outboxdriver.PayloadBytes,
+		ignored:      c.ignored,
+		schemaPrefix: t.Schema + "." + t.Name + ".",
+	}
+	if c.prefix != "" {
+		r.schemaPrefix = c.prefix + "." + r.schemaPrefix
 	}
 	for _, f := range []struct{ opt, col string }{{"route.by.field", r.routeBy}, {"table.field.event.id", r.idField},
-		{"table.field.event.payload", r.payloadField}} {
+		{"table.field.event.payload", r.payloadField}, {"tracing.span.context.field", r.traceField}} {
 		if err := checkColumn(f.col); err != nil {
-			return nil, fmt.Errorf("debezium option %s: %w", f.opt, err)
+			return nil, fmt.Errorf("debezium: router option %s: %w", f.opt, err)
 		}
-	}
-	if err := checkColumn(r.traceField); err != nil {
-		return nil, fmt.Errorf("debezium option tracing.span.context.field: %w", err)
 	}
 	if r.keyField != "" {
 		if err := checkColumn(r.keyField); err != nil {
-			return nil, fmt.Errorf("debezium option table.field.event.key: %w", err)
+			return nil, fmt.Errorf("debezium: router option table.field.event.key: %w", err)
 		}
 	}
-	var err error
-	if r.regex, err = javaRegex(o["route.topic.regex"]); err != nil {
-		return nil, fmt.Errorf("debezium option route.topic.regex: %w", err)
-	}
-	for name, v := range map[string]string{"route.tombstone.on.empty.payload": o["route.tombstone.on.empty.payload"],
-		"table.expand.json.payload": o["table.expand.json.payload"]} {
-		if v != "true" && v != "false" {
-			return nil, fmt.Errorf("debezium option %s: want true or false, got %q", name, v)
+	for _, opt := range []string{"table.field.event.timestamp", "table.field.event.schema.version"} {
+		if o[opt] != "" {
+			return nil, fmt.Errorf("debezium: router option %s: column %q: %w", opt, o[opt], errCustomColumn)
 		}
 	}
-	r.tombstone = o["route.tombstone.on.empty.payload"] == "true"
-	switch o["table.field.additional.missing"] {
-	case "error":
-	case "ignore":
-		r.ignoreMissing = true
-	default:
-		return nil, fmt.Errorf("debezium option table.field.additional.missing: want error or ignore")
+	if r.topics, err = newRegexRouter(o["route.topic.regex"], o["route.topic.replacement"]); err != nil {
+		return nil, fmt.Errorf("debezium: router option %w", err)
 	}
-	if p := o["table.fields.additional.placement"]; p != "" {
-		for _, item := range strings.Split(p, ",") {
-			parts := strings.Split(strings.TrimSpace(item), ":")
-			if len(parts) < 2 || len(parts) > 3 {
-				return nil, fmt.Errorf("debezium placement %q: want column:header|envelope[:alias]", item)
-			}
-			for i := range parts {
-				parts[i] = strings.TrimSpace(parts[i])
-			}
-			pl := placement{column: parts[0], alias: parts[0]}
-			if len(parts) == 3 {
-				pl.alias = parts[2]
-			}
+	if p := o["table.fields.additional.placement"]; p != "" || c.router["table.fields.additional.placement"] != "" {
+		ps, err := parsePlacements(p)
+		if err != nil {
+			return nil, fmt.Errorf("debezium: router option table.fields.additional.placement: %w", err)
+		}
+		for _, pl := range ps {
 			if err := checkColumn(pl.column); err != nil {
-				return nil, fmt.Errorf("debezium placement %q: %w", item, err)
+				return nil, fmt.Errorf("debezium: placement %s:%s: %w", pl.column, pl.where, err)
 			}
-			switch parts[1] {
+			switch pl.where {
 			case "header":
 				r.headers = append(r.headers, pl)
 			case "envelope":
 				r.envelope = append(r.envelope, pl)
 			case "partition":
-				return nil, fmt.Errorf("debezium placement %q: partition placement is not supported (keys pick partitions)", item)
-			default:
-				return nil, fmt.Errorf("debezium placement %q: unknown placement %q", item, parts[1])
+				return nil, fmt.Errorf("debezium: placement %s:partition: %w", pl.column, errCustomColumn)
 			}
+		}
+	}
+	if strings.EqualFold(o["table.expand.json.payload"], "true") {
+		// Under StringConverter an expanded payload is written as Struct.toString()
+		// (Struct{a=1}), as Debezium writes it; expansion is meant for JsonConverter.
+		r.expand = &expander{
+			keepNulls:       strings.EqualFold(o["table.json.payload.null.behavior"], "optional_bytes"),
+			keepEmptyArrays: strings.EqualFold(o["table.json.payload.empty.array.behavior"], "optional_string"),
 		}
 	}
 	return r, nil
 }
 
-// javaRegex compiles a Java regex with named groups, matching the whole value as
-// Kafka's RegexRouter does (matcher.matches()).
-func javaRegex(s string) (*regexp.Regexp, error) {
-	if strings.Contains(s, "(?<=") || strings.Contains(s, "(?<!") {
-		return nil, fmt.Errorf("lookbehind is not supported")
-	}
-	return regexp.Compile(`^(?:` + strings.ReplaceAll(s, "(?<", "(?P<") + `)$`)
-}
+var errCustomColumn = fmt.Errorf("only the outbox table's own columns can be named (id, aggregatetype, aggregateid, type, payload, tracingspancontext, headers.NAME)")
+
+// Ignored lists the keys of the config that change nothing here (the connector's
+// own settings: connection, slot, snapshot, ...), for the caller to report once.
+func (r *Router) Ignored() []string { return r.ignored }
 
 var columns = map[string]bool{"id": true, "aggregatetype": true, "aggregateid": true, "type": true, "payload": true, "tracingspancontext": true}
 
@@ -202,11 +164,29 @@ func checkColumn(c string) error {
 	if columns[c] || strings.HasPrefix(c, "headers.") && len(c) > len("headers.") {
 		return nil
 	}
-	return fmt.Errorf("unknown column %q (want id, aggregatetype, aggregateid, type, payload, tracingspancontext or headers.NAME)", c)
+	return fmt.Errorf("unknown column %q: %w", c, errCustomColumn)
 }
 
-// value returns a row's column as text, and whether the row has it.
-func value(row *outboxdriver.Row, col string) (string, bool) {
+// columnSchema is the Connect schema Debezium's PostgreSQL connector gives a column
+// of the outbox table.
+func (r *Router) columnSchema(col string) *schema {
+	switch col {
+	case "id":
+		return uuidSchema
+	case "aggregatetype", "aggregateid", "type":
+		return stringSchema
+	case "payload":
+		if r.bytesPayload {
+			return bytesColumnSchema
+		}
+		return jsonColumnSchema
+	}
+	return optionalStringSchema
+}
+
+// value returns a row's column, and whether the row has it (a headers.NAME whose key
+// is absent has not).
+func (r *Router) value(row *outboxdriver.Row, col string) (any, bool) {
 	switch col {
 	case "id":
 		return row.ID, true
@@ -217,92 +197,135 @@ func value(row *outboxdriver.Row, col string) (string, bool) {
 	case "type":
 		return row.Type, true
 	case "payload":
-		return string(row.Payload), !row.PayloadNull
+		switch {
+		case row.PayloadNull:
+			return nil, true
+		case r.bytesPayload:
+			return row.Payload, true
+		}
+		return string(row.Payload), true
 	case "tracingspancontext":
-		return row.TraceContext, row.TraceContext != ""
+		if row.TraceContext == "" {
+			return nil, true
+		}
+		return row.TraceContext, true
 	}
 	v, ok := row.Headers[strings.TrimPrefix(col, "headers.")]
 	return v, ok
 }
 
-// Route returns the message Debezium's router would emit for row. escape (may be nil)
-// is applied to the routed-by value, for brokers with a topic syntax of their own. A
-// missing additional column is an error unless table.field.additional.missing=ignore.
+// text is a column's value as text, as a header or a topic holds it.
+func (r *Router) text(row *outboxdriver.Row, col string) string {
+	v, _ := r.value(row, col)
+	if v == nil {
+		return ""
+	}
+	return javaString(v)
+}
+
+// Route returns the record Debezium's router and the configured converters would
+// emit for row. escape (may be nil) is applied to the routed-by value, for brokers
+// with a topic syntax of their own. A missing additional column is an error unless
+// table.field.additional.missing=ignore.
 func (r *Router) Route(row *outboxdriver.Row, escape func(string) string) (broker.Message, error) {
-	routed, _ := value(row, r.routeBy)
+	routed := r.text(row, r.routeBy)
 	if escape != nil {
 		routed = escape(routed)
 	}
-	topic := routed
-	if m := r.regex.FindStringSubmatchIndex(routed); m != nil {
-		topic = string(r.regex.ExpandString(nil, r.replacement, routed, m))
-	}
-	id, _ := value(row, r.idField)
-	msg := broker.Message{ID: id, Topic: topic}
+	msg := broker.Message{ID: r.text(row, r.idField), Topic: r.topics.topic(routed), Verbatim: true, KeyNull: true}
 	if r.keyField != "" {
-		msg.Key, _ = value(row, r.keyField)
+		kv, _ := r.value(row, r.keyField)
+		k, ok := r.keyConv.convert(r.columnSchema(r.keyField), kv)
+		msg.Key, msg.KeyNull = string(k), !ok
 	}
-	payload := row.Payload
-	null := row.PayloadNull
-	if r.payloadField != "payload" {
-		v, ok := value(row, r.payloadField)
-		payload, null = []byte(v), !ok
+	msg.Headers = make(map[string]string, 1+len(r.headers))
+	msg.HeaderOrder = make([]string, 0, 1+len(r.headers))
+	addHeader := func(k, v string) {
+		if _, dup := msg.Headers[k]; !dup {
+			msg.HeaderOrder = append(msg.HeaderOrder, k)
+		}
+		msg.Headers[k] = v
 	}
-	if len(r.headers) > 0 {
-		msg.Headers = make(map[string]string, len(r.headers))
-	}
+	addHeader("id", msg.ID)
 	for _, p := range r.headers {
-		v, ok := value(row, p.column)
+		v, ok := r.value(row, p.column)
 		if !ok {
 			if r.ignoreMissing {
 				continue
 			}
 			return msg, fmt.Errorf("debezium placement: row %s has no %s", row.ID, p.column)
 		}
-		msg.Headers[p.alias] = v
-		msg.HeaderOrder = append(msg.HeaderOrder, p.alias)
-	}
-	if len(r.envelope) > 0 {
-		// A struct {payload, <alias>...} in Debezium's field order: payload first,
-		// then the placements as configured.
-		var b strings.Builder
-		b.WriteString(`{"payload":`)
-		switch {
-		case null:
-			b.WriteString("null")
-		case json.Valid(payload):
-			b.Write(payload)
-		default:
-			q, _ := json.Marshal(string(payload))
-			b.Write(q)
+		if v == nil {
+			v = ""
 		}
-		for _, p := range r.envelope {
-			v, ok := value(row, p.column)
-			if !ok {
-				if r.ignoreMissing {
-					continue
-				}
-				return msg, fmt.Errorf("debezium placement: row %s has no %s", row.ID, p.column)
-			}
-			k, _ := json.Marshal(p.alias)
-			q, _ := json.Marshal(v)
-			b.WriteString("," + string(k) + ":" + string(q))
+		addHeader(p.alias, javaString(v))
+	}
+
+	payload, _ := r.value(row, r.payloadField)
+	payloadSchema := r.columnSchema(r.payloadField)
+	if s, ok := payload.(string); ok && r.expand != nil {
+		// A payload that does not expand stays the string, as Debezium logs and keeps it.
+		if es, ev, err := r.expand.expand(s); err == nil {
+			payloadSchema, payload = es, ev
 		}
-		b.WriteString("}")
-		payload, null = []byte(b.String()), false
 	}
-	if r.tombstone && (null || strings.TrimSpace(string(payload)) == "") {
-		payload, null = nil, true
+	// Emptiness is the raw payload's (Object.toString().trim()), never the envelope's.
+	empty := payload == nil
+	if s, ok := payload.(string); ok {
+		empty = strings.TrimFunc(s, func(c rune) bool { return c <= ' ' }) == ""
 	}
-	msg.Payload, msg.PayloadNull = payload, null
-	if tc, _ := value(row, r.traceField); tc != "" {
+	var (
+		valueSchema = payloadSchema
+		value       = payload
+	)
+	switch {
+	case empty && r.tombstone:
+		valueSchema, value = nil, nil
+	case len(r.envelope) > 0:
+		env, err := r.envelopeValue(row, routed, payloadSchema, payload)
+		if err != nil {
+			return msg, err
+		}
+		valueSchema, value = env.schema, env
+	}
+	b, ok := r.valueConv.convert(valueSchema, value)
+	msg.Payload, msg.PayloadNull = b, !ok
+
+	if tc := r.text(row, r.traceField); tc != "" {
 		for k, v := range broker.TraceHeaders(tc) {
-			if msg.Headers == nil {
-				msg.Headers = map[string]string{}
-			}
-			msg.Headers[k] = v
-			msg.HeaderOrder = append(msg.HeaderOrder, k)
+			addHeader(k, v)
 		}
 	}
 	return msg, nil
+}
+
+// envelopeValue is the struct {payload, <alias>...} of envelope placements.
+func (r *Router) envelopeValue(row *outboxdriver.Row, routed string, payloadSchema *schema, payload any) (*structValue, error) {
+	s := &schema{typ: "struct", name: r.envelopeName(routed), fields: []field{{"payload", payloadSchema}}}
+	v := &structValue{schema: s, values: []any{payload}}
+	for _, p := range r.envelope {
+		pv, ok := r.value(row, p.column)
+		if !ok {
+			if r.ignoreMissing {
+				continue
+			}
+			return nil, fmt.Errorf("debezium placement: row %s has no %s", row.ID, p.column)
+		}
+		s.fields = append(s.fields, field{p.alias, r.columnSchema(p.column)})
+		v.values = append(v.values, pv)
+	}
+	return v, nil
+}
+
+// envelopeName is the value schema's name: the table's record name with the routed
+// value before its last part ("<prefix>.<schema>.<table>.<routed>.Value"). Debezium
+// caches the schema it builds for the first record, so every later record carries
+// that first record's name; so does this router, from its start.
+func (r *Router) envelopeName(routed string) string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.envelopeNamed == "" {
+		r.envelopeNamed = r.schemaPrefix + routed + ".Value"
+	}
+	return r.envelopeNamed
 }

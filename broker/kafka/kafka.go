@@ -137,11 +137,14 @@ func ValidateTopic(topic string) error {
 
 // Record builds the Kafka record for a message: what Debezium's router emits.
 func Record(m *broker.Message) *kgo.Record {
-	r := &kgo.Record{Topic: m.Topic, Key: []byte(m.Key), Value: m.Payload}
+	r := &kgo.Record{Topic: m.Topic, Key: []byte(m.Key), Value: m.Payload, Timestamp: m.Timestamp}
 	r.Headers = make([]kgo.RecordHeader, 0, m.HeaderCount())
 	m.EachHeader(func(k, v string) { r.Headers = append(r.Headers, kgo.RecordHeader{Key: k, Value: []byte(v)}) })
 	if m.PayloadNull {
 		r.Value = nil // a tombstone, as Debezium emits for a NULL payload
+	}
+	if m.KeyNull {
+		r.Key = nil
 	}
 	return r
 }

@@ -5,6 +5,7 @@ import (
 	"flag"
 	"fmt"
 	"os"
+	"sort"
 	"strings"
 
 	"go.yaml.in/yaml/v3"
@@ -16,10 +17,24 @@ import (
 // "key: value" lines, '#' and '!' comments). Keys are the command's flag names or, for
 // the relay, the options of Debezium's Outbox Event Router (also with a Kafka Connect
 // "transforms.NAME." prefix), so a connector's router options can be copied as they
-// are. In YAML, nested maps join their keys with dots.
+// are. In YAML, nested maps join their keys with dots. A .json file is a Kafka Connect
+// REST body ({"name": ..., "config": {...}}); a whole connector config (properties,
+// YAML, JSON, or Debezium Server's application.properties) is taken as it is: the
+// router's options and converters are used, the connector's other keys are reported.
 func readConfigFile(path string) (map[string]string, error) {
 	if strings.HasSuffix(path, ".yaml") || strings.HasSuffix(path, ".yml") {
 		return readYAML(path)
+	}
+	if strings.HasSuffix(path, ".json") {
+		b, err := os.ReadFile(path)
+		if err != nil {
+			return nil, usageErr("--config: %v", err)
+		}
+		out, err := debezium.ReadConnectorJSON(b)
+		if err != nil {
+			return nil, usageErr("--config %s: %v", path, err)
+		}
+		return out, nil
 	}
 	f, err := os.Open(path)
 	if err != nil {
@@ -62,11 +77,12 @@ func applyConfigFile(fs *flag.FlagSet, path string) (map[string]string, error) {
 			set[f.Name] = true
 		}
 	})
-	router := map[string]string{}
+	connector := map[string]string{}
+	var unknown []string
 	for k, v := range values {
 		switch {
 		case debezium.IsOption(k):
-			router[k] = v
+			connector[k] = v
 		case fs.Lookup(k) != nil:
 			if k == "config" {
 				return nil, usageErr("--config %s: a config file cannot name another", path)
@@ -77,11 +93,19 @@ func applyConfigFile(fs *flag.FlagSet, path string) (map[string]string, error) {
 			if err := fs.Set(k, v); err != nil {
 				return nil, usageErr("--config %s: %s: %v", path, k, err)
 			}
+		case strings.Contains(k, ".") || k == "name" || k == "transforms" || k == "predicates":
+			// A Kafka Connect or Debezium Server config around the router's options.
+			connector[k] = v
+			unknown = append(unknown, k)
 		default:
 			return nil, usageErr("--config %s: unknown key %q (not a flag of this command nor a Debezium router option)", path, k)
 		}
 	}
-	return router, nil
+	if len(unknown) > 0 && !debezium.Enabled(connector) {
+		sort.Strings(unknown)
+		return nil, usageErr("--config %s: unknown keys %s (not flags of this command; a connector config is taken only with the Outbox Event Router in it)", path, strings.Join(unknown, ", "))
+	}
+	return connector, nil
 }
 
 func envName(flagName string) string {

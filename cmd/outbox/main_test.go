@@ -603,6 +603,54 @@ transforms.outbox.table.fields.additional.placement=type:header:eventType
 	}
 }
 
+// TestRelayConnectorJSON: a Kafka Connect REST body pasted as it is (connector keys,
+// the transforms lines, converters) drives the relay with the router; the connector's
+// own keys are reported once; a config with no router in it is refused.
+func TestRelayConnectorJSON(t *testing.T) {
+	t.Parallel()
+	url := testenv.DatabaseURL(t)
+	pool := testenv.Pool(t, url)
+	table := migrateSchema(t, url, testenv.Schema(t, url), "outbox")
+	writeEvents(t, pool, table, 1, 1)
+	cfg := filepath.Join(t.TempDir(), "connector.json")
+	err := os.WriteFile(cfg, []byte(`{"name": "outbox-connector", "config": {
+  "connector.class": "io.debezium.connector.postgresql.PostgresConnector",
+  "database.hostname": "db", "database.password": "hunter2", "tasks.max": 1,
+  "topic.prefix": "dbserver1",
+  "transforms": "outbox",
+  "transforms.outbox.type": "io.debezium.transforms.outbox.EventRouter",
+  "transforms.outbox.route.topic.replacement": "${routedByValue}.events",
+  "value.converter": "org.apache.kafka.connect.json.JsonConverter",
+  "value.converter.schemas.enable": "false"}}`), 0o600)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := startRelayProc(t, nil, "--config", cfg, "--db", url, "--table", table.Schema+".outbox", "--broker", "stdout:")
+	deadline := time.Now().Add(30 * time.Second)
+	for !strings.Contains(p.output(), `"topic":"order.events"`) {
+		if time.Now().After(deadline) {
+			t.Fatalf("relay output:\n%s", p.output())
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	out := p.output()
+	// JsonConverter, schemas off: the jsonb payload is a JSON string.
+	// JsonConverter with schemas off: the jsonb payload is a JSON string literal;
+	// the key stays StringConverter's (no key.converter line).
+	if !strings.Contains(out, `"key":"agg-0","headers":{"id":`) || !strings.Contains(out, `"payload":"{\"pad\": `) {
+		t.Fatalf("record not as JsonConverter writes it:\n%s", out)
+	}
+	if !strings.Contains(out, "database.hostname,database.password,tasks.max") || strings.Contains(out, "hunter2") {
+		t.Fatalf("ignored keys not reported once, or a value echoed:\n%s", out)
+	}
+	bad := filepath.Join(t.TempDir(), "bad.json")
+	_ = os.WriteFile(bad, []byte(`{"config": {"database.hostname": "db"}}`), 0o600)
+	_, stderr, code := runCLI(t, nil, "relay", "--config", bad, "--broker", "stdout:")
+	if code != 2 || !strings.Contains(stderr, "unknown keys database.hostname") {
+		t.Fatalf("a connector config without the router: %d %s", code, stderr)
+	}
+}
+
 func TestCleanupCommand(t *testing.T) {
 	url := testenv.DatabaseURL(t)
 	pool := testenv.Pool(t, url)

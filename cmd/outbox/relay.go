@@ -126,9 +126,12 @@ func runRelay(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		cfg.Group = &relay.GroupConfig{RelayID: *relayID, LeaseTTL: *partitionLease}
 	}
 	if len(routerOpts) > 0 {
-		router, err := debezium.New(routerOpts)
+		router, err := debezium.New(&debezium.Config{Options: routerOpts, Table: table})
 		if err != nil {
 			return usageErr("--config %s: %v", *configPath, err)
+		}
+		if ign := router.Ignored(); len(ign) > 0 {
+			logger.Info("relay: connector settings with no effect here", "keys", strings.Join(ign, ","))
 		}
 		cfg.Router = router
 	}
