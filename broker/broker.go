@@ -63,6 +63,10 @@ type Message struct {
 	// Timestamp, if set, is the record's time where the broker keeps one (Kafka);
 	// zero leaves it to the broker.
 	Timestamp time.Time
+	// Partition, when HasPartition, is the Kafka partition the record must go to
+	// (Debezium's partition placement); other brokers have none and ignore it.
+	Partition    int32
+	HasPartition bool
 }
 
 // EachHeader calls fn for every header the message carries on the wire, in a fixed

@@ -34,11 +34,7 @@ type structValue struct {
 // Values are nil, string, []byte, bool, int64, float64, *structValue or []any.
 
 var (
-	stringSchema         = &schema{typ: "string"}
 	optionalStringSchema = &schema{typ: "string", optional: true}
-	uuidSchema           = &schema{typ: "string", name: "io.debezium.data.Uuid", version: 1}
-	jsonColumnSchema     = &schema{typ: "string", optional: true, name: "io.debezium.data.Json", version: 1}
-	bytesColumnSchema    = &schema{typ: "bytes", optional: true}
 )
 
 // Converter is the Kafka Connect converter whose bytes the router reproduces.

@@ -37,8 +37,11 @@ package debezium
 
 import (
 	"fmt"
+	"maps"
+	"sort"
 	"strings"
 	"sync"
+	"time"
 
 	"github.com/outboxd/outbox/broker"
 	"github.com/outboxd/outbox/outboxdriver"
@@ -54,6 +57,24 @@ type Config struct {
 	// Table is the outbox table: its payload type, and its names, which name the
 	// value schema of envelope records under a JSON converter with schemas.
 	Table outboxdriver.Table
+	// TableColumns, when set, describes the table's columns: their types and
+	// nullability make the schemas JsonConverter writes exact, and a custom column
+	// the options name that is not among them is refused at start (else the claim
+	// fails). Without it, the columns outbox migrate creates are assumed.
+	TableColumns []Column
+}
+
+// Column describes one column of the outbox table.
+type Column struct {
+	Name    string
+	Type    string // as format_type(atttypid, NULL) names it: "jsonb", "character varying", ...
+	NotNull bool
+}
+
+// defaultColumns are the columns of a table outbox migrate creates, by name.
+var defaultColumns = map[string]Column{
+	"id": {"id", "uuid", true}, "aggregatetype": {"aggregatetype", "text", true}, "aggregateid": {"aggregateid", "text", true},
+	"type": {"type", "text", true}, "payload": {"payload", "jsonb", false}, "tracingspancontext": {"tracingspancontext", "text", false},
 }
 
 // Router turns rows into the records Debezium would emit. Build it with New.
@@ -61,7 +82,10 @@ type Router struct {
 	routeBy, idField, keyField, payloadField, traceField string
 	topics                                               *regexRouter
 	tombstone, ignoreMissing                             bool
-	headers, envelope                                    []placement
+	headers, envelope, partition                         []placement
+	timestampField, versionField                         string
+	custom                                               map[string]bool // custom columns the options name
+	columns                                              map[string]Column
 	expand                                               *expander // nil: off
 	keyConv, valueConv                                   Converter
 	bytesPayload                                         bool
@@ -69,7 +93,7 @@ type Router struct {
 	ignored                                              []string
 
 	mu            sync.Mutex
-	envelopeNamed string // the value schema's name, fixed by the first record as in Debezium
+	envelopeNamed map[int]string // the value schema's name per version, fixed by the first record as in Debezium
 }
 
 // Enabled reports whether a config names the router at all (one of its options, or
@@ -105,18 +129,19 @@ func New(cfg *Config) (*Router, error) {
 	}
 	for _, f := range []struct{ opt, col string }{{"route.by.field", r.routeBy}, {"table.field.event.id", r.idField},
 		{"table.field.event.payload", r.payloadField}, {"tracing.span.context.field", r.traceField}} {
-		if err := checkColumn(f.col); err != nil {
+		if err := r.checkColumn(f.col); err != nil {
 			return nil, fmt.Errorf("debezium: router option %s: %w", f.opt, err)
 		}
 	}
 	if r.keyField != "" {
-		if err := checkColumn(r.keyField); err != nil {
+		if err := r.checkColumn(r.keyField); err != nil {
 			return nil, fmt.Errorf("debezium: router option table.field.event.key: %w", err)
 		}
 	}
-	for _, opt := range []string{"table.field.event.timestamp", "table.field.event.schema.version"} {
-		if o[opt] != "" {
-			return nil, fmt.Errorf("debezium: router option %s: column %q: %w", opt, o[opt], errCustomColumn)
+	r.timestampField, r.versionField = o["table.field.event.timestamp"], o["table.field.event.schema.version"]
+	for _, col := range []string{r.timestampField, r.versionField} {
+		if col != "" {
+			_ = r.checkColumn(col)
 		}
 	}
 	if r.topics, err = newRegexRouter(o["route.topic.regex"], o["route.topic.replacement"]); err != nil {
@@ -128,7 +153,7 @@ func New(cfg *Config) (*Router, error) {
 			return nil, fmt.Errorf("debezium: router option table.fields.additional.placement: %w", err)
 		}
 		for _, pl := range ps {
-			if err := checkColumn(pl.column); err != nil {
+			if err := r.checkColumn(pl.column); err != nil {
 				return nil, fmt.Errorf("debezium: placement %s:%s: %w", pl.column, pl.where, err)
 			}
 			switch pl.where {
@@ -137,8 +162,33 @@ func New(cfg *Config) (*Router, error) {
 			case "envelope":
 				r.envelope = append(r.envelope, pl)
 			case "partition":
-				return nil, fmt.Errorf("debezium: placement %s:partition: %w", pl.column, errCustomColumn)
+				r.partition = append(r.partition, pl)
 			}
+		}
+	}
+	r.columns = defaultColumns
+	if r.bytesPayload {
+		r.columns = maps.Clone(defaultColumns)
+		r.columns["payload"] = Column{"payload", "bytea", false}
+	}
+	if cfg.TableColumns != nil {
+		r.columns = map[string]Column{}
+		for _, c := range cfg.TableColumns {
+			r.columns[c.Name] = c
+		}
+		for _, c := range r.Columns() {
+			if _, ok := r.columns[c]; !ok {
+				return nil, fmt.Errorf("debezium: the options name column %q, which table %s does not have", c, t)
+			}
+		}
+	}
+	for name := range ownColumns {
+		c, ok := r.columns[name]
+		if !ok {
+			return nil, fmt.Errorf("debezium: table %s has no column %s", t, name)
+		}
+		if _, err := schemaFor(c.Type, !c.NotNull); err != nil {
+			return nil, fmt.Errorf("debezium: column %s: %w", name, err)
 		}
 	}
 	if strings.EqualFold(o["table.expand.json.payload"], "true") {
@@ -152,90 +202,127 @@ func New(cfg *Config) (*Router, error) {
 	return r, nil
 }
 
-var errCustomColumn = fmt.Errorf("only the outbox table's own columns can be named (id, aggregatetype, aggregateid, type, payload, tracingspancontext, headers.NAME)")
-
 // Ignored lists the keys of the config that change nothing here (the connector's
 // own settings: connection, slot, snapshot, ...), for the caller to report once.
 func (r *Router) Ignored() []string { return r.ignored }
 
-var columns = map[string]bool{"id": true, "aggregatetype": true, "aggregateid": true, "type": true, "payload": true, "tracingspancontext": true}
+// ownColumns are the outbox table's columns a router option may name; any other
+// name is a custom column of the table (read with the row: Columns).
+var ownColumns = map[string]bool{"id": true, "aggregatetype": true, "aggregateid": true, "type": true, "payload": true, "tracingspancontext": true}
 
-func checkColumn(c string) error {
-	if columns[c] || strings.HasPrefix(c, "headers.") && len(c) > len("headers.") {
-		return nil
-	}
-	return fmt.Errorf("unknown column %q: %w", c, errCustomColumn)
-}
-
-// columnSchema is the Connect schema Debezium's PostgreSQL connector gives a column
-// of the outbox table.
-func (r *Router) columnSchema(col string) *schema {
-	switch col {
-	case "id":
-		return uuidSchema
-	case "aggregatetype", "aggregateid", "type":
-		return stringSchema
-	case "payload":
-		if r.bytesPayload {
-			return bytesColumnSchema
+// checkColumn accepts a column of the outbox table, headers.NAME, or a custom column
+// (which it records).
+func (r *Router) checkColumn(c string) error {
+	switch {
+	case ownColumns[c]:
+	case strings.HasPrefix(c, "headers."):
+		if c == "headers." {
+			return fmt.Errorf("headers. needs a key name")
 		}
-		return jsonColumnSchema
+	case c == "":
+		return fmt.Errorf("a column name is required")
+	default:
+		if r.custom == nil {
+			r.custom = map[string]bool{}
+		}
+		r.custom[c] = true
 	}
-	return optionalStringSchema
+	return nil
 }
 
-// value returns a row's column, and whether the row has it (a headers.NAME whose key
-// is absent has not).
-func (r *Router) value(row *outboxdriver.Row, col string) (any, bool) {
+// Columns lists the custom columns the options name, for the relay to read with
+// each row (relay.ColumnRouter).
+func (r *Router) Columns() []string {
+	out := make([]string, 0, len(r.custom))
+	for c := range r.custom {
+		out = append(out, c)
+	}
+	sort.Strings(out)
+	return out
+}
+
+// column returns a row's column as Debezium's PostgreSQL connector would see it: its
+// Connect schema and value, and whether the row has it (a headers.NAME whose key is
+// absent, or a custom column the row lacks, has not).
+func (r *Router) column(row *outboxdriver.Row, col string) (*schema, any, bool, error) {
+	var v any
 	switch col {
 	case "id":
-		return row.ID, true
+		v = row.ID
 	case "aggregatetype":
-		return row.AggregateType, true
+		v = row.AggregateType
 	case "aggregateid":
-		return row.AggregateID, true
+		v = row.AggregateID
 	case "type":
-		return row.Type, true
+		v = row.Type
 	case "payload":
-		switch {
-		case row.PayloadNull:
-			return nil, true
-		case r.bytesPayload:
-			return row.Payload, true
+		if !row.PayloadNull {
+			v = string(row.Payload)
+			if r.columns["payload"].Type == "bytea" {
+				v = row.Payload
+			}
 		}
-		return string(row.Payload), true
 	case "tracingspancontext":
-		if row.TraceContext == "" {
-			return nil, true
+		if row.TraceContext != "" {
+			v = row.TraceContext
 		}
-		return row.TraceContext, true
 	}
-	v, ok := row.Headers[strings.TrimPrefix(col, "headers.")]
-	return v, ok
-}
-
-// text is a column's value as text, as a header or a topic holds it.
-func (r *Router) text(row *outboxdriver.Row, col string) string {
-	v, _ := r.value(row, col)
-	if v == nil {
-		return ""
+	if ownColumns[col] {
+		info := r.columns[col]
+		s, _ := schemaFor(info.Type, !info.NotNull) // checked by New
+		return s, v, true, nil
 	}
-	return javaString(v)
+	if name, ok := strings.CutPrefix(col, "headers."); ok {
+		v, ok := row.Headers[name]
+		return optionalStringSchema, v, ok, nil
+	}
+	cv, ok := row.Columns[col]
+	if !ok {
+		return nil, nil, false, nil
+	}
+	s, out, err := connectValue(cv, !r.columns[col].NotNull)
+	if err != nil {
+		return nil, nil, true, fmt.Errorf("column %s: %w", col, err)
+	}
+	return s, out, true, nil
 }
 
 // Route returns the record Debezium's router and the configured converters would
 // emit for row. escape (may be nil) is applied to the routed-by value, for brokers
 // with a topic syntax of their own. A missing additional column is an error unless
-// table.field.additional.missing=ignore.
+// table.field.additional.missing=ignore; a missing id, key, payload, routing or
+// timestamp column is an error, as in Debezium.
 func (r *Router) Route(row *outboxdriver.Row, escape func(string) string) (broker.Message, error) {
-	routed := r.text(row, r.routeBy)
+	var msg broker.Message
+	need := func(col string) (*schema, any, error) {
+		s, v, ok, err := r.column(row, col)
+		if err == nil && !ok {
+			err = fmt.Errorf("row %s has no column %s", row.ID, col)
+		}
+		return s, v, err
+	}
+	_, rv, err := need(r.routeBy)
+	if err != nil {
+		return msg, fmt.Errorf("debezium route.by.field: %w", err)
+	}
+	routed := ""
+	if rv != nil {
+		routed = javaString(rv)
+	}
 	if escape != nil {
 		routed = escape(routed)
 	}
-	msg := broker.Message{ID: r.text(row, r.idField), Topic: r.topics.topic(routed), Verbatim: true, KeyNull: true}
+	_, id, err := need(r.idField)
+	if err != nil {
+		return msg, fmt.Errorf("debezium table.field.event.id: %w", err)
+	}
+	msg = broker.Message{ID: javaString(id), Topic: r.topics.topic(routed), Verbatim: true, KeyNull: true}
 	if r.keyField != "" {
-		kv, _ := r.value(row, r.keyField)
-		k, ok := r.keyConv.convert(r.columnSchema(r.keyField), kv)
+		ks, kv, err := need(r.keyField)
+		if err != nil {
+			return msg, fmt.Errorf("debezium table.field.event.key: %w", err)
+		}
+		k, ok := r.keyConv.convert(ks, kv)
 		msg.Key, msg.KeyNull = string(k), !ok
 	}
 	msg.Headers = make(map[string]string, 1+len(r.headers))
@@ -247,22 +334,51 @@ func (r *Router) Route(row *outboxdriver.Row, escape func(string) string) (broke
 		msg.Headers[k] = v
 	}
 	addHeader("id", msg.ID)
+	// placed returns a placement's column; ok is false for a missing one that
+	// table.field.additional.missing=ignore skips.
+	placed := func(p placement) (*schema, any, bool, error) {
+		s, v, ok, err := r.column(row, p.column)
+		if err == nil && !ok && !r.ignoreMissing {
+			err = fmt.Errorf("debezium placement: row %s has no column %s", row.ID, p.column)
+		}
+		return s, v, ok, err
+	}
 	for _, p := range r.headers {
-		v, ok := r.value(row, p.column)
+		_, v, ok, err := placed(p)
+		if err != nil {
+			return msg, err
+		}
 		if !ok {
-			if r.ignoreMissing {
-				continue
-			}
-			return msg, fmt.Errorf("debezium placement: row %s has no %s", row.ID, p.column)
+			continue
 		}
 		if v == nil {
-			v = ""
+			v = "" // a null header value: carried as empty
 		}
 		addHeader(p.alias, javaString(v))
 	}
+	for _, p := range r.partition {
+		_, v, ok, err := placed(p)
+		if err != nil {
+			return msg, err
+		}
+		if n, isInt := v.(int64); ok && isInt {
+			msg.Partition, msg.HasPartition = int32(n), true
+		} else if ok {
+			return msg, fmt.Errorf("debezium placement %s:partition: row %s: want an integer, got %v", p.column, row.ID, v)
+		}
+	}
+	if r.timestampField != "" {
+		ts, err := r.timestamp(row)
+		if err != nil {
+			return msg, err
+		}
+		msg.Timestamp = ts
+	}
 
-	payload, _ := r.value(row, r.payloadField)
-	payloadSchema := r.columnSchema(r.payloadField)
+	payloadSchema, payload, err := need(r.payloadField)
+	if err != nil {
+		return msg, fmt.Errorf("debezium table.field.event.payload: %w", err)
+	}
 	if s, ok := payload.(string); ok && r.expand != nil {
 		// A payload that does not expand stays the string, as Debezium logs and keeps it.
 		if es, ev, err := r.expand.expand(s); err == nil {
@@ -282,7 +398,7 @@ func (r *Router) Route(row *outboxdriver.Row, escape func(string) string) (broke
 	case empty && r.tombstone:
 		valueSchema, value = nil, nil
 	case len(r.envelope) > 0:
-		env, err := r.envelopeValue(row, routed, payloadSchema, payload)
+		env, err := r.envelopeValue(row, routed, payloadSchema, payload, placed)
 		if err != nil {
 			return msg, err
 		}
@@ -291,27 +407,58 @@ func (r *Router) Route(row *outboxdriver.Row, escape func(string) string) (broke
 	b, ok := r.valueConv.convert(valueSchema, value)
 	msg.Payload, msg.PayloadNull = b, !ok
 
-	if tc := r.text(row, r.traceField); tc != "" {
-		for k, v := range broker.TraceHeaders(tc) {
+	if _, tc, _, _ := r.column(row, r.traceField); tc != nil {
+		for k, v := range broker.TraceHeaders(javaString(tc)) {
 			addHeader(k, v)
 		}
 	}
 	return msg, nil
 }
 
-// envelopeValue is the struct {payload, <alias>...} of envelope placements.
-func (r *Router) envelopeValue(row *outboxdriver.Row, routed string, payloadSchema *schema, payload any) (*structValue, error) {
-	s := &schema{typ: "struct", name: r.envelopeName(routed), fields: []field{{"payload", payloadSchema}}}
+// timestamp is the record timestamp from table.field.event.timestamp: a timestamp
+// column (Debezium's MicroTimestamp), an epoch-millisecond integer, or zero (the
+// broker's time) for NULL. A timestamptz column, which Debezium refuses
+// (ZonedTimestamp), is taken as the instant it holds.
+func (r *Router) timestamp(row *outboxdriver.Row) (time.Time, error) {
+	v, ok := row.Columns[r.timestampField]
+	if !ok {
+		return time.Time{}, fmt.Errorf("debezium table.field.event.timestamp: row %s has no column %s", row.ID, r.timestampField)
+	}
+	switch t := v.V.(type) {
+	case nil:
+		return time.Time{}, nil
+	case time.Time:
+		return t, nil
+	case int64:
+		return time.UnixMilli(t), nil
+	}
+	return time.Time{}, fmt.Errorf("debezium table.field.event.timestamp: column %s of type %s is no timestamp", r.timestampField, v.Type)
+}
+
+// envelopeValue is the struct {payload, <alias>...} of envelope placements, its
+// schema versioned by table.field.event.schema.version.
+func (r *Router) envelopeValue(row *outboxdriver.Row, routed string, payloadSchema *schema, payload any,
+	placed func(placement) (*schema, any, bool, error)) (*structValue, error) {
+	version := 0
+	if r.versionField != "" {
+		vv := row.Columns[r.versionField]
+		n, ok := vv.V.(int64)
+		if !ok {
+			return nil, fmt.Errorf("debezium table.field.event.schema.version: row %s: column %s is no integer", row.ID, r.versionField)
+		}
+		version = int(n)
+	}
+	s := &schema{typ: "struct", name: r.envelopeName(routed, version), version: version, fields: []field{{"payload", payloadSchema}}}
 	v := &structValue{schema: s, values: []any{payload}}
 	for _, p := range r.envelope {
-		pv, ok := r.value(row, p.column)
-		if !ok {
-			if r.ignoreMissing {
-				continue
-			}
-			return nil, fmt.Errorf("debezium placement: row %s has no %s", row.ID, p.column)
+		ps, pv, ok, err := placed(p)
+		if err != nil {
+			return nil, err
 		}
-		s.fields = append(s.fields, field{p.alias, r.columnSchema(p.column)})
+		if !ok {
+			continue
+		}
+		s.fields = append(s.fields, field{p.alias, ps})
 		v.values = append(v.values, pv)
 	}
 	return v, nil
@@ -319,13 +466,19 @@ func (r *Router) envelopeValue(row *outboxdriver.Row, routed string, payloadSche
 
 // envelopeName is the value schema's name: the table's record name with the routed
 // value before its last part ("<prefix>.<schema>.<table>.<routed>.Value"). Debezium
-// caches the schema it builds for the first record, so every later record carries
-// that first record's name; so does this router, from its start.
-func (r *Router) envelopeName(routed string) string {
+// caches the schema it builds for the first record of each schema version, so
+// every later record of that version carries the first one's name; so does this
+// router, from its start.
+func (r *Router) envelopeName(routed string, version int) string {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	if r.envelopeNamed == "" {
-		r.envelopeNamed = r.schemaPrefix + routed + ".Value"
+	if r.envelopeNamed == nil {
+		r.envelopeNamed = map[int]string{}
 	}
-	return r.envelopeNamed
+	name, ok := r.envelopeNamed[version]
+	if !ok {
+		name = r.schemaPrefix + routed + ".Value"
+		r.envelopeNamed[version] = name
+	}
+	return name
 }

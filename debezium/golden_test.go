@@ -32,7 +32,7 @@ func TestGolden(t *testing.T) {
 		t.Run(mode, func(t *testing.T) {
 			url := testenv.DatabaseURL(t)
 			pool := testenv.Pool(t, url)
-			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 			defer cancel()
 			table := outboxdriver.Table{Schema: testenv.Schema(t, url)}
 			drv := outboxpgx.New(pool, &table)
@@ -96,14 +96,18 @@ func TestGolden(t *testing.T) {
 	}
 }
 
-// relayOne relays with a router built from opts into a fresh Kafka and returns the
-// first record of topic.
+// relayOne relays with a router built from opts into a fresh Kafka (3 partitions per
+// topic) and returns the first record of topic.
 func relayOne(ctx context.Context, t *testing.T, src outboxdriver.Source, opts map[string]string, table outboxdriver.Table, topic string) record {
-	router, err := debezium.New(&debezium.Config{Options: opts, Table: table})
+	return asRecord(relayRecord(ctx, t, src, &debezium.Config{Options: opts, Table: table}, topic))
+}
+
+func relayRecord(ctx context.Context, t *testing.T, src outboxdriver.Source, cfg *debezium.Config, topic string) *kgo.Record {
+	router, err := debezium.New(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
-	cluster, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.AllowAutoTopicCreation())
+	cluster, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.AllowAutoTopicCreation(), kfake.DefaultNumPartitions(3))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -123,26 +127,130 @@ func relayOne(ctx context.Context, t *testing.T, src outboxdriver.Source, opts m
 	}
 	defer cl.Close()
 	for ctx.Err() == nil {
-		var got []record
-		cl.PollFetches(ctx).EachRecord(func(kr *kgo.Record) {
-			rec := record{topic: kr.Topic}
-			if kr.Key != nil {
-				rec.key = p(string(kr.Key))
-			}
-			if kr.Value != nil {
-				rec.value = p(string(kr.Value))
-			}
-			var hs []string
-			for _, h := range kr.Headers {
-				hs = append(hs, h.Key+"="+string(h.Value))
-			}
-			rec.headers = strings.Join(hs, ";")
-			got = append(got, rec)
-		})
-		if len(got) > 0 {
-			return got[0]
+		if recs := cl.PollFetches(ctx).Records(); len(recs) > 0 {
+			return recs[0]
 		}
 	}
 	t.Fatalf("no record on %s", topic)
-	return record{}
+	return nil
+}
+
+func asRecord(kr *kgo.Record) record {
+	rec := record{topic: kr.Topic}
+	if kr.Key != nil {
+		rec.key = p(string(kr.Key))
+	}
+	if kr.Value != nil {
+		rec.value = p(string(kr.Value))
+	}
+	var hs []string
+	for _, h := range kr.Headers {
+		hs = append(hs, h.Key+"="+string(h.Value))
+	}
+	rec.headers = strings.Join(hs, ";")
+	return rec
+}
+
+// TestGoldenCustomColumns relays, in poll and CDC mode, from the table Debezium's
+// Quarkus extension creates (varchar columns, a "timestamp" column, a varchar
+// payload), adopted by outbox migrate, with the custom columns Debezium's router
+// tests use: the cases that name columns beyond the outbox's own.
+func TestGoldenCustomColumns(t *testing.T) {
+	for _, mode := range []string{"poll", "cdc"} {
+		t.Run(mode, func(t *testing.T) {
+			url := testenv.DatabaseURL(t)
+			pool := testenv.Pool(t, url)
+			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+			defer cancel()
+			table := outboxdriver.Table{Schema: testenv.Schema(t, url), Name: "outboxevent"}
+			qtable := pgx.Identifier{table.Schema, table.Name}.Sanitize()
+			if _, err := pool.Exec(ctx, `CREATE TABLE `+qtable+` (
+  id uuid PRIMARY KEY, aggregatetype varchar(255) NOT NULL, aggregateid varchar(255) NOT NULL, type varchar(255) NOT NULL,
+  "timestamp" timestamp NOT NULL, payload varchar(8000), tracingspancontext varchar(256),
+  tenant text, p integer, version integer NOT NULL DEFAULT 1, is_deleted boolean, payload_id integer)`); err != nil {
+				t.Fatal(err)
+			}
+			drv := outboxpgx.New(pool, &table)
+			m, _ := drv.Migrator()
+			if _, err := m.Migrate(ctx); err != nil {
+				t.Fatalf("adopting the Quarkus table: %v", err)
+			}
+			var cols []debezium.Column
+			rows, _ := pool.Query(ctx, `SELECT attname, format_type(atttypid, NULL), attnotnull FROM pg_attribute
+WHERE attrelid = $1::regclass AND attnum > 0 AND NOT attisdropped`, qtable)
+			for rows.Next() {
+				var c debezium.Column
+				if err := rows.Scan(&c.Name, &c.Type, &c.NotNull); err != nil {
+					t.Fatal(err)
+				}
+				cols = append(cols, c)
+			}
+			if rows.Err() != nil || len(cols) == 0 {
+				t.Fatalf("columns: %v", rows.Err())
+			}
+			source := func(t *testing.T) outboxdriver.Source {
+				s, _ := drv.Store()
+				return s
+			}
+			if mode == "cdc" {
+				testenv.LogicalReplication(t, pool)
+				slot := pgcdc.DefaultSlot(table)
+				t.Cleanup(func() {
+					if err := testenv.DropSlot(context.Background(), pool, slot); err != nil {
+						t.Error(err)
+					}
+				})
+				source = func(t *testing.T) outboxdriver.Source {
+					s, err := pgcdc.ForDriver(drv, &pgcdc.Config{Logger: testenv.QuietLogger(), StatusInterval: 100 * time.Millisecond})
+					if err != nil {
+						t.Fatal(err)
+					}
+					return s
+				}
+			}
+			eventTime := time.Date(2019, 1, 31, 12, 13, 1, 123_000_000, time.UTC)
+			for _, tc := range []struct {
+				test      string
+				opts      map[string]string
+				want      record
+				partition int32
+			}{
+				{test: "canSetTimestampByUserDefinedConfiguration", opts: map[string]string{"table.field.event.timestamp": "timestamp"},
+					want: record{topic: defaultTopic, key: p(dbzAggID), headers: idHeader, value: p("{}")}, partition: -1},
+				{test: "canSetPartitionWithAdditionalFields", opts: map[string]string{"table.fields.additional.placement": "p:partition"},
+					want: record{topic: defaultTopic, key: p(dbzAggID), headers: idHeader, value: p("{}")}, partition: 2},
+				{test: "canMarkAnEventAsDeleted (a boolean column in the envelope)",
+					opts: with("json", map[string]string{"table.fields.additional.placement": "is_deleted:envelope:deleted"}),
+					want: record{topic: defaultTopic, key: p(`"` + dbzAggID + `"`), headers: idHeader, value: p(`{"payload":"{}","deleted":true}`)}, partition: -1},
+				{test: "canInfluenceTableColumnTypes (an integer key, a boolean in the envelope)",
+					opts: with("json", map[string]string{"table.field.event.key": "payload_id", "table.fields.additional.placement": "is_deleted:envelope:bool"}),
+					want: record{topic: defaultTopic, key: p("1232"), headers: idHeader, value: p(`{"payload":"{}","bool":true}`)}, partition: -1},
+				{test: "canSetSchemaVersionWhenMoreThanPayloadIsInEnvelope (JsonConverter, schemas on)",
+					opts: with("json-schemas", map[string]string{"table.field.event.schema.version": "version", "table.fields.additional.placement": "type:envelope:eventType"}),
+					want: record{topic: defaultTopic, key: p(`{"schema":{"type":"string","optional":false},"payload":"` + dbzAggID + `"}`), headers: idHeader,
+						value: p(`{"schema":{"type":"struct","fields":[{"type":"string","optional":true,"field":"payload"},{"type":"string","optional":false,"field":"eventType"}],` +
+							`"optional":false,"name":"dbserver1.` + table.Schema + `.outboxevent.User.Value","version":1},"payload":{"payload":"{}","eventType":"UserCreated"}}`)}, partition: -1},
+				{test: "documentation: a custom column as a header", opts: map[string]string{"table.fields.additional.placement": "tenant:header:tenantId"},
+					want: record{topic: defaultTopic, key: p(dbzAggID), headers: idHeader + ";tenantId=acme", value: p("{}")}, partition: -1},
+			} {
+				t.Run(tc.test, func(t *testing.T) {
+					if _, err := pool.Exec(ctx, "INSERT INTO "+qtable+` (id, aggregatetype, aggregateid, type, "timestamp", payload, tenant, p, version, is_deleted, payload_id)
+VALUES ($1, $2, $3, $4, $5, '{}', 'acme', 2, 1, true, 1232)`, dbzID, dbzAggType, dbzAggID, dbzType, eventTime); err != nil {
+						t.Fatal(err)
+					}
+					defer func() { _, _ = pool.Exec(context.Background(), "DELETE FROM "+qtable) }()
+					kr := relayRecord(ctx, t, source(t), &debezium.Config{Options: tc.opts, Table: table, TableColumns: cols}, tc.want.topic)
+					if got := asRecord(kr); !got.equal(tc.want) {
+						t.Fatalf("record:\n got %v\nwant %v", got, tc.want)
+					}
+					if tc.partition >= 0 && kr.Partition != tc.partition {
+						t.Fatalf("partition %d, want %d", kr.Partition, tc.partition)
+					}
+					if tc.opts["table.field.event.timestamp"] != "" && !kr.Timestamp.Equal(eventTime) {
+						t.Fatalf("record timestamp %v, want %v", kr.Timestamp, eventTime)
+					}
+				})
+			}
+		})
+	}
 }

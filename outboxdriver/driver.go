@@ -96,6 +96,20 @@ type Row struct {
 	CreatedAt     time.Time
 	Attempts      int
 	Partition     int // the aggregate's partition (PostgreSQL; 0 elsewhere)
+	// Columns holds the columns beyond the outbox's own that the claim was asked for
+	// (ClaimParams.Columns), by name. nil when none were.
+	Columns map[string]Value
+}
+
+// Value is a column's value as the relay reads it: its PostgreSQL type, as
+// pg_typeof names it ("integer", "timestamp without time zone", ...), and the
+// value as Go holds it: nil (NULL), int64 (smallint, integer, bigint), float64
+// (real, double precision), bool, string (text types, uuid, json, jsonb), []byte
+// (bytea) or time.Time (timestamp, timestamptz, date; a timestamp's wall clock in
+// UTC). A type outside these arrives as its text in a string.
+type Value struct {
+	Type string
+	V    any
 }
 
 // Store is a table's store, both roles: what every driver gives.
@@ -205,6 +219,10 @@ type ClaimParams struct {
 	// Group, when set, claims only the partitions of its leases, and the claim's
 	// write-back applies only while the relay still holds those leases (GroupStore).
 	Group *ClaimGroup
+	// Columns names columns of the table beyond the outbox's own (a Debezium table's
+	// custom columns) to read into Row.Columns. PostgreSQL only: other drivers
+	// return ErrNotSupported when it is set.
+	Columns []string
 }
 
 // Enough reports whether a claim holding bytes of payload has reached MaxBytes.

@@ -77,8 +77,9 @@ type relation struct {
 }
 
 type column struct {
-	field int // one of the field* constants, or fieldNone
-	oid   uint32
+	field  int    // one of the field* constants, or fieldNone
+	custom string // the column's name when it is a custom one (see outboxColumns)
+	oid    uint32
 }
 
 const (
@@ -166,6 +167,9 @@ func (d *Decoder) relation(r *reader) error {
 		oid := r.u32()
 		_ = r.u32() // type modifier
 		rel.cols[i] = column{field: fieldByName[cname], oid: oid}
+		if rel.cols[i].field == fieldNone && !outboxColumns[cname] {
+			rel.cols[i].custom = cname
+		}
 	}
 	if r.err != nil {
 		return r.fail("relation")
@@ -214,6 +218,13 @@ func (d *Decoder) insert(r *reader) (Change, error) {
 		}
 		if r.err != nil {
 			return Change{}, r.fail("insert")
+		}
+		if c.custom != "" {
+			if row.Columns == nil {
+				row.Columns = map[string]outboxdriver.Value{}
+			}
+			row.Columns[c.custom] = customValue(c.oid, kind == 'b', v, null)
+			continue
 		}
 		if c.field == fieldNone || (null && c.field != fieldPayload) {
 			continue

@@ -41,6 +41,13 @@ type Router interface {
 	Route(row *outboxdriver.Row, escape func(string) string) (broker.Message, error)
 }
 
+// ColumnRouter is a Router that reads columns of the table beyond the outbox's own
+// (Row.Columns): the relay claims them too (outboxdriver.ClaimParams.Columns).
+type ColumnRouter interface {
+	Router
+	Columns() []string
+}
+
 // Outcome is what happened to one row of a batch.
 type Outcome struct {
 	Row   *outboxdriver.Row

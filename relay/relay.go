@@ -241,6 +241,9 @@ func (r *Relay) startClaim(ctx context.Context, t term) chan claimResult {
 	p := t.claimParams(r.cfg.BatchSize) // taken now: the term may change before the claim runs
 	p.MaxBytes = max(r.cfg.MaxBatchBytes, 0)
 	p.FlowPastDeadLetters = r.cfg.FlowPastDeadLetters
+	if cr, ok := r.cfg.Router.(ColumnRouter); ok {
+		p.Columns = cr.Columns()
+	}
 	go func() {
 		cctx, cancel := r.dbCtx(ctx)
 		defer cancel()

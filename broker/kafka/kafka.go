@@ -36,7 +36,15 @@ type Config struct {
 	// are sent, so a key's later records can be held back. Set it to the topic's
 	// max.message.bytes. Default MaxMessageBytesDefault.
 	MaxMessageBytes int
+	// DeliveryTimeout bounds each Publish: records not acknowledged by then fail as
+	// unavailable. (The client's own RecordDeliveryTimeout is not used: it counts
+	// from the record's timestamp, which a router may set in the past.) Default
+	// DeliveryTimeoutDefault.
+	DeliveryTimeout time.Duration
 }
+
+// DeliveryTimeoutDefault is Config.DeliveryTimeout's default.
+const DeliveryTimeoutDefault = 30 * time.Second
 
 // Publisher produces to Kafka. Build it with New or Dial.
 type Publisher struct {
@@ -58,6 +66,9 @@ func New(c *kgo.Client, cfg *Config) (*Publisher, error) {
 	if p.cfg.MaxMessageBytes <= 0 {
 		p.cfg.MaxMessageBytes = MaxMessageBytesDefault
 	}
+	if p.cfg.DeliveryTimeout <= 0 {
+		p.cfg.DeliveryTimeout = DeliveryTimeoutDefault
+	}
 	return p, nil
 }
 
@@ -66,9 +77,8 @@ func New(c *kgo.Client, cfg *Config) (*Publisher, error) {
 func ClientOptions() []kgo.Opt {
 	return []kgo.Opt{
 		kgo.RequiredAcks(kgo.AllISRAcks()),
-		kgo.RecordPartitioner(kgo.StickyKeyPartitioner(nil)), // nil: murmur2, as the Java client
+		kgo.RecordPartitioner(placedFirst{kgo.StickyKeyPartitioner(nil)}), // nil: murmur2, as the Java client
 		kgo.ProducerBatchMaxBytes(MaxMessageBytesDefault + 1024),
-		kgo.RecordDeliveryTimeout(30 * time.Second),
 	}
 }
 
@@ -146,6 +156,10 @@ func Record(m *broker.Message) *kgo.Record {
 	if m.KeyNull {
 		r.Key = nil
 	}
+	if m.HasPartition {
+		r.Partition = m.Partition
+		r.Context = context.WithValue(context.Background(), placedKey{}, true)
+	}
 	return r
 }
 
@@ -197,10 +211,13 @@ func (p *Publisher) Publish(ctx context.Context, msgs []broker.Message) []broker
 	if len(records) == 0 {
 		return res
 	}
+	parent := ctx
+	ctx, cancel := context.WithTimeout(ctx, p.cfg.DeliveryTimeout)
+	defer cancel()
 	for _, i := range records {
 		p.c.Produce(ctx, Record(&msgs[i]), func(_ *kgo.Record, err error) {
 			if err != nil {
-				err = classify(ctx, err)
+				err = classify(parent, err)
 			}
 			finish(i, err)
 		})
@@ -208,9 +225,13 @@ func (p *Publisher) Publish(ctx context.Context, msgs []broker.Message) []broker
 	select {
 	case <-done:
 	case <-ctx.Done():
+		err := parent.Err()
+		if err == nil {
+			err = broker.Unavailable(fmt.Errorf("kafka: %w after %s", kgo.ErrRecordTimeout, p.cfg.DeliveryTimeout))
+		}
 		mu.Lock()
 		for i := range pending {
-			res[i].Err = ctx.Err()
+			res[i].Err = err
 		}
 		clear(pending)
 		mu.Unlock()
@@ -264,3 +285,40 @@ func (p *Publisher) Close() error {
 	}
 	return nil
 }
+
+// placedFirst sends a record whose message names its partition (Debezium's partition
+// placement) there, and partitions the others as its inner partitioner does. A
+// partition the topic does not have fails that record.
+type placedFirst struct{ inner kgo.Partitioner }
+
+type placedKey struct{}
+
+func placed(r *kgo.Record) bool { return r.Context != nil && r.Context.Value(placedKey{}) != nil }
+
+func (p placedFirst) ForTopic(topic string) kgo.TopicPartitioner {
+	inner := p.inner.ForTopic(topic)
+	if nb, ok := inner.(kgo.TopicPartitionerOnNewBatch); ok {
+		return placedTopicOnNewBatch{placedTopic{inner}, nb}
+	}
+	return placedTopic{inner}
+}
+
+type placedTopic struct{ inner kgo.TopicPartitioner }
+
+func (p placedTopic) RequiresConsistency(r *kgo.Record) bool {
+	return placed(r) || p.inner.RequiresConsistency(r)
+}
+
+func (p placedTopic) Partition(r *kgo.Record, n int) int {
+	if placed(r) {
+		return int(r.Partition) // out of range: kgo fails the record
+	}
+	return p.inner.Partition(r, n)
+}
+
+type placedTopicOnNewBatch struct {
+	placedTopic
+	nb kgo.TopicPartitionerOnNewBatch
+}
+
+func (p placedTopicOnNewBatch) OnNewBatch() { p.nb.OnNewBatch() }

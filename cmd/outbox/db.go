@@ -6,8 +6,10 @@ import (
 	"strings"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/outboxd/outbox/debezium"
 	"github.com/outboxd/outbox/internal/redact"
 	"github.com/outboxd/outbox/outboxdriver"
 	"github.com/outboxd/outbox/outboxdriver/outboxpgx"
@@ -22,6 +24,9 @@ type database struct {
 	leaseTTL time.Duration // 0 when leadership is not a lease (PostgreSQL's ends with the session)
 	// cdc opens the CDC source of the table (PostgreSQL only; nil elsewhere).
 	cdc func(*pgcdc.Config) (*pgcdc.Source, error)
+	// columns describes the table's columns, for the Debezium router (PostgreSQL
+	// only; nil elsewhere).
+	columns func(ctx context.Context) ([]debezium.Column, error)
 }
 
 // dbOptions are driver settings from flags.
@@ -95,7 +100,27 @@ func openPostgres(ctx context.Context, dsn string, table outboxdriver.Table) (*d
 		pool.Close()
 		return nil, err
 	}
-	return &database{store: store, migrator: m, close: pool.Close, cdc: func(cfg *pgcdc.Config) (*pgcdc.Source, error) { return pgcdc.ForDriver(drv, cfg) }}, nil
+	return &database{store: store, migrator: m, close: pool.Close,
+		cdc:     func(cfg *pgcdc.Config) (*pgcdc.Source, error) { return pgcdc.ForDriver(drv, cfg) },
+		columns: func(ctx context.Context) ([]debezium.Column, error) { return pgColumns(ctx, pool, drv.Table()) },
+	}, nil
+}
+
+// pgColumns describes a table's columns as the Debezium router needs them.
+func pgColumns(ctx context.Context, pool *pgxpool.Pool, t outboxdriver.Table) ([]debezium.Column, error) {
+	rows, err := pool.Query(ctx, `SELECT attname, format_type(atttypid, NULL), attnotnull FROM pg_attribute
+WHERE attrelid = $1::regclass AND attnum > 0 AND NOT attisdropped ORDER BY attnum`, pgx.Identifier{t.Schema, t.Name}.Sanitize())
+	if err != nil {
+		return nil, fmt.Errorf("columns of %s: %w", t, err)
+	}
+	cols, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (debezium.Column, error) {
+		var c debezium.Column
+		return c, r.Scan(&c.Name, &c.Type, &c.NotNull)
+	})
+	if err != nil {
+		return nil, fmt.Errorf("columns of %s: %w", t, err)
+	}
+	return cols, nil
 }
 
 // openTable opens --db for the --table of a command that reads or manages an existing

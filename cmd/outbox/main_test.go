@@ -597,8 +597,8 @@ transforms.outbox.table.fields.additional.placement=type:header:eventType
 	}
 	bad := filepath.Join(t.TempDir(), "bad.properties")
 	_ = os.WriteFile(bad, []byte("route.by.field=tenant\n"), 0o600)
-	_, stderr, code = runCLI(t, nil, "relay", "--config", bad, "--broker", "stdout:")
-	if code != 2 || !strings.Contains(stderr, "unknown column") {
+	_, stderr, code = runCLI(t, nil, "relay", "--config", bad, "--broker", "stdout:", "--db", url, "--table", table.Schema+".outbox")
+	if code != 2 || !strings.Contains(stderr, `column "tenant", which table`) {
 		t.Fatalf("bad router option: %d %s", code, stderr)
 	}
 }

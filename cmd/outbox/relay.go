@@ -149,6 +149,25 @@ func runRelay(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	if _, err := db.store.Status(ctx); err != nil {
 		return fmt.Errorf("%s: %w", table, err)
 	}
+	if cfg.Router != nil {
+		// Bound to the table: its column types make the converters' schemas exact,
+		// and a custom column the options name must exist.
+		if db.columns == nil {
+			if cols := cfg.Router.(*debezium.Router).Columns(); len(cols) > 0 {
+				return usageErr("--config %s: columns %s: custom columns are read on PostgreSQL only", *configPath, strings.Join(cols, ", "))
+			}
+		} else {
+			cols, err := db.columns(ctx)
+			if err != nil {
+				return err
+			}
+			router, err := debezium.New(&debezium.Config{Options: routerOpts, Table: table, TableColumns: cols})
+			if err != nil {
+				return usageErr("--config %s: %v", *configPath, err)
+			}
+			cfg.Router = router
+		}
+	}
 	var store outboxdriver.Source = db.store // the relay's side; db.store serves status either way
 	if *mode == "cdc" {
 		cdcCfg.Logger, cdcCfg.Failpoint = logger, cfg.Failpoint

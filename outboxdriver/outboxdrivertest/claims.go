@@ -1,6 +1,7 @@
 package outboxdrivertest
 
 import (
+	"errors"
 	"fmt"
 	"strings"
 	"testing"
@@ -193,4 +194,33 @@ func complete(t *testing.T, c outboxdriver.Claim, p *outboxdriver.CompleteParams
 	if err := c.Complete(ctxT(t), p); err != nil {
 		t.Fatal(err)
 	}
+}
+
+// testClaimColumns: a claim asked for custom columns (a Debezium table's) reads them
+// with each row, typed; a driver without them refuses the claim with ErrNotSupported.
+func testClaimColumns[TTx any](t *testing.T, h *Harness[TTx]) {
+	ctx := ctxT(t)
+	s := store(t, h)
+	if h.AddColumn == nil {
+		if _, err := s.Claim(ctx, &outboxdriver.ClaimParams{Limit: 10, Columns: []string{"tenant"}}); !errors.Is(err, outboxdriver.ErrNotSupported) {
+			t.Fatalf("claim with columns: err = %v, want ErrNotSupported", err)
+		}
+		t.Skip("the driver reads no custom columns (PostgreSQL only)")
+	}
+	if err := h.AddColumn(ctx, "tenant", "text DEFAULT 'acme'"); err != nil {
+		t.Fatal(err)
+	}
+	if err := h.AddColumn(ctx, "version", "integer"); err != nil {
+		t.Fatal(err)
+	}
+	writeCommitted(t, h, event("a", 1))
+	c, err := s.Claim(ctx, &outboxdriver.ClaimParams{Limit: 10, Columns: []string{"tenant", "version"}})
+	if err != nil || len(c.Rows()) != 1 {
+		t.Fatalf("claim: %v", err)
+	}
+	got := c.Rows()[0].Columns
+	if got["tenant"] != (outboxdriver.Value{Type: "text", V: "acme"}) || got["version"] != (outboxdriver.Value{Type: "integer"}) {
+		t.Fatalf("columns: %#v", got)
+	}
+	complete(t, c, &outboxdriver.CompleteParams{Published: ids(c.Rows())})
 }

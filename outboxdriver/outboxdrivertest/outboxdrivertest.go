@@ -26,6 +26,9 @@ type Harness[TTx any] struct {
 	// Reopen, if set, builds another driver on the same database for table (the
 	// harness's own table with other options, such as a write mode).
 	Reopen func(table outboxdriver.Table) outboxdriver.Driver[TTx]
+	// AddColumn, if set, adds a column to the table (name, then its SQL type and
+	// default): the driver reads custom columns (ClaimParams.Columns).
+	AddColumn func(ctx context.Context, name, typeAndDefault string) error
 	// MultipleClaims says the store lets two claims be held at once.
 	MultipleClaims bool
 	// ConcurrentWriters says two write transactions can be open at once (not SQLite).
@@ -50,6 +53,7 @@ func Run[TTx any](t *testing.T, newHarness NewFunc[TTx]) {
 		{"ClaimInWriteOrder", testClaimOrder[TTx]},
 		{"ClaimBoundedByBytes", testClaimMaxBytes[TTx]},
 		{"ClaimBoundedBySeq", testClaimMaxSeq[TTx]},
+		{"ClaimReadsCustomColumns", testClaimColumns[TTx]},
 		{"GroupFencing", testGroupFencing[TTx]},
 		{"LargeWrite", testLargeWrite[TTx]},
 		{"ClaimSkipsLocked", testSkipLocked[TTx]},

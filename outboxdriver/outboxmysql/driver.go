@@ -220,6 +220,9 @@ func (d *Driver) Claim(ctx context.Context, p *outboxdriver.ClaimParams) (outbox
 	if p.MaxSeq > 0 {
 		return nil, fmt.Errorf("claim up to a seq: %w", outboxdriver.ErrNotSupported)
 	}
+	if len(p.Columns) > 0 {
+		return nil, fmt.Errorf("claim with extra columns %v: %w", p.Columns, outboxdriver.ErrNotSupported)
+	}
 	// The claim's transaction outlives this call (database/sql would roll it back
 	// when ctx ends): its life is Complete or Release.
 	tx, err := d.db.BeginTx(context.WithoutCancel(ctx), &sql.TxOptions{Isolation: sql.LevelReadCommitted})

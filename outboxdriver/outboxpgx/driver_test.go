@@ -34,6 +34,10 @@ func conformance(t *testing.T, partitioned bool) {
 			Begin:    func(ctx context.Context) (pgx.Tx, error) { return pool.Begin(ctx) },
 			Commit:   func(ctx context.Context, tx pgx.Tx) error { return tx.Commit(ctx) },
 			Rollback: func(ctx context.Context, tx pgx.Tx) error { return tx.Rollback(ctx) },
+			AddColumn: func(ctx context.Context, name, typ string) error {
+				_, err := pool.Exec(ctx, "ALTER TABLE "+pgx.Identifier{table.Schema, table.Name}.Sanitize()+" ADD COLUMN "+name+" "+typ)
+				return err
+			},
 			InsertPlain: func(ctx context.Context, id, at, aid, typ, payload string) error {
 				_, err := pool.Exec(ctx, "INSERT INTO "+pgx.Identifier{table.Schema, table.Name}.Sanitize()+
 					" (id, aggregatetype, aggregateid, type, payload) VALUES ($1, $2, $3, $4, $5)", id, at, aid, typ, payload)

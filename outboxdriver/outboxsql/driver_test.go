@@ -31,6 +31,10 @@ func TestConformance(t *testing.T) {
 			Begin:    func(ctx context.Context) (*sql.Tx, error) { return db.BeginTx(ctx, nil) },
 			Commit:   func(_ context.Context, tx *sql.Tx) error { return tx.Commit() },
 			Rollback: func(_ context.Context, tx *sql.Tx) error { return tx.Rollback() },
+			AddColumn: func(ctx context.Context, name, typ string) error {
+				_, err := db.ExecContext(ctx, "ALTER TABLE "+pgx.Identifier{table.Schema, table.Name}.Sanitize()+" ADD COLUMN "+name+" "+typ)
+				return err
+			},
 			InsertPlain: func(ctx context.Context, id, at, aid, typ, payload string) error {
 				_, err := db.ExecContext(ctx, "INSERT INTO "+pgx.Identifier{table.Schema, table.Name}.Sanitize()+
 					" (id, aggregatetype, aggregateid, type, payload) VALUES ($1, $2, $3, $4, $5)", id, at, aid, typ, payload)

@@ -252,6 +252,9 @@ func (d *Driver) Claim(ctx context.Context, p *outboxdriver.ClaimParams) (outbox
 	if p.MaxSeq > 0 {
 		return nil, fmt.Errorf("claim up to a seq: %w", outboxdriver.ErrNotSupported)
 	}
+	if len(p.Columns) > 0 {
+		return nil, fmt.Errorf("claim with extra columns %v: %w", p.Columns, outboxdriver.ErrNotSupported)
+	}
 	d.claimMu.Lock()
 	defer d.claimMu.Unlock()
 	var where strings.Builder

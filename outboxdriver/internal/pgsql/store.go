@@ -27,6 +27,7 @@ type Statements struct {
 	lockKey    int64
 
 	insertValues []string // insertValues[n] inserts n rows with VALUES, for small n
+	extras       extraClaims
 	dead         string   // quoted dead-letter table
 	cdc          string   // quoted CDC slot bookkeeping table
 	relays       string   // quoted relay registry (several active relays)
@@ -318,7 +319,13 @@ func (s *Store) Claim(ctx context.Context, p *outboxdriver.ClaimParams) (outboxd
 			return nil, InterpretError(err)
 		}
 	}
-	rows, err := tx.Query(ctx, s.Statements.claim, p.Limit, p.MaxSeq, parts)
+	if len(p.Columns) > 0 {
+		if err := tx.Exec(ctx, "SELECT set_config('DateStyle', 'ISO', true)"); err != nil {
+			_ = tx.Rollback(context.WithoutCancel(ctx))
+			return nil, InterpretError(err)
+		}
+	}
+	rows, err := tx.Query(ctx, s.Statements.claimWith(p.Columns), p.Limit, p.MaxSeq, parts)
 	if err != nil {
 		_ = tx.Rollback(context.WithoutCancel(ctx))
 		return nil, InterpretError(err)
@@ -352,8 +359,22 @@ func scanRows(rows Rows, p *outboxdriver.ClaimParams) ([]outboxdriver.Row, error
 			trace   *string
 		)
 		var partition int16
-		if err := rows.Scan(&r.Seq, &r.ID, &r.AggregateType, &r.AggregateID, &r.Type, &payload, &headers, &trace, &r.CreatedAt, &r.Attempts, &partition); err != nil {
+		dest := []any{&r.Seq, &r.ID, &r.AggregateType, &r.AggregateID, &r.Type, &payload, &headers, &trace, &r.CreatedAt, &r.Attempts, &partition}
+		var extra []*string
+		if len(p.Columns) > 0 {
+			extra = make([]*string, 2*len(p.Columns))
+			for i := range extra {
+				dest = append(dest, &extra[i])
+			}
+		}
+		if err := rows.Scan(dest...); err != nil {
 			return nil, err
+		}
+		if len(p.Columns) > 0 {
+			r.Columns = make(map[string]outboxdriver.Value, len(p.Columns))
+			for i, c := range p.Columns {
+				r.Columns[c] = outboxdriver.ParseValue(*extra[2*i], extra[2*i+1])
+			}
 		}
 		r.Payload, r.PayloadNull, r.Partition = payload, payload == nil, int(partition)
 		bytes += len(payload)
