@@ -28,10 +28,10 @@ type Statements struct {
 
 	insertValues []string // insertValues[n] inserts n rows with VALUES, for small n
 	extras       extraClaims
-	dead         string   // quoted dead-letter table
-	cdc          string   // quoted CDC slot bookkeeping table
-	relays       string   // quoted relay registry (several active relays)
-	leases       string   // quoted partition leases
+	dead         string // quoted dead-letter table
+	cdc          string // quoted CDC slot bookkeeping table
+	relays       string // quoted relay registry (several active relays)
+	leases       string // quoted partition leases
 	statusCDC    string
 
 	insert, claim, markPublished, deletePublished, recordFailure, moveDead, status string
