@@ -1,6 +1,6 @@
 // Command bench measures the outbox against the machine's PostgreSQL and NATS:
 //
-//	go run ./bench drain   [-events 200000] [-batch 1000] [-delete]   relay throughput and RSS
+//	go run ./bench drain   [-events 200000] [-batch 1000] [-completion mark|delete|archive]   relay throughput and RSS
 //	go run ./bench produce [-tx 20000] [-conns 8] [-per-tx 1]           writer vs hand-written INSERT
 //	go run ./bench notify  [-seconds 5] [-conns 16]                     what NOTIFY costs producers
 //	go run ./bench latency [-rate 5000] [-seconds 10] [-mode cdc] [-write message]  commit-to-broker latency
@@ -113,7 +113,7 @@ func drain(dbURL, natsURL string, args []string) error {
 	fs := flag.NewFlagSet("drain", flag.ExitOnError)
 	events := fs.Int("events", 200_000, "backlog size")
 	batch := fs.Int("batch", 1000, "relay batch size")
-	del := fs.Bool("delete", false, "relay deletes rows instead of marking them")
+	completion := fs.String("completion", "mark", "what the relay does with published rows: mark, delete or archive")
 	mode := fs.String("mode", "poll", "relay mode: poll or cdc")
 	write := fs.String("write", "rows", "cdc: the writer's mode: rows, insert-delete or message (table-less)")
 	perTx := fs.Int("per-tx", 1000, "events per producer transaction in the backlog")
@@ -164,8 +164,8 @@ func drain(dbURL, natsURL string, args []string) error {
 	}
 	rargs := []string{"relay", "--http=", "--db", dbURL, "--broker", natsURL, "--table", table.Schema + "." + table.Name, "--mode", *mode,
 		"--topic-template", prefix + ".${aggregatetype}", "--batch-size", strconv.Itoa(*batch), "--log-level", env("BENCH_RELAY_LOG", "warn")}
-	if *del {
-		rargs = append(rargs, "--delete")
+	if *mode == "poll" {
+		rargs = append(rargs, "--completion", *completion)
 	}
 	var cmds []*exec.Cmd
 	for i := 0; i < max(*relays, 1); i++ {
@@ -230,8 +230,8 @@ func drain(dbURL, natsURL string, args []string) error {
 	} else {
 		fmt.Printf("CPU during the drain: nats-server %.1fs\n", natsCPU)
 	}
-	fmt.Printf("drained %d events in %v (all marked after %v): %.0f events/s (mode %s, write %s, batch %d, delete=%v, %s storage, %d relays in a group); stream holds %d; relay peak RSS %.1f MiB, relays' CPU %.1fs\n",
-		*events, elapsed.Round(time.Millisecond), marked.Round(time.Millisecond), float64(*events)/elapsed.Seconds(), *mode, table.Write, *batch, *del, *storage, *relays, stored, float64(peakRSS)/1024, cpu)
+	fmt.Printf("drained %d events in %v (all completed after %v): %.0f events/s (mode %s, write %s, batch %d, completion %s, %s storage, %d relays in a group); stream holds %d; relay peak RSS %.1f MiB, relays' CPU %.1fs\n",
+		*events, elapsed.Round(time.Millisecond), marked.Round(time.Millisecond), float64(*events)/elapsed.Seconds(), *mode, table.Write, *batch, *completion, *storage, *relays, stored, float64(peakRSS)/1024, cpu)
 	return nil
 }
 

@@ -15,6 +15,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"time"
 )
 
@@ -297,10 +298,35 @@ type Claim interface {
 type CompleteParams struct {
 	// Published are the ids the broker acknowledged.
 	Published []string
-	// Delete removes published rows instead of stamping published_at.
-	Delete bool
+	// Completion is what becomes of the published rows ("" is CompleteMark).
+	Completion Completion
 	// Failed are rows the broker did not take.
 	Failed []Failure
+}
+
+// Completion is what becomes of a row once published.
+type Completion string
+
+const (
+	// CompleteMark stamps published_at; cleanup deletes the row after the retention.
+	CompleteMark Completion = "mark"
+	// CompleteDelete deletes the row: no history kept, the cheapest write.
+	CompleteDelete Completion = "delete"
+	// CompleteArchive moves the row, in the same statement, to <table>_published, an
+	// append-only table with no index but the one cleanup needs: history kept without
+	// the update a mark costs (PostgreSQL; other drivers return ErrNotSupported).
+	CompleteArchive Completion = "archive"
+)
+
+// ParseCompletion reads a completion name ("" is CompleteMark).
+func ParseCompletion(s string) (Completion, error) {
+	switch c := Completion(s); c {
+	case "":
+		return CompleteMark, nil
+	case CompleteMark, CompleteDelete, CompleteArchive:
+		return c, nil
+	}
+	return "", fmt.Errorf("invalid completion %q (want %q, %q or %q)", s, CompleteMark, CompleteDelete, CompleteArchive)
 }
 
 // Failure is one unpublished row and why.

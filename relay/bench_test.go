@@ -18,6 +18,7 @@ import (
 	"github.com/outboxd/outbox/broker/memory"
 	natspub "github.com/outboxd/outbox/broker/nats"
 	"github.com/outboxd/outbox/internal/testenv"
+	"github.com/outboxd/outbox/outboxdriver"
 	"github.com/outboxd/outbox/relay"
 )
 
@@ -80,5 +81,5 @@ func BenchmarkDrainNATS(b *testing.B) {
 }
 
 func BenchmarkDrainMemoryDelete(b *testing.B) {
-	benchDrain(b, func(*testing.B) broker.Publisher { return memory.New(0) }, relay.Config{Delete: true})
+	benchDrain(b, func(*testing.B) broker.Publisher { return memory.New(0) }, relay.Config{Completion: outboxdriver.CompleteDelete})
 }

@@ -92,8 +92,9 @@ type Config struct {
 	// it holds this many bytes (a larger single event still goes, alone). Zero
 	// means BatchBytesDefault; negative: no bound.
 	MaxBatchBytes int
-	// Delete removes rows once published instead of stamping published_at.
-	Delete bool
+	// Completion is what becomes of a row once published: stamped (mark, the
+	// default), deleted, or moved to the archive table (PostgreSQL).
+	Completion outboxdriver.Completion
 
 	// TopicTemplate makes the topic of each event. Default
 	// broker.TopicTemplateDefault ("outbox.event.${aggregatetype}").
@@ -212,6 +213,11 @@ func (c *Config) withDefaults() (Config, *broker.Template, error) {
 	if out.TopicTemplate == "" {
 		out.TopicTemplate = broker.TopicTemplateDefault
 	}
+	completion, err := outboxdriver.ParseCompletion(string(out.Completion))
+	if err != nil {
+		return out, nil, fmt.Errorf("relay: %w", err)
+	}
+	out.Completion = completion
 	if out.Logger == nil {
 		out.Logger = slog.Default()
 	}

@@ -466,7 +466,7 @@ func (r *Relay) writeBack(work context.Context, marks *sync.WaitGroup, c outboxd
 // each failure whether it counts an attempt, when to retry, or whether the event is
 // dead (refused permanently, or out of attempts).
 func (r *Relay) outcome(rows []outboxdriver.Row, results []broker.Result) (p *outboxdriver.CompleteParams, failed int, unavailable bool) {
-	p = &outboxdriver.CompleteParams{Delete: r.cfg.Delete, Published: make([]string, 0, len(rows))}
+	p = &outboxdriver.CompleteParams{Completion: r.cfg.Completion, Published: make([]string, 0, len(rows))}
 	now := time.Now()
 	var failedKeys map[string]bool
 	for i, res := range results {

@@ -222,35 +222,52 @@ func TestRelayLateCommitNotSkipped(t *testing.T) {
 	}
 }
 
-func TestRelayDeleteMode(t *testing.T) {
-	t.Parallel()
-	e := setup(t)
-	b := memory.New(0)
-	startRelay(t, e, b, &relay.Config{Delete: true})
-	evs := make([]outbox.Event, 30)
-	for i := range evs {
-		evs[i] = outbox.Event{AggregateType: "order", AggregateID: "a", Type: "T", Payload: []byte(`{}`)}
-	}
-	ctx := waitCtx(t)
-	if err := e.w.Write(ctx, evs...); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := b.Wait(ctx, "", 30); err != nil {
-		t.Fatal(err)
-	}
-	// Marking happens after the broker's answer; wait for the rows to go.
-	for {
-		st, err := e.store.Status(ctx)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if st.Unpublished == 0 && st.Published == 0 {
-			break
-		}
-		if ctx.Err() != nil {
-			t.Fatalf("rows left: %+v", st)
-		}
-		time.Sleep(10 * time.Millisecond)
+// TestRelayCompletionModes: with delete and archive completion the outbox table is
+// left empty once everything is published; the archive keeps every event, stamped.
+func TestRelayCompletionModes(t *testing.T) {
+	for _, tc := range []struct {
+		completion outboxdriver.Completion
+		kept       int64 // published rows status reports afterwards
+	}{{outboxdriver.CompleteDelete, 0}, {outboxdriver.CompleteArchive, 30}} {
+		t.Run(string(tc.completion), func(t *testing.T) {
+			t.Parallel()
+			e := setup(t)
+			b := memory.New(0)
+			startRelay(t, e, b, &relay.Config{Completion: tc.completion})
+			evs := make([]outbox.Event, 30)
+			for i := range evs {
+				evs[i] = outbox.Event{AggregateType: "order", AggregateID: "a", Type: "T", Payload: []byte(`{}`)}
+			}
+			ctx := waitCtx(t)
+			if err := e.w.Write(ctx, evs...); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := b.Wait(ctx, "", 30); err != nil {
+				t.Fatal(err)
+			}
+			// Completion happens after the broker's answer; wait for the rows to go.
+			for {
+				st, err := e.store.Status(ctx)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if st.Unpublished == 0 && st.Published == tc.kept {
+					break
+				}
+				if ctx.Err() != nil {
+					t.Fatalf("rows left: %+v", st)
+				}
+				time.Sleep(10 * time.Millisecond)
+			}
+			var inTable, stamped int64
+			if err := e.pool.QueryRow(ctx, `SELECT (SELECT count(*) FROM `+pgx.Identifier{e.table.Schema, "outbox"}.Sanitize()+`),
+       (SELECT count(*) FROM `+pgx.Identifier{e.table.Schema, "outbox_published"}.Sanitize()+` WHERE published_at IS NOT NULL)`).Scan(&inTable, &stamped); err != nil {
+				t.Fatal(err)
+			}
+			if inTable != 0 || stamped != tc.kept {
+				t.Fatalf("%d rows left in the table, %d stamped in the archive", inTable, stamped)
+			}
+		})
 	}
 }
 

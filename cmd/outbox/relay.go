@@ -40,7 +40,8 @@ func runRelay(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	leaderTimeout := fs.Duration("leader-timeout", relay.LeaderTimeoutDefault, "how long the database keeps the leadership of an active relay that stopped proving it is alive (paused, cut off); a standby takes over after it")
 	batchBytes := fs.Int("max-batch-bytes", relay.BatchBytesDefault, "most payload bytes claimed at once (a larger event still goes, alone); -1: no bound")
 	poll := fs.Duration("poll-interval", relay.PollIntervalDefault, "how often to look for events when no notification arrives")
-	del := fs.Bool("delete", false, "delete rows once published instead of marking them")
+	completion := fs.String("completion", string(outboxdriver.CompleteMark), "what becomes of a published row: mark (stamp published_at; cleanup deletes it after --retention), delete, or archive (move it to <table>_published in the same statement; PostgreSQL)")
+	del := fs.Bool("delete", false, "same as --completion delete")
 	maxAttempts := fs.Int("max-attempts", relay.MaxAttemptsDefault, "refusals before an event moves to the dead letters (a permanent refusal moves it at once)")
 	retryMin := fs.Duration("retry-min", relay.RetryMinDefault, "first wait before retrying a refused event (doubling, with jitter)")
 	retryMax := fs.Duration("retry-max", relay.RetryMaxDefault, "longest wait between attempts of a refused event")
@@ -112,7 +113,7 @@ func runRelay(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		MaxBatchBytes:       *batchBytes,
 		LeaderTimeout:       *leaderTimeout,
 		PollInterval:        *poll,
-		Delete:              *del,
+		Completion:          outboxdriver.Completion(*completion),
 		MaxAttempts:         *maxAttempts,
 		RetryMin:            *retryMin,
 		RetryMax:            *retryMax,
@@ -135,6 +136,12 @@ func runRelay(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		}
 		cfg.Router = router
 	}
+	if *del {
+		if c := outboxdriver.Completion(*completion); c != outboxdriver.CompleteMark && c != outboxdriver.CompleteDelete {
+			return usageErr("--delete and --completion %s contradict each other", c)
+		}
+		cfg.Completion = outboxdriver.CompleteDelete
+	}
 	if err := cfg.Validate(); err != nil {
 		return usageErr("%v", err) // bad flags, before connecting anywhere
 	}
@@ -145,6 +152,9 @@ func runRelay(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	defer db.close()
 	if db.leaseTTL > 0 {
 		cfg.LeaderCheck = min(relay.LeaderCheckDefault, db.leaseTTL/4) // renew well before it lapses
+	}
+	if cfg.Completion == outboxdriver.CompleteArchive && db.cdc == nil {
+		return usageErr("--completion archive: PostgreSQL only")
 	}
 	if _, err := db.store.Status(ctx); err != nil {
 		return fmt.Errorf("%s: %w", table, err)

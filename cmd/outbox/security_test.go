@@ -108,8 +108,15 @@ VALUES ($1, 'order', $2, 'T', '{}', 1, now(), 1, $3, true)`, uuid.NewString(), e
 }
 
 // TestLeastPrivilegeRelay: the relay runs as a role holding exactly the grants
-// docs/security.md lists for it, and relays, dead-letters an event and cleans up.
+// docs/security.md lists for it, and relays, dead-letters an event and cleans up, in
+// each completion mode that keeps history (mark, archive).
 func TestLeastPrivilegeRelay(t *testing.T) {
+	for _, completion := range []string{"mark", "archive"} {
+		t.Run(completion, func(t *testing.T) { leastPrivilegeRelay(t, completion) })
+	}
+}
+
+func leastPrivilegeRelay(t *testing.T, completion string) {
 	url := testenv.DatabaseURL(t)
 	redisURL := testenv.ServiceURL(t, "TEST_REDIS_URL", "redis://127.0.0.1:6379/0", "127.0.0.1:6379", "Redis")
 	pool := testenv.Pool(t, url)
@@ -125,24 +132,29 @@ func TestLeastPrivilegeRelay(t *testing.T) {
 		t.Fatal(err)
 	}
 	prefix := testenv.UniqueName("leastpriv:")
-	relayProc := startRelayProc(t, nil, "--db", roleURL, "--table", schema+".outbox", "--broker", redisURL,
+	relayProc := startRelayProc(t, nil, "--db", roleURL, "--table", schema+".outbox", "--broker", redisURL, "--completion", completion,
 		"--topic-template", prefix+"${aggregatetype}", "--max-message-bytes", "1000", "--poll-interval", "50ms", "--http", "")
 	if !waitUnpublishedOK(pool, table, 30*time.Second) {
 		t.Fatalf("events still unpublished; the relay said:\n%s", relayProc.output())
 	}
-	var dead int
-	if err := pool.QueryRow(ctx, `SELECT count(*) FROM `+pgx.Identifier{schema, "outbox_dead"}.Sanitize()).Scan(&dead); err != nil {
+	var dead, archived int
+	if err := pool.QueryRow(ctx, `SELECT (SELECT count(*) FROM `+pgx.Identifier{schema, "outbox_dead"}.Sanitize()+`),
+       (SELECT count(*) FROM `+pgx.Identifier{schema, "outbox_published"}.Sanitize()+`)`).Scan(&dead, &archived); err != nil {
 		t.Fatal(err)
 	}
 	if dead != 1 {
 		t.Fatalf("%d dead letters, want the oversized event:\n%s", dead, relayProc.output())
+	}
+	if want := map[string]int{"mark": 0, "archive": 40}[completion]; archived != want {
+		t.Fatalf("%d rows archived, want %d", archived, want)
 	}
 	stdout, stderr, code := runCLI(t, nil, "cleanup", "--db", roleURL, "--table", schema+".outbox", "--older-than", "1ns")
 	if code != 0 {
 		t.Fatalf("cleanup as the relay role: %d %s %s", code, stdout, stderr)
 	}
 	var left int
-	if err := pool.QueryRow(ctx, `SELECT count(*) FROM `+pgx.Identifier{schema, "outbox"}.Sanitize()).Scan(&left); err != nil {
+	if err := pool.QueryRow(ctx, `SELECT (SELECT count(*) FROM `+pgx.Identifier{schema, "outbox"}.Sanitize()+`)
+       + (SELECT count(*) FROM `+pgx.Identifier{schema, "outbox_published"}.Sanitize()+`)`).Scan(&left); err != nil {
 		t.Fatal(err)
 	}
 	if left != 0 {

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/outboxd/outbox"
 	"github.com/outboxd/outbox/outboxdriver"
@@ -167,7 +168,7 @@ func testComplete[TTx any](t *testing.T, h *Harness[TTx]) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := c.Complete(ctx, &outboxdriver.CompleteParams{Published: all[2:3], Delete: true}); err != nil {
+	if err := c.Complete(ctx, &outboxdriver.CompleteParams{Published: all[2:3], Completion: outboxdriver.CompleteDelete}); err != nil {
 		t.Fatal(err)
 	}
 	st, err := s.Status(ctx)
@@ -223,4 +224,45 @@ func testClaimColumns[TTx any](t *testing.T, h *Harness[TTx]) {
 		t.Fatalf("columns: %#v", got)
 	}
 	complete(t, c, &outboxdriver.CompleteParams{Published: ids(c.Rows())})
+}
+
+// testCompleteArchive: completion "archive" moves published rows out of the table in
+// the claim's transaction: they are never claimed again, status counts them as
+// published, cleanup removes them after the retention. Drivers without an archive
+// refuse it with ErrNotSupported.
+func testCompleteArchive[TTx any](t *testing.T, h *Harness[TTx]) {
+	ctx := ctxT(t)
+	all := writeCommitted(t, h, event("a", 1), event("a", 2), event("b", 1), event("b", 2))
+	s := store(t, h)
+	c, err := s.Claim(ctx, &outboxdriver.ClaimParams{Limit: 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = c.Complete(ctx, &outboxdriver.CompleteParams{Published: ids(c.Rows()), Completion: outboxdriver.CompleteArchive})
+	if errors.Is(err, outboxdriver.ErrNotSupported) {
+		t.Skip("the driver has no archive table (PostgreSQL only)")
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st, _ := s.Status(ctx); st.Unpublished != 2 || st.Published != 2 {
+		t.Fatalf("status after archiving 2: %+v", st)
+	}
+	c, err = s.Claim(ctx, &outboxdriver.ClaimParams{Limit: 10})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := ids(c.Rows()); fmt.Sprint(got) != fmt.Sprint(all[2:]) {
+		t.Fatalf("claim after archiving: %v, want %v", got, all[2:])
+	}
+	complete(t, c, &outboxdriver.CompleteParams{Published: ids(c.Rows()), Completion: outboxdriver.CompleteArchive})
+	if st, _ := s.Status(ctx); st.Unpublished != 0 || st.Published != 4 {
+		t.Fatalf("status after archiving all: %+v", st)
+	}
+	if n, err := s.Cleanup(ctx, &outboxdriver.CleanupParams{Before: time.Now().Add(-time.Hour), Limit: 100}); err != nil || n != 0 {
+		t.Fatalf("cleanup within the retention removed %d (%v)", n, err)
+	}
+	if n, err := s.Cleanup(ctx, &outboxdriver.CleanupParams{Before: time.Now().Add(time.Hour), Limit: 100}); err != nil || n != 4 {
+		t.Fatalf("cleanup past the retention removed %d, want 4 (%v)", n, err)
+	}
 }

@@ -11,9 +11,17 @@ import (
 )
 
 // testGroupFencing: a relay whose partition leases were taken over (a new epoch)
-// cannot mark its claimed rows any more; the new owner can. Drivers without a group
-// store (one active relay only) skip it.
+// cannot complete its claimed rows any more (mark, or move them to the archive); the
+// new owner can. Drivers without a group store (one active relay only) skip it.
 func testGroupFencing[TTx any](t *testing.T, h *Harness[TTx]) {
+	groupFencing(t, h, outboxdriver.CompleteMark)
+}
+
+func testGroupFencingArchive[TTx any](t *testing.T, h *Harness[TTx]) {
+	groupFencing(t, h, outboxdriver.CompleteArchive)
+}
+
+func groupFencing[TTx any](t *testing.T, h *Harness[TTx], completion outboxdriver.Completion) {
 	ctx := ctxT(t)
 	s := store(t, h)
 	gs, ok := s.(outboxdriver.GroupStore)
@@ -47,7 +55,7 @@ func testGroupFencing[TTx any](t *testing.T, h *Harness[TTx]) {
 	if err != nil || len(bl) != len(all) || bl[0].Epoch <= leases[0].Epoch {
 		t.Fatalf("takeover: %v, %v", bl, err)
 	}
-	complete(t, c, &outboxdriver.CompleteParams{Published: ids})
+	complete(t, c, &outboxdriver.CompleteParams{Published: ids, Completion: completion})
 	if st, _ := s.Status(ctx); st.Unpublished != int64(len(ids)) {
 		t.Fatalf("the fenced relay marked %d rows", int64(len(ids))-st.Unpublished)
 	}
@@ -55,8 +63,8 @@ func testGroupFencing[TTx any](t *testing.T, h *Harness[TTx]) {
 	if err != nil || len(c2.Rows()) != len(ids) {
 		t.Fatalf("b's claim: %v", err)
 	}
-	complete(t, c2, &outboxdriver.CompleteParams{Published: ids})
-	if st, _ := s.Status(ctx); st.Unpublished != 0 {
+	complete(t, c2, &outboxdriver.CompleteParams{Published: ids, Completion: completion})
+	if st, _ := s.Status(ctx); st.Unpublished != 0 || st.Published != int64(len(ids)) {
 		t.Fatalf("the owner's mark left %d rows", st.Unpublished)
 	}
 }

@@ -285,8 +285,11 @@ func (c *claim) Complete(ctx context.Context, p *outboxdriver.CompleteParams) (e
 	}()
 	if len(p.Published) > 0 {
 		stmt := `UPDATE ` + c.d.q + ` SET published_at = UTC_TIMESTAMP(6), last_error = NULL WHERE id IN (` + sqldead.Placeholders(len(p.Published)) + `)`
-		if p.Delete {
+		switch p.Completion {
+		case outboxdriver.CompleteDelete:
 			stmt = `DELETE FROM ` + c.d.q + ` WHERE id IN (` + sqldead.Placeholders(len(p.Published)) + `)`
+		case outboxdriver.CompleteArchive:
+			return fmt.Errorf("archive completion: %w", outboxdriver.ErrNotSupported)
 		}
 		if _, err := tx.ExecContext(ctx, stmt, sqldead.Args(p.Published)...); err != nil {
 			return interpretError(err)

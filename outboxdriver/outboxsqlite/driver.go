@@ -337,9 +337,12 @@ func (c *claim) Complete(ctx context.Context, p *outboxdriver.CompleteParams) er
 	if len(p.Published) > 0 {
 		stmt := `UPDATE ` + c.d.q + ` SET published_at = ?, last_error = NULL WHERE id IN (SELECT value FROM json_each(?))`
 		args := []any{nowMillis(), jsonIDs(p.Published)}
-		if p.Delete {
+		switch p.Completion {
+		case outboxdriver.CompleteDelete:
 			stmt = `DELETE FROM ` + c.d.q + ` WHERE id IN (SELECT value FROM json_each(?))`
 			args = args[1:]
+		case outboxdriver.CompleteArchive:
+			return fmt.Errorf("archive completion: %w", outboxdriver.ErrNotSupported)
 		}
 		if _, err := tx.ExecContext(ctx, stmt, args...); err != nil {
 			return interpretError(err)

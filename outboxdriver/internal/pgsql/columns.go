@@ -38,3 +38,8 @@ func (s *Statements) claimWith(cols []string) string {
 	s.extras.m[key] = st
 	return st
 }
+
+// prefixed qualifies each name of a comma list: prefixed("o.", "a, b") is "o.a, o.b".
+func prefixed(prefix, list string) string {
+	return prefix + strings.ReplaceAll(list, ", ", ", "+prefix)
+}

@@ -33,6 +33,8 @@ func (s *Statements) Migrations() ([]migrations.Migration, error) {
 		"PartitionIndex":   pgx.Identifier{t.Derived("_partition_idx")}.Sanitize(),
 		"RelaysTable":      s.relays,
 		"LeasesTable":      s.leases,
+		"PublishedTable":   s.published,
+		"PublishedIndex":   pgx.Identifier{t.Derived("_published_at_idx")}.Sanitize(),
 	})
 }
 

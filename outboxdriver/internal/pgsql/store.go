@@ -32,12 +32,13 @@ type Statements struct {
 	cdc          string // quoted CDC slot bookkeeping table
 	relays       string // quoted relay registry (several active relays)
 	leases       string // quoted partition leases
+	published    string // quoted archive of published rows (completion "archive")
 	statusCDC    string
 
-	insert, claim, markPublished, deletePublished, recordFailure, moveDead, status string
+	insert, claim, markPublished, deletePublished, archivePublished, recordFailure, moveDead, status string
 	// The same write-backs, applied only while the relay holds the partitions' leases
 	// at the epochs it claimed under (several active relays).
-	fencedMark, fencedDelete, fencedFailure, fencedDead string
+	fencedMark, fencedDelete, fencedArchive, fencedFailure, fencedDead string
 }
 
 // NewStatements validates t and builds its statements.
@@ -68,6 +69,7 @@ func NewStatements(t outboxdriver.Table) (*Statements, error) {
 	s.cdc = pgx.Identifier{t.Schema, t.Derived("_cdc")}.Sanitize()
 	s.relays = pgx.Identifier{t.Schema, t.Derived("_relays")}.Sanitize()
 	s.leases = pgx.Identifier{t.Schema, t.Derived("_leases")}.Sanitize()
+	s.published = pgx.Identifier{t.Schema, t.Derived("_published")}.Sanitize()
 	s.insertValues = make([]string, maxValuesRows+1)
 	for n := 1; n <= maxValuesRows; n++ {
 		var b strings.Builder
@@ -96,6 +98,14 @@ WHERE o.published_at IS NULL AND o.available_at <= now() AND ($2 <= 0 OR o.seq <
 ORDER BY o.seq LIMIT $1 FOR UPDATE OF o SKIP LOCKED`
 	s.markPublished = `UPDATE ` + q + ` AS o SET published_at = now(), last_error = NULL WHERE o.id = ANY($1::uuid[])`
 	s.deletePublished = `DELETE FROM ` + q + ` AS o WHERE o.id = ANY($1::uuid[])`
+	// The outbox's own columns move; a column added to the table after the archive
+	// was made stays behind (the archive keeps its defaults).
+	const archived = "id, aggregatetype, aggregateid, type, payload, headers, tracingspancontext, seq, created_at, attempts"
+	archive := func(where string) string {
+		return `moved AS (DELETE FROM ` + q + ` AS o WHERE o.id = ANY($1::uuid[])` + where + ` RETURNING ` + prefixed("o.", archived) + `)
+INSERT INTO ` + s.published + ` (` + archived + `, published_at) SELECT ` + prefixed("m.", archived) + `, now() FROM moved AS m`
+	}
+	s.archivePublished = "WITH " + archive("")
 	s.recordFailure = `UPDATE ` + q + ` AS o SET attempts = o.attempts + f.n, last_error = f.err,
        available_at = coalesce(f.retry, o.available_at)
 FROM unnest($1::uuid[], $2::text[], $3::int[], $4::timestamptz[]) AS f(id, err, n, retry) WHERE o.id = f.id`
@@ -107,7 +117,7 @@ INSERT INTO ` + s.dead + ` (` + outboxdriver.DeadLetterColumns + `)
 SELECT * FROM moved`
 	s.status = `SELECT count(*) FILTER (WHERE published_at IS NULL),
        coalesce(extract(epoch FROM now() - min(created_at) FILTER (WHERE published_at IS NULL)), 0)::float8,
-       count(*) FILTER (WHERE published_at IS NOT NULL),
+       count(*) FILTER (WHERE published_at IS NOT NULL) + (SELECT count(*) FROM ` + s.published + `),
        count(*) FILTER (WHERE published_at IS NULL AND attempts > 0),
        (SELECT count(*) FROM ` + s.dead + `),
        (SELECT count(DISTINCT (aggregatetype, aggregateid)) FROM ` + s.dead + ` WHERE holds_key)
@@ -115,6 +125,7 @@ FROM ` + q
 	const held = " AND o.partition IN (SELECT partition FROM held)"
 	s.fencedMark = "WITH " + s.heldLeases(2) + " " + s.markPublished + held
 	s.fencedDelete = "WITH " + s.heldLeases(2) + " " + s.deletePublished + held
+	s.fencedArchive = "WITH " + s.heldLeases(2) + ", " + archive(held)
 	s.fencedFailure = "WITH " + s.heldLeases(5) + " " + s.recordFailure + held
 	s.fencedDead = strings.Replace(strings.Replace(s.moveDead, "WITH ", "WITH "+s.heldLeases(5)+", ", 1),
 		"WHERE o.id = f.id", "WHERE o.id = f.id"+held, 1)
@@ -414,14 +425,17 @@ func (c *claim) Complete(ctx context.Context, p *outboxdriver.CompleteParams) er
 	tx := c.tx
 	c.tx = nil
 	if len(p.Published) > 0 {
-		stmt, args := c.s.Statements.markPublished, []any{p.Published}
-		switch {
-		case c.group != nil && p.Delete:
-			stmt, args = c.s.Statements.fencedDelete, append(args, c.fenceArgs()...)
-		case c.group != nil:
-			stmt, args = c.s.Statements.fencedMark, append(args, c.fenceArgs()...)
-		case p.Delete:
-			stmt = c.s.Statements.deletePublished
+		st := c.s.Statements
+		plain, fenced := st.markPublished, st.fencedMark
+		switch p.Completion {
+		case outboxdriver.CompleteDelete:
+			plain, fenced = st.deletePublished, st.fencedDelete
+		case outboxdriver.CompleteArchive:
+			plain, fenced = st.archivePublished, st.fencedArchive
+		}
+		stmt, args := plain, []any{p.Published}
+		if c.group != nil {
+			stmt, args = fenced, append(args, c.fenceArgs()...)
 		}
 		if err := tx.Exec(ctx, stmt, args...); err != nil {
 			_ = tx.Rollback(context.WithoutCancel(ctx))
@@ -693,5 +707,15 @@ func (s *Store) Cleanup(ctx context.Context, p *outboxdriver.CleanupParams) (int
     SELECT tableoid, ctid FROM `+s.Statements.qualified+` WHERE published_at IS NOT NULL AND published_at < $1 LIMIT $2)
   RETURNING 1)
 SELECT count(*) FROM del`, []any{p.Before, p.Limit}, &n)
-	return dropped + n, InterpretError(err)
+	if err != nil {
+		return dropped + n, InterpretError(err)
+	}
+	// The archive (completion "archive"), in publication order: its BRIN index
+	// finds the old end.
+	var archived int64
+	err = QueryRow(ctx, s.DB, `WITH del AS (DELETE FROM `+s.Statements.published+` WHERE ctid IN (
+    SELECT ctid FROM `+s.Statements.published+` WHERE published_at < $1 LIMIT $2)
+  RETURNING 1)
+SELECT count(*) FROM del`, []any{p.Before, p.Limit}, &archived)
+	return dropped + n + archived, InterpretError(err)
 }
