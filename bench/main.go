@@ -1,9 +1,12 @@
-// Command bench measures the outbox against the machine's PostgreSQL and NATS:
+// Command bench measures the outbox against the machine's PostgreSQL and NATS. It is a
+// module of its own, so Watermill (compared against) never enters the library's
+// go.mod; run it from the repository's root with go run -C bench . <name>:
 //
-//	go run ./bench drain   [-events 200000] [-batch 1000] [-completion mark|delete|archive]   relay throughput and RSS
-//	go run ./bench produce [-tx 20000] [-conns 8] [-per-tx 1]           writer vs hand-written INSERT
-//	go run ./bench notify  [-seconds 5] [-conns 16]                     what NOTIFY costs producers
-//	go run ./bench latency [-rate 5000] [-seconds 10] [-mode cdc] [-write message]  commit-to-broker latency
+//	go run -C bench . compare [-events 200000] [-plot ../docs/bench-compare.svg]  every relay and Watermill's forwarder, one run
+//	go run -C bench . drain   [-events 200000] [-batch 1000] [-completion mark|delete|archive]   relay throughput and RSS
+//	go run -C bench . produce [-tx 20000] [-conns 8] [-per-tx 1]           writer vs hand-written INSERT
+//	go run -C bench . notify  [-seconds 5] [-conns 16]                     what NOTIFY costs producers
+//	go run -C bench . latency [-rate 5000] [-seconds 10] [-mode cdc] [-write message]  commit-to-broker latency
 //
 // Each run works in a schema and stream of its own and removes them afterwards. The
 // results are recorded in docs/benchmarks.md.
@@ -42,7 +45,7 @@ import (
 
 func main() {
 	if len(os.Args) < 2 {
-		fmt.Fprintln(os.Stderr, "usage: bench drain|produce|notify|latency [flags]")
+		fmt.Fprintln(os.Stderr, "usage: bench compare|drain|produce|notify|latency [flags]")
 		os.Exit(2)
 	}
 	dbURL := env("TEST_DATABASE_URL", testenv.DatabaseURLDefault)
@@ -57,6 +60,10 @@ func main() {
 		err = notify(dbURL, os.Args[2:])
 	case "latency":
 		err = latency(dbURL, natsURL, os.Args[2:])
+	case "compare":
+		err = compare(dbURL, natsURL, os.Args[2:])
+	case "wm-forwarder":
+		err = wmForwarder(os.Args[2:])
 
 	default:
 		err = fmt.Errorf("unknown benchmark %q", os.Args[1])
@@ -110,67 +117,98 @@ func payload(i int) []byte {
 }
 
 func drain(dbURL, natsURL string, args []string) error {
+	var o drainOpts
 	fs := flag.NewFlagSet("drain", flag.ExitOnError)
-	events := fs.Int("events", 200_000, "backlog size")
-	batch := fs.Int("batch", 1000, "relay batch size")
-	completion := fs.String("completion", "mark", "what the relay does with published rows: mark, delete or archive")
-	mode := fs.String("mode", "poll", "relay mode: poll or cdc")
-	write := fs.String("write", "rows", "cdc: the writer's mode: rows, insert-delete or message (table-less)")
-	perTx := fs.Int("per-tx", 1000, "events per producer transaction in the backlog")
-	storage := fs.String("storage", "file", "the JetStream stream's storage: file or memory")
-	relays := fs.Int("relays", 0, "poll mode: run this many relays as a group (--group); 0: one relay, not a group")
+	fs.IntVar(&o.events, "events", 200_000, "backlog size")
+	fs.IntVar(&o.batch, "batch", 1000, "relay batch size")
+	fs.StringVar(&o.completion, "completion", "mark", "what the relay does with published rows: mark, delete or archive")
+	fs.StringVar(&o.mode, "mode", "poll", "relay mode: poll or cdc")
+	fs.StringVar(&o.write, "write", "rows", "cdc: the writer's mode: rows, insert-delete or message (table-less)")
+	fs.IntVar(&o.perTx, "per-tx", 1000, "events per producer transaction in the backlog")
+	fs.StringVar(&o.storage, "storage", "file", "the JetStream stream's storage: file or memory")
+	fs.IntVar(&o.relays, "relays", 0, "poll mode: run this many relays as a group (--group); 0: one relay, not a group")
 	_ = fs.Parse(args)
-	ctx := context.Background()
-
-	pool, table, drop, err := scratchFor(ctx, dbURL, 8, *mode, *write)
+	r, err := runDrain(dbURL, natsURL, o)
 	if err != nil {
 		return err
 	}
+	fmt.Printf("drained %d events in %v (all completed after %v): %.0f events/s (mode %s, write %s, batch %d, completion %s, %s storage, %d relays in a group); stream holds %d; relay peak RSS %.1f MiB, relays' CPU %.1fs (%.1f µs/event)\n",
+		r.events, r.elapsed.Round(time.Millisecond), r.completed.Round(time.Millisecond), r.rate(), o.mode, o.write, o.batch, o.completion, o.storage, o.relays, r.stored, r.rssMiB(), r.cpu, r.cpuPerEvent())
+	return nil
+}
+
+// drainOpts are one drain run's settings.
+type drainOpts struct {
+	events, batch, perTx, relays     int
+	completion, mode, write, storage string
+}
+
+// drainResult is what one drain run measured.
+type drainResult struct {
+	events             int
+	elapsed, completed time.Duration
+	cpu                float64 // the relay processes' CPU seconds
+	rss                int64   // peak RSS, KiB
+	stored             uint64
+}
+
+func (r drainResult) rate() float64        { return float64(r.events) / r.elapsed.Seconds() }
+func (r drainResult) rssMiB() float64      { return float64(r.rss) / 1024 }
+func (r drainResult) cpuPerEvent() float64 { return r.cpu / float64(r.events) * 1e6 }
+
+// runDrain writes a backlog, starts the relay binary and times it to the broker.
+func runDrain(dbURL, natsURL string, o drainOpts) (drainResult, error) {
+	ctx := context.Background()
+
+	pool, table, drop, err := scratchFor(ctx, dbURL, 8, o.mode, o.write)
+	if err != nil {
+		return drainResult{}, err
+	}
 	defer drop()
 	w, _ := outbox.NewWriter(outboxpgx.New(pool, &table), &outbox.Config{NotifyInterval: -1})
-	fmt.Printf("writing a backlog of %d events (~%d-byte payloads, %d per transaction, %s)...\n", *events, len(payload(0)), *perTx, table.Write)
-	for i := 0; i < *events; i += *perTx {
-		evs := make([]outbox.Event, 0, *perTx)
-		for j := i; j < min(i+*perTx, *events); j++ {
+	fmt.Printf("writing a backlog of %d events (~%d-byte payloads, %d per transaction, %s)...\n", o.events, len(payload(0)), o.perTx, table.Write)
+	for i := 0; i < o.events; i += o.perTx {
+		evs := make([]outbox.Event, 0, o.perTx)
+		for j := i; j < min(i+o.perTx, o.events); j++ {
 			evs = append(evs, outbox.Event{AggregateType: "order", AggregateID: fmt.Sprintf("customer-%04d", j%1000), Type: "OrderPlaced", Payload: payload(j)})
 		}
 		if err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error { return w.WriteTx(ctx, tx, evs...) }); err != nil {
-			return err
+			return drainResult{}, err
 		}
 	}
 	if _, err := pool.Exec(ctx, "VACUUM ANALYZE "+pgx.Identifier{table.Schema, table.Name}.Sanitize()); err != nil {
-		return err
+		return drainResult{}, err
 	}
 
 	nc, err := nats.Connect(natsURL)
 	if err != nil {
-		return err
+		return drainResult{}, err
 	}
 	defer nc.Close()
 	js, _ := jetstream.New(nc)
 	prefix := testenv.UniqueName("bench")
 	st := jetstream.FileStorage
-	if *storage == "memory" {
+	if o.storage == "memory" {
 		st = jetstream.MemoryStorage
 	}
 	if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: prefix, Subjects: []string{prefix + ".>"}, Storage: st}); err != nil {
-		return err
+		return drainResult{}, err
 	}
 	defer func() { _ = js.DeleteStream(context.Background(), prefix) }()
 
 	bin := filepath.Join(os.TempDir(), "outbox-bench-relay")
-	if out, err := exec.Command("go", "build", "-o", bin, "./cmd/outbox").CombinedOutput(); err != nil {
-		return fmt.Errorf("build relay: %v\n%s", err, out)
+	if out, err := exec.Command("go", "build", "-o", bin, "github.com/outboxd/outbox/cmd/outbox").CombinedOutput(); err != nil {
+		return drainResult{}, fmt.Errorf("build relay: %v\n%s", err, out)
 	}
-	rargs := []string{"relay", "--http=", "--db", dbURL, "--broker", natsURL, "--table", table.Schema + "." + table.Name, "--mode", *mode,
-		"--topic-template", prefix + ".${aggregatetype}", "--batch-size", strconv.Itoa(*batch), "--log-level", env("BENCH_RELAY_LOG", "warn")}
-	if *mode == "poll" {
-		rargs = append(rargs, "--completion", *completion)
+	rargs := []string{"relay", "--http=", "--db", dbURL, "--broker", natsURL, "--table", table.Schema + "." + table.Name, "--mode", o.mode,
+		"--topic-template", prefix + ".${aggregatetype}", "--batch-size", strconv.Itoa(o.batch), "--log-level", env("BENCH_RELAY_LOG", "warn")}
+	if o.mode == "poll" {
+		rargs = append(rargs, "--completion", o.completion)
 	}
 	var cmds []*exec.Cmd
-	for i := 0; i < max(*relays, 1); i++ {
+	for i := 0; i < max(o.relays, 1); i++ {
 		args := rargs
-		if *relays > 0 {
+		if o.relays > 0 {
 			args = append(slices.Clone(rargs), "--group", "--relay-id", fmt.Sprintf("bench-%d", i))
 		}
 		cmd := exec.Command(bin, args...)
@@ -182,7 +220,7 @@ func drain(dbURL, natsURL string, args []string) error {
 	start := time.Now()
 	for _, cmd := range cmds {
 		if err := cmd.Start(); err != nil {
-			return err
+			return drainResult{}, err
 		}
 		defer stopProcess(cmd)
 	}
@@ -190,26 +228,26 @@ func drain(dbURL, natsURL string, args []string) error {
 	// milliseconds would steal the CPU the relay is being measured on.
 	var peakRSS int64
 	var stored uint64
-	for stored < uint64(*events) {
+	for stored < uint64(o.events) {
 		info, err := js.Stream(ctx, prefix)
 		if err != nil {
-			return err
+			return drainResult{}, err
 		}
 		stored = info.CachedInfo().State.Msgs
 		for _, cmd := range cmds {
 			peakRSS = max(peakRSS, hwm(cmd.Process.Pid))
 		}
 		if time.Since(start) > 10*time.Minute {
-			return fmt.Errorf("stream holds %d of %d after 10 minutes", stored, *events)
+			return drainResult{}, fmt.Errorf("stream holds %d of %d after 10 minutes", stored, o.events)
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
 	elapsed := time.Since(start)
 	q := "SELECT count(*) FROM " + pgx.Identifier{table.Schema, table.Name}.Sanitize() + " WHERE published_at IS NULL"
-	for *mode == "poll" {
+	for o.mode == "poll" {
 		var left int64
 		if err := pool.QueryRow(ctx, q).Scan(&left); err != nil {
-			return err
+			return drainResult{}, err
 		}
 		if left == 0 {
 			break
@@ -223,16 +261,14 @@ func drain(dbURL, natsURL string, args []string) error {
 		cpu += cpuSeconds(cmd.Process.Pid)
 	}
 	natsCPU = cpuSeconds(natsPID) - natsCPU
-	if *mode == "cdc" {
+	if o.mode == "cdc" {
 		var walsender int
 		_ = pool.QueryRow(ctx, `SELECT coalesce(max(pid), 0) FROM pg_stat_replication WHERE application_name = 'outbox relay (cdc)'`).Scan(&walsender)
 		fmt.Printf("CPU during the drain: PostgreSQL walsender %.1fs, nats-server %.1fs\n", cpuSeconds(walsender), natsCPU)
 	} else {
 		fmt.Printf("CPU during the drain: nats-server %.1fs\n", natsCPU)
 	}
-	fmt.Printf("drained %d events in %v (all completed after %v): %.0f events/s (mode %s, write %s, batch %d, completion %s, %s storage, %d relays in a group); stream holds %d; relay peak RSS %.1f MiB, relays' CPU %.1fs\n",
-		*events, elapsed.Round(time.Millisecond), marked.Round(time.Millisecond), float64(*events)/elapsed.Seconds(), *mode, table.Write, *batch, *completion, *storage, *relays, stored, float64(peakRSS)/1024, cpu)
-	return nil
+	return drainResult{events: o.events, elapsed: elapsed, completed: marked, cpu: cpu, rss: peakRSS, stored: stored}, nil
 }
 
 // scratchFor is scratch for a relay mode and a write mode: in CDC mode the slot is
@@ -485,7 +521,7 @@ func latency(dbURL, natsURL string, args []string) error {
 		defer stop()
 	} else {
 		bin := filepath.Join(os.TempDir(), "outbox-bench-relay")
-		if out, err := exec.Command("go", "build", "-o", bin, "./cmd/outbox").CombinedOutput(); err != nil {
+		if out, err := exec.Command("go", "build", "-o", bin, "github.com/outboxd/outbox/cmd/outbox").CombinedOutput(); err != nil {
 			return fmt.Errorf("build relay: %v\n%s", err, out)
 		}
 		cmd := exec.Command(bin, "relay", "--http=", "--db", dbURL, "--broker", natsURL, "--table", table.Schema+"."+table.Name,

@@ -1,0 +1,204 @@
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"os"
+	"os/exec"
+	"os/signal"
+	"syscall"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill"
+	wmnats "github.com/ThreeDotsLabs/watermill-nats/v2/pkg/nats"
+	wmsql "github.com/ThreeDotsLabs/watermill-sql/v4/pkg/sql"
+	"github.com/ThreeDotsLabs/watermill/components/forwarder"
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/outboxd/outbox/internal/testenv"
+)
+
+// The Watermill SQL forwarder, set up as its documentation shows: producers publish
+// inside their transaction through forwarder.Publisher over the SQL publisher
+// (watermill-sql v4's PostgreSQL queue schema); a forwarder process reads that table
+// and publishes to NATS JetStream (watermill-nats v2, message id tracked for dedup,
+// as outbox's Nats-Msg-Id).
+
+const wmForwarderTopic = "outbox"
+
+func wmSchema(schema string) wmsql.PostgreSQLQueueSchema {
+	return wmsql.PostgreSQLQueueSchema{GenerateMessagesTableName: func(topic string) string {
+		return pgx.Identifier{schema, "watermill_" + topic}.Sanitize()
+	}}
+}
+
+func wmOffsets(schema string) wmsql.PostgreSQLQueueOffsetsAdapter {
+	return wmsql.PostgreSQLQueueOffsetsAdapter{GenerateMessagesTableName: wmSchema(schema).GenerateMessagesTableName}
+}
+
+// wmBacklog writes events through Watermill's forwarder publisher, perTx per
+// transaction, into a schema of its own; it returns the schema and a drop func.
+func wmBacklog(ctx context.Context, pool *pgxpool.Pool, events, perTx int, topic string) (string, func(), error) {
+	schema := testenv.UniqueName("bench_wm_")
+	if _, err := pool.Exec(ctx, "CREATE SCHEMA "+schema); err != nil {
+		return "", nil, err
+	}
+	drop := func() { _, _ = pool.Exec(context.Background(), "DROP SCHEMA "+schema+" CASCADE") }
+	qs, err := wmSchema(schema).SchemaInitializingQueries(wmsql.SchemaInitializingQueriesParams{Topic: wmForwarderTopic})
+	if err != nil {
+		drop()
+		return "", nil, err
+	}
+	for _, q := range qs {
+		if _, err := pool.Exec(ctx, q.Query, q.Args...); err != nil {
+			drop()
+			return "", nil, err
+		}
+	}
+	logger := watermill.NopLogger{}
+	for i := 0; i < events; i += perTx {
+		msgs := make([]*message.Message, 0, perTx)
+		for j := i; j < min(i+perTx, events); j++ {
+			m := message.NewMessage(watermill.NewUUID(), payload(j))
+			m.Metadata.Set("partition_key", fmt.Sprintf("customer-%04d", j%1000))
+			msgs = append(msgs, m)
+		}
+		err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+			sqlPub, err := wmsql.NewPublisher(wmsql.TxFromPgx(tx), wmsql.PublisherConfig{SchemaAdapter: wmSchema(schema)}, logger)
+			if err != nil {
+				return err
+			}
+			return forwarder.NewPublisher(sqlPub, forwarder.PublisherConfig{ForwarderTopic: wmForwarderTopic}).Publish(topic, msgs...)
+		})
+		if err != nil {
+			drop()
+			return "", nil, err
+		}
+	}
+	if _, err := pool.Exec(ctx, "VACUUM ANALYZE "+pgx.Identifier{schema, "watermill_" + wmForwarderTopic}.Sanitize()); err != nil {
+		drop()
+		return "", nil, err
+	}
+	return schema, drop, nil
+}
+
+// startWatermill runs the forwarder as a process of its own (this binary, command
+// wm-forwarder), as outbox's relay runs, so their CPU and memory are measured alike.
+func startWatermill(dbURL, natsURL, schema string) (*exec.Cmd, error) {
+	self, err := os.Executable()
+	if err != nil {
+		return nil, err
+	}
+	cmd := exec.Command(self, "wm-forwarder", "-db", dbURL, "-nats", natsURL, "-schema", schema)
+	cmd.Stdout, cmd.Stderr = os.Stderr, os.Stderr
+	return cmd, cmd.Start()
+}
+
+// wmForwarder is the forwarder process.
+func wmForwarder(args []string) error {
+	fs := flag.NewFlagSet("wm-forwarder", flag.ExitOnError)
+	dbURL := fs.String("db", "", "PostgreSQL URL")
+	natsURL := fs.String("nats", "", "NATS URL")
+	schema := fs.String("schema", "", "the backlog's schema")
+	_ = fs.Parse(args)
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
+	defer stop()
+	pool, err := pgxpool.New(ctx, *dbURL)
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	logger := watermill.NopLogger{}
+	sub, err := wmsql.NewSubscriber(wmsql.BeginnerFromPgx(pool), wmsql.SubscriberConfig{
+		SchemaAdapter: wmSchema(*schema), OffsetsAdapter: wmOffsets(*schema),
+		PollInterval: 100 * time.Millisecond,
+	}, logger)
+	if err != nil {
+		return err
+	}
+	pub, err := wmnats.NewPublisher(wmnats.PublisherConfig{
+		URL:       *natsURL,
+		JetStream: wmnats.JetStreamConfig{TrackMsgId: true},
+	}, logger)
+	if err != nil {
+		return err
+	}
+	fwd, err := forwarder.NewForwarder(sub, pub, logger, forwarder.Config{ForwarderTopic: wmForwarderTopic})
+	if err != nil {
+		return err
+	}
+	err = fwd.Run(ctx)
+	_ = fwd.Close()
+	_ = pub.Close()
+	if ctx.Err() != nil {
+		return nil
+	}
+	return err
+}
+
+// runWatermill drains a backlog of o.events through the Watermill forwarder into a
+// JetStream stream and measures it as runDrain measures outbox's relay.
+func runWatermill(dbURL, natsURL string, o drainOpts) (drainResult, error) {
+	ctx := context.Background()
+	pool, err := pgxpool.New(ctx, dbURL)
+	if err != nil {
+		return drainResult{}, err
+	}
+	defer pool.Close()
+	prefix := testenv.UniqueName("benchwm")
+	fmt.Printf("writing a backlog of %d events through Watermill's forwarder publisher (%d per transaction)...\n", o.events, o.perTx)
+	schema, drop, err := wmBacklog(ctx, pool, o.events, o.perTx, prefix+".order")
+	if err != nil {
+		return drainResult{}, err
+	}
+	defer drop()
+	nc, err := nats.Connect(natsURL)
+	if err != nil {
+		return drainResult{}, err
+	}
+	defer nc.Close()
+	js, _ := jetstream.New(nc)
+	if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: prefix, Subjects: []string{prefix + ".>"}, Storage: jetstream.FileStorage}); err != nil {
+		return drainResult{}, err
+	}
+	defer func() { _ = js.DeleteStream(context.Background(), prefix) }()
+	start := time.Now()
+	cmd, err := startWatermill(dbURL, natsURL, schema)
+	if err != nil {
+		return drainResult{}, err
+	}
+	defer stopProcess(cmd)
+	return watchStream(ctx, js, prefix, o.events, start, []*exec.Cmd{cmd})
+}
+
+// watchStream waits for the stream to hold n messages, sampling the processes' peak
+// RSS, and returns the drain's measures.
+func watchStream(ctx context.Context, js jetstream.JetStream, stream string, n int, start time.Time, cmds []*exec.Cmd) (drainResult, error) {
+	var r drainResult
+	for r.stored < uint64(n) {
+		info, err := js.Stream(ctx, stream)
+		if err != nil {
+			return r, err
+		}
+		r.stored = info.CachedInfo().State.Msgs
+		for _, cmd := range cmds {
+			r.rss = max(r.rss, hwm(cmd.Process.Pid))
+		}
+		if time.Since(start) > 10*time.Minute {
+			return r, fmt.Errorf("stream holds %d of %d after 10 minutes", r.stored, n)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	r.events, r.elapsed, r.completed = n, time.Since(start), time.Since(start)
+	for _, cmd := range cmds {
+		r.rss = max(r.rss, hwm(cmd.Process.Pid))
+		r.cpu += cpuSeconds(cmd.Process.Pid)
+	}
+	return r, nil
+}
+
