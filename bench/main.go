@@ -196,8 +196,9 @@ func runDrain(dbURL, natsURL string, o drainOpts) (drainResult, error) {
 	}
 	defer func() { _ = js.DeleteStream(context.Background(), prefix) }()
 
+	// The relay builds in the library's module, the directory above.
 	bin := filepath.Join(os.TempDir(), "outbox-bench-relay")
-	if out, err := exec.Command("go", "build", "-o", bin, "github.com/outboxd/outbox/cmd/outbox").CombinedOutput(); err != nil {
+	if out, err := exec.Command("go", "build", "-C", "..", "-o", bin, "./cmd/outbox").CombinedOutput(); err != nil {
 		return drainResult{}, fmt.Errorf("build relay: %v\n%s", err, out)
 	}
 	rargs := []string{"relay", "--http=", "--db", dbURL, "--broker", natsURL, "--table", table.Schema + "." + table.Name, "--mode", o.mode,
@@ -521,7 +522,7 @@ func latency(dbURL, natsURL string, args []string) error {
 		defer stop()
 	} else {
 		bin := filepath.Join(os.TempDir(), "outbox-bench-relay")
-		if out, err := exec.Command("go", "build", "-o", bin, "github.com/outboxd/outbox/cmd/outbox").CombinedOutput(); err != nil {
+		if out, err := exec.Command("go", "build", "-C", "..", "-o", bin, "./cmd/outbox").CombinedOutput(); err != nil {
 			return fmt.Errorf("build relay: %v\n%s", err, out)
 		}
 		cmd := exec.Command(bin, "relay", "--http=", "--db", dbURL, "--broker", natsURL, "--table", table.Schema+"."+table.Name,

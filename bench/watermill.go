@@ -201,4 +201,3 @@ func watchStream(ctx context.Context, js jetstream.JetStream, stream string, n i
 	}
 	return r, nil
 }
-
