@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"runtime"
+	"strings"
 	"time"
 
 	"gonum.org/v1/plot"
@@ -20,6 +21,7 @@ func compare(dbURL, natsURL string, args []string) error {
 	fs := flag.NewFlagSet("compare", flag.ExitOnError)
 	events := fs.Int("events", 200_000, "backlog size for each relay")
 	plotPath := fs.String("plot", "", "write the throughput chart here (.svg or .png)")
+	only := fs.String("only", "", "run only the relays whose label contains this")
 	_ = fs.Parse(args)
 	base := drainOpts{events: *events, batch: 1000, perTx: 1000, mode: "poll", write: "rows", storage: "file"}
 	type run struct {
@@ -30,18 +32,23 @@ func compare(dbURL, natsURL string, args []string) error {
 	for _, c := range []struct {
 		label string
 		opts  func(o drainOpts) drainOpts
+		wm    *wmTuning // a Watermill run
 	}{
-		{"outbox poll, mark (default)", func(o drainOpts) drainOpts { o.completion = "mark"; return o }},
-		{"outbox poll, archive", func(o drainOpts) drainOpts { o.completion = "archive"; return o }},
-		{"outbox poll, delete", func(o drainOpts) drainOpts { o.completion = "delete"; return o }},
-		{"outbox cdc", func(o drainOpts) drainOpts { o.mode = "cdc"; return o }},
-		{"Watermill SQL forwarder", nil},
+		{"outbox poll, mark (default)", func(o drainOpts) drainOpts { o.completion = "mark"; return o }, nil},
+		{"outbox poll, archive", func(o drainOpts) drainOpts { o.completion = "archive"; return o }, nil},
+		{"outbox poll, delete", func(o drainOpts) drainOpts { o.completion = "delete"; return o }, nil},
+		{"outbox cdc", func(o drainOpts) drainOpts { o.mode = "cdc"; return o }, nil},
+		{"Watermill SQL forwarder, defaults", nil, &wmTuning{}},
+		{"Watermill SQL forwarder, tuned", nil, &wmTuning{batch: 1000, deleteOnAck: true, ackAsync: true}},
 	} {
+		if !strings.Contains(c.label, *only) {
+			continue
+		}
 		fmt.Printf("== %s\n", c.label)
 		var r drainResult
 		var err error
-		if c.opts == nil {
-			r, err = runWatermill(dbURL, natsURL, base)
+		if c.wm != nil {
+			r, err = runWatermill(dbURL, natsURL, base, *c.wm)
 		} else {
 			r, err = runDrain(dbURL, natsURL, c.opts(base))
 		}
@@ -50,9 +57,9 @@ func compare(dbURL, natsURL string, args []string) error {
 		}
 		runs = append(runs, run{c.label, r})
 	}
-	wm := runs[len(runs)-1].r.rate()
+	wm := runs[len(runs)-1].r.rate() // the tuned Watermill forwarder's, when it ran
 	fmt.Printf("\n%d events, ~%d-byte payloads, 1,000 aggregates; %d CPUs, %s\n", *events, len(payload(0)), runtime.NumCPU(), time.Now().UTC().Format("2006-01-02"))
-	fmt.Printf("| relay | events/s | vs Watermill | relay CPU µs/event | relay peak RSS |\n|---|---|---|---|---|\n")
+	fmt.Printf("| relay | events/s | vs Watermill (tuned) | relay CPU µs/event | relay peak RSS |\n|---|---|---|---|---|\n")
 	for _, r := range runs {
 		fmt.Printf("| %s | %.0f | %.1fx | %.1f | %.0f MiB |\n", r.label, r.r.rate(), r.r.rate()/wm, r.r.cpuPerEvent(), r.r.rssMiB())
 	}

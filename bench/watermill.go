@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/exec"
 	"os/signal"
+	"strconv"
 	"syscall"
 	"time"
 
@@ -31,14 +32,21 @@ import (
 
 const wmForwarderTopic = "outbox"
 
-func wmSchema(schema string) wmsql.PostgreSQLQueueSchema {
-	return wmsql.PostgreSQLQueueSchema{GenerateMessagesTableName: func(topic string) string {
-		return pgx.Identifier{schema, "watermill_" + topic}.Sanitize()
-	}}
+// wmTuning is the forwarder's settings: the library's defaults, or tuned.
+type wmTuning struct {
+	batch       int  // PostgreSQLQueueSchema.SubscribeBatchSize (0: its default, 100)
+	deleteOnAck bool // PostgreSQLQueueOffsetsAdapter.DeleteOnAck (default: mark acked)
+	ackAsync    bool // JetStreamConfig.AckAsync (default: wait for each ack)
 }
 
-func wmOffsets(schema string) wmsql.PostgreSQLQueueOffsetsAdapter {
-	return wmsql.PostgreSQLQueueOffsetsAdapter{GenerateMessagesTableName: wmSchema(schema).GenerateMessagesTableName}
+func wmSchema(schema string, t wmTuning) wmsql.PostgreSQLQueueSchema {
+	return wmsql.PostgreSQLQueueSchema{GenerateMessagesTableName: func(topic string) string {
+		return pgx.Identifier{schema, "watermill_" + topic}.Sanitize()
+	}, SubscribeBatchSize: t.batch}
+}
+
+func wmOffsets(schema string, t wmTuning) wmsql.PostgreSQLQueueOffsetsAdapter {
+	return wmsql.PostgreSQLQueueOffsetsAdapter{GenerateMessagesTableName: wmSchema(schema, t).GenerateMessagesTableName, DeleteOnAck: t.deleteOnAck}
 }
 
 // wmBacklog writes events through Watermill's forwarder publisher, perTx per
@@ -49,7 +57,7 @@ func wmBacklog(ctx context.Context, pool *pgxpool.Pool, events, perTx int, topic
 		return "", nil, err
 	}
 	drop := func() { _, _ = pool.Exec(context.Background(), "DROP SCHEMA "+schema+" CASCADE") }
-	qs, err := wmSchema(schema).SchemaInitializingQueries(wmsql.SchemaInitializingQueriesParams{Topic: wmForwarderTopic})
+	qs, err := wmSchema(schema, wmTuning{}).SchemaInitializingQueries(wmsql.SchemaInitializingQueriesParams{Topic: wmForwarderTopic})
 	if err != nil {
 		drop()
 		return "", nil, err
@@ -69,7 +77,7 @@ func wmBacklog(ctx context.Context, pool *pgxpool.Pool, events, perTx int, topic
 			msgs = append(msgs, m)
 		}
 		err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
-			sqlPub, err := wmsql.NewPublisher(wmsql.TxFromPgx(tx), wmsql.PublisherConfig{SchemaAdapter: wmSchema(schema)}, logger)
+			sqlPub, err := wmsql.NewPublisher(wmsql.TxFromPgx(tx), wmsql.PublisherConfig{SchemaAdapter: wmSchema(schema, wmTuning{})}, logger)
 			if err != nil {
 				return err
 			}
@@ -89,12 +97,13 @@ func wmBacklog(ctx context.Context, pool *pgxpool.Pool, events, perTx int, topic
 
 // startWatermill runs the forwarder as a process of its own (this binary, command
 // wm-forwarder), as outbox's relay runs, so their CPU and memory are measured alike.
-func startWatermill(dbURL, natsURL, schema string) (*exec.Cmd, error) {
+func startWatermill(dbURL, natsURL, schema string, t wmTuning) (*exec.Cmd, error) {
 	self, err := os.Executable()
 	if err != nil {
 		return nil, err
 	}
-	cmd := exec.Command(self, "wm-forwarder", "-db", dbURL, "-nats", natsURL, "-schema", schema)
+	cmd := exec.Command(self, "wm-forwarder", "-db", dbURL, "-nats", natsURL, "-schema", schema, "-batch", strconv.Itoa(t.batch),
+		"-delete-on-ack="+strconv.FormatBool(t.deleteOnAck), "-ack-async="+strconv.FormatBool(t.ackAsync))
 	cmd.Stdout, cmd.Stderr = os.Stderr, os.Stderr
 	return cmd, cmd.Start()
 }
@@ -105,6 +114,10 @@ func wmForwarder(args []string) error {
 	dbURL := fs.String("db", "", "PostgreSQL URL")
 	natsURL := fs.String("nats", "", "NATS URL")
 	schema := fs.String("schema", "", "the backlog's schema")
+	var t wmTuning
+	fs.IntVar(&t.batch, "batch", 0, "SubscribeBatchSize (0: Watermill's default)")
+	fs.BoolVar(&t.deleteOnAck, "delete-on-ack", false, "DeleteOnAck")
+	fs.BoolVar(&t.ackAsync, "ack-async", false, "JetStream AckAsync")
 	_ = fs.Parse(args)
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
 	defer stop()
@@ -115,7 +128,7 @@ func wmForwarder(args []string) error {
 	defer pool.Close()
 	logger := watermill.NopLogger{}
 	sub, err := wmsql.NewSubscriber(wmsql.BeginnerFromPgx(pool), wmsql.SubscriberConfig{
-		SchemaAdapter: wmSchema(*schema), OffsetsAdapter: wmOffsets(*schema),
+		SchemaAdapter: wmSchema(*schema, t), OffsetsAdapter: wmOffsets(*schema, t),
 		PollInterval: 100 * time.Millisecond,
 	}, logger)
 	if err != nil {
@@ -123,7 +136,7 @@ func wmForwarder(args []string) error {
 	}
 	pub, err := wmnats.NewPublisher(wmnats.PublisherConfig{
 		URL:       *natsURL,
-		JetStream: wmnats.JetStreamConfig{TrackMsgId: true},
+		JetStream: wmnats.JetStreamConfig{TrackMsgId: true, AckAsync: t.ackAsync},
 	}, logger)
 	if err != nil {
 		return err
@@ -143,7 +156,7 @@ func wmForwarder(args []string) error {
 
 // runWatermill drains a backlog of o.events through the Watermill forwarder into a
 // JetStream stream and measures it as runDrain measures outbox's relay.
-func runWatermill(dbURL, natsURL string, o drainOpts) (drainResult, error) {
+func runWatermill(dbURL, natsURL string, o drainOpts, t wmTuning) (drainResult, error) {
 	ctx := context.Background()
 	pool, err := pgxpool.New(ctx, dbURL)
 	if err != nil {
@@ -168,7 +181,7 @@ func runWatermill(dbURL, natsURL string, o drainOpts) (drainResult, error) {
 	}
 	defer func() { _ = js.DeleteStream(context.Background(), prefix) }()
 	start := time.Now()
-	cmd, err := startWatermill(dbURL, natsURL, schema)
+	cmd, err := startWatermill(dbURL, natsURL, schema, t)
 	if err != nil {
 		return drainResult{}, err
 	}
