@@ -72,7 +72,8 @@ func compare(dbURL, natsURL string, args []string) error {
 	values := make(plotter.Values, len(runs))
 	names := make([]string, len(runs))
 	for i, r := range runs {
-		values[i], names[i] = r.r.rate(), r.label
+		values[i] = r.r.rate()
+		names[i] = strings.NewReplacer("outbox ", "", "SQL forwarder, ", "", " (default)", "").Replace(r.label)
 	}
 	bars, err := plotter.NewBarChart(values, vg.Points(40))
 	if err != nil {
