@@ -1,0 +1,321 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	goredis "github.com/redis/go-redis/v9"
+
+	"github.com/outboxd/outbox"
+	"github.com/outboxd/outbox/broker"
+	"github.com/outboxd/outbox/internal/redact"
+	"github.com/outboxd/outbox/outboxdriver"
+	"github.com/outboxd/outbox/outboxdriver/outboxpgx"
+)
+
+// Canary events: an aggregate type of their own, so consumers can skip them.
+const (
+	verifyAggregateType = "outbox_verify"
+	verifyEventType     = "outbox.verify"
+)
+
+// runVerify checks a deployment end to end: it writes canary events through the
+// real writer, reads them back from the broker, and reports what arrived.
+func runVerify(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	fs := newFlags("verify", stderr)
+	dsn := fs.String("db", "", "database URL: postgres://user@host:5432/db")
+	tableName := fs.String("table", outboxdriver.DefaultSchema+"."+outboxdriver.DefaultTable, "outbox table, [schema.]name")
+	brokerURL := fs.String("broker", "", "the broker the relay publishes to: nats://... or redis://...")
+	topic := fs.String("topic-template", "", "the relay's --topic-template (default: the relay's default for the broker)")
+	events := fs.Int("events", 100, "canary events to write")
+	aggregates := fs.Int("aggregates", 10, "aggregates they are spread over (order is checked per aggregate)")
+	deadline := fs.Duration("deadline", 30*time.Second, "how long to wait for every event to arrive")
+	if err := parse(fs, args); err != nil {
+		return err
+	}
+	if *events < 1 || *aggregates < 1 || *aggregates > *events {
+		return usageErr("--events must be positive and --aggregates 1..--events")
+	}
+	scheme, _, _ := strings.Cut(*brokerURL, "://")
+	if *topic == "" {
+		*topic = defaultTopicTemplate(scheme)
+	}
+	tmpl, err := broker.ParseTemplate(*topic)
+	if err != nil {
+		return usageErr("--topic-template: %v", err)
+	}
+	subject := tmpl.Execute(broker.TopicFields{AggregateType: verifyAggregateType, Type: verifyEventType}, nil)
+	table, err := parseTable(*tableName, string(outboxdriver.PayloadJSON))
+	if err != nil {
+		return err
+	}
+	if s, _, _ := strings.Cut(*dsn, "://"); s != "postgres" && s != "postgresql" {
+		return usageErr("--db: verify writes through the PostgreSQL writer (postgres://...)")
+	}
+	rctx, cancel := context.WithTimeout(ctx, *deadline+10*time.Second)
+	defer cancel()
+	// Subscribe first: a canary published before the reader starts would be missed.
+	var reader verifyReader
+	switch scheme {
+	case "nats":
+		reader, err = natsVerifyReader(rctx, *brokerURL, subject)
+	case "redis", "rediss":
+		reader, err = redisVerifyReader(rctx, *brokerURL, subject)
+	default:
+		return usageErr("--broker %s: verify reads back from nats:// and redis:// (the others: not yet)", redact.URL(*brokerURL))
+	}
+	if err != nil {
+		return err
+	}
+	defer reader.close()
+
+	pool, err := pgxpool.New(rctx, *dsn)
+	if err != nil {
+		return fmt.Errorf("database %s: %w", redact.URL(*dsn), err)
+	}
+	defer pool.Close()
+	w, err := outbox.NewWriter(outboxpgx.New(pool, &table), nil)
+	if err != nil {
+		return err
+	}
+	run := uuid.NewString()[:8]
+	sent := make([]verifySent, 0, *events)
+	for i := 0; i < *events; i++ {
+		ev := outbox.Event{ID: uuid.Must(uuid.NewV7()).String(), AggregateType: verifyAggregateType,
+			AggregateID: fmt.Sprintf("verify-%s-%d", run, i%*aggregates), Type: verifyEventType,
+			Payload: []byte(fmt.Sprintf(`{"run":%q,"n":%d}`, run, i))}
+		if err := pgx.BeginFunc(rctx, pool, func(tx pgx.Tx) error { return w.WriteTx(rctx, tx, ev) }); err != nil {
+			return fmt.Errorf("write canary %d: %w", i, err)
+		}
+		sent = append(sent, verifySent{id: ev.ID, aggregate: ev.AggregateID, committed: time.Now()})
+	}
+	want := make(map[string]bool, len(sent))
+	for _, s := range sent {
+		want[s.id] = true
+	}
+	var got []verifyArrival
+	seen := map[string]bool{}
+	until := time.Now().Add(*deadline)
+	for len(seen) < len(sent) && time.Now().Before(until) {
+		batch, err := reader.next(rctx, time.Until(until))
+		if err != nil && !errors.Is(err, context.DeadlineExceeded) {
+			return fmt.Errorf("read back from %s: %w", redact.URL(*brokerURL), err)
+		}
+		for _, a := range batch {
+			if want[a.id] {
+				got = append(got, a)
+				seen[a.id] = true
+			}
+		}
+	}
+	rep := analyzeVerify(sent, got)
+	fmt.Fprintf(stdout, "verify: %d canary events over %d aggregates on %s (table %s)\n", len(sent), *aggregates, subject, table)
+	fmt.Fprint(stdout, rep.String())
+	if !rep.ok() {
+		return fmt.Errorf("verify failed: %s", rep.summary())
+	}
+	return nil
+}
+
+type verifySent struct {
+	id, aggregate string
+	committed     time.Time
+}
+
+type verifyArrival struct {
+	id      string
+	arrived time.Time
+}
+
+// verifyReport is what a verify run found.
+type verifyReport struct {
+	sent, delivered, lost, duplicated, outOfOrder int
+	p50, p99                                      time.Duration
+}
+
+func (r verifyReport) ok() bool {
+	return r.lost == 0 && r.duplicated == 0 && r.outOfOrder == 0 && r.delivered == r.sent
+}
+
+func (r verifyReport) summary() string {
+	return fmt.Sprintf("%d of %d delivered, %d lost, %d duplicated, %d out of order", r.delivered, r.sent, r.lost, r.duplicated, r.outOfOrder)
+}
+
+func (r verifyReport) String() string {
+	verdict := "OK"
+	if !r.ok() {
+		verdict = "FAILED"
+	}
+	return fmt.Sprintf("  delivered    %d of %d\n  lost         %d\n  duplicated   %d\n  out of order %d\n  commit→broker p50 %v, p99 %v\n%s\n",
+		r.delivered, r.sent, r.lost, r.duplicated, r.outOfOrder, r.p50.Round(time.Millisecond/10), r.p99.Round(time.Millisecond/10), verdict)
+}
+
+// analyzeVerify compares what was sent with what arrived, in arrival order: an event
+// arriving before an earlier event of its aggregate is out of order.
+func analyzeVerify(sent []verifySent, got []verifyArrival) verifyReport {
+	r := verifyReport{sent: len(sent)}
+	byID := make(map[string]int, len(sent))
+	for i, s := range sent {
+		byID[s.id] = i
+	}
+	count := map[string]int{}
+	last := map[string]int{} // per aggregate: the write index of the latest arrival
+	var lat []time.Duration
+	for _, a := range got {
+		i, ok := byID[a.id]
+		if !ok {
+			continue
+		}
+		count[a.id]++
+		if count[a.id] > 1 {
+			r.duplicated++
+			continue
+		}
+		s := sent[i]
+		if prev, ok := last[s.aggregate]; ok && i < prev {
+			r.outOfOrder++
+		} else {
+			last[s.aggregate] = i
+		}
+		lat = append(lat, a.arrived.Sub(s.committed))
+	}
+	r.delivered = len(count)
+	r.lost = r.sent - r.delivered
+	if len(lat) > 0 {
+		slices.Sort(lat)
+		r.p50, r.p99 = lat[len(lat)/2], lat[min(len(lat)-1, len(lat)*99/100)]
+	}
+	return r
+}
+
+// verifyReader reads what the broker holds on the canaries' topic.
+type verifyReader interface {
+	next(ctx context.Context, wait time.Duration) ([]verifyArrival, error)
+	close()
+}
+
+type natsReader struct {
+	nc   *nats.Conn
+	cc   jetstream.ConsumeContext
+	wake chan struct{}
+	mu   sync.Mutex
+	got  []verifyArrival // arrived, not yet taken by next
+}
+
+// natsVerifyReader reads the subject's new messages from the stream that holds it,
+// with an ordered (ephemeral) consumer: nothing is left behind on the server.
+func natsVerifyReader(ctx context.Context, rawURL, subject string) (verifyReader, error) {
+	nc, err := nats.Connect(rawURL, nats.Name("outbox verify"))
+	if err != nil {
+		return nil, fmt.Errorf("connect to NATS at %s: %w", redact.URL(rawURL), err)
+	}
+	js, err := jetstream.New(nc)
+	if err != nil {
+		nc.Close()
+		return nil, err
+	}
+	stream, err := js.StreamNameBySubject(ctx, subject)
+	if err != nil {
+		nc.Close()
+		return nil, fmt.Errorf("no JetStream stream holds %s (the relay could not publish there either): %w", subject, err)
+	}
+	cons, err := js.OrderedConsumer(ctx, stream, jetstream.OrderedConsumerConfig{
+		FilterSubjects: []string{subject}, DeliverPolicy: jetstream.DeliverNewPolicy})
+	if err != nil {
+		nc.Close()
+		return nil, err
+	}
+	r := &natsReader{nc: nc, wake: make(chan struct{}, 1)}
+	r.cc, err = cons.Consume(func(m jetstream.Msg) {
+		r.mu.Lock()
+		r.got = append(r.got, verifyArrival{id: m.Headers().Get(broker.HeaderID), arrived: time.Now()})
+		r.mu.Unlock()
+		select {
+		case r.wake <- struct{}{}:
+		default:
+		}
+	})
+	if err != nil {
+		nc.Close()
+		return nil, err
+	}
+	return r, nil
+}
+
+func (r *natsReader) next(ctx context.Context, wait time.Duration) ([]verifyArrival, error) {
+	t := time.NewTimer(min(max(wait, time.Millisecond), time.Second))
+	defer t.Stop()
+	select {
+	case <-r.wake:
+	case <-t.C:
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	out := r.got
+	r.got = nil
+	return out, nil
+}
+
+func (r *natsReader) close() {
+	r.cc.Stop()
+	r.nc.Close()
+}
+
+type redisReader struct {
+	c      *goredis.Client
+	stream string
+	last   string
+}
+
+// redisVerifyReader reads the stream's entries added from now on.
+func redisVerifyReader(ctx context.Context, rawURL, stream string) (verifyReader, error) {
+	opts, err := goredis.ParseURL(rawURL)
+	if err != nil {
+		return nil, usageErr("--broker %s: %v", redact.URL(rawURL), err)
+	}
+	c := goredis.NewClient(opts)
+	// Start after the stream's last entry now ("$" on every read would miss entries
+	// added between two reads).
+	last := "0-0"
+	if es, err := c.XRevRangeN(ctx, stream, "+", "-", 1).Result(); err == nil && len(es) > 0 {
+		last = es[0].ID
+	} else if err != nil && !errors.Is(err, goredis.Nil) {
+		_ = c.Close()
+		return nil, fmt.Errorf("connect to Redis at %s: %w", opts.Addr, err)
+	}
+	return &redisReader{c: c, stream: stream, last: last}, nil
+}
+
+func (r *redisReader) next(ctx context.Context, wait time.Duration) ([]verifyArrival, error) {
+	res, err := r.c.XRead(ctx, &goredis.XReadArgs{Streams: []string{r.stream, r.last}, Count: 1000, Block: min(max(wait, time.Millisecond), time.Second)}).Result()
+	if errors.Is(err, goredis.Nil) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	var out []verifyArrival
+	for _, s := range res {
+		for _, m := range s.Messages {
+			r.last = m.ID
+			id, _ := m.Values["id"].(string) // the Redis publisher's id field
+			out = append(out, verifyArrival{id: id, arrived: time.Now()})
+		}
+	}
+	return out, nil
+}
+
+func (r *redisReader) close() { _ = r.c.Close() }
