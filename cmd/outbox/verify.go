@@ -5,20 +5,25 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
+	"net/url"
 	"slices"
 	"strings"
 	"sync"
 	"time"
 
+	"github.com/eclipse/paho.golang/paho"
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	amqp091 "github.com/rabbitmq/amqp091-go"
 	goredis "github.com/redis/go-redis/v9"
 
 	"github.com/outboxd/outbox"
 	"github.com/outboxd/outbox/broker"
+	"github.com/outboxd/outbox/broker/amqp"
 	"github.com/outboxd/outbox/internal/redact"
 	"github.com/outboxd/outbox/outboxdriver"
 	"github.com/outboxd/outbox/outboxdriver/outboxpgx"
@@ -36,7 +41,8 @@ func runVerify(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	fs := newFlags("verify", stderr)
 	dsn := fs.String("db", "", "database URL: postgres://user@host:5432/db")
 	tableName := fs.String("table", outboxdriver.DefaultSchema+"."+outboxdriver.DefaultTable, "outbox table, [schema.]name")
-	brokerURL := fs.String("broker", "", "the broker the relay publishes to: nats://... or redis://...")
+	brokerURL := fs.String("broker", "", "the broker the relay publishes to: nats://, redis://, amqp:// or mqtt://...")
+	exchange := fs.String("amqp-exchange", amqp.ExchangeDefault, "RabbitMQ: the relay's topic exchange")
 	topic := fs.String("topic-template", "", "the relay's --topic-template (default: the relay's default for the broker)")
 	events := fs.Int("events", 100, "canary events to write")
 	aggregates := fs.Int("aggregates", 10, "aggregates they are spread over (order is checked per aggregate)")
@@ -72,8 +78,12 @@ func runVerify(ctx context.Context, args []string, stdout, stderr io.Writer) err
 		reader, err = natsVerifyReader(rctx, *brokerURL, subject)
 	case "redis", "rediss":
 		reader, err = redisVerifyReader(rctx, *brokerURL, subject)
+	case "amqp", "amqps":
+		reader, err = amqpVerifyReader(*brokerURL, *exchange, subject)
+	case "mqtt":
+		reader, err = mqttVerifyReader(rctx, *brokerURL, subject)
 	default:
-		return usageErr("--broker %s: verify reads back from nats:// and redis:// (the others: not yet)", redact.URL(*brokerURL))
+		return usageErr("--broker %s: verify reads back from nats://, redis://, amqp:// and mqtt:// (Kafka and webhooks: not yet)", redact.URL(*brokerURL))
 	}
 	if err != nil {
 		return err
@@ -205,13 +215,43 @@ type verifyReader interface {
 	close()
 }
 
-type natsReader struct {
-	nc   *nats.Conn
-	cc   jetstream.ConsumeContext
+// pushReader collects what a broker's client pushes to it, for next to take.
+type pushReader struct {
 	wake chan struct{}
 	mu   sync.Mutex
 	got  []verifyArrival // arrived, not yet taken by next
+	stop func()
 }
+
+func newPushReader() *pushReader { return &pushReader{wake: make(chan struct{}, 1)} }
+
+func (r *pushReader) add(id string) {
+	r.mu.Lock()
+	r.got = append(r.got, verifyArrival{id: id, arrived: time.Now()})
+	r.mu.Unlock()
+	select {
+	case r.wake <- struct{}{}:
+	default:
+	}
+}
+
+func (r *pushReader) next(ctx context.Context, wait time.Duration) ([]verifyArrival, error) {
+	t := time.NewTimer(min(max(wait, time.Millisecond), time.Second))
+	defer t.Stop()
+	select {
+	case <-r.wake:
+	case <-t.C:
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	out := r.got
+	r.got = nil
+	return out, nil
+}
+
+func (r *pushReader) close() { r.stop() }
 
 // natsVerifyReader reads the subject's new messages from the stream that holds it,
 // with an ordered (ephemeral) consumer: nothing is left behind on the server.
@@ -236,42 +276,85 @@ func natsVerifyReader(ctx context.Context, rawURL, subject string) (verifyReader
 		nc.Close()
 		return nil, err
 	}
-	r := &natsReader{nc: nc, wake: make(chan struct{}, 1)}
-	r.cc, err = cons.Consume(func(m jetstream.Msg) {
-		r.mu.Lock()
-		r.got = append(r.got, verifyArrival{id: m.Headers().Get(broker.HeaderID), arrived: time.Now()})
-		r.mu.Unlock()
-		select {
-		case r.wake <- struct{}{}:
-		default:
-		}
-	})
+	r := newPushReader()
+	cc, err := cons.Consume(func(m jetstream.Msg) { r.add(m.Headers().Get(broker.HeaderID)) })
 	if err != nil {
 		nc.Close()
 		return nil, err
 	}
+	r.stop = func() { cc.Stop(); nc.Close() }
 	return r, nil
 }
 
-func (r *natsReader) next(ctx context.Context, wait time.Duration) ([]verifyArrival, error) {
-	t := time.NewTimer(min(max(wait, time.Millisecond), time.Second))
-	defer t.Stop()
-	select {
-	case <-r.wake:
-	case <-t.C:
-	case <-ctx.Done():
-		return nil, ctx.Err()
+// amqpVerifyReader binds a queue of its own (exclusive, deleted when verify ends) to
+// the relay's exchange for the canaries' routing key.
+func amqpVerifyReader(rawURL, exchange, routingKey string) (verifyReader, error) {
+	conn, err := amqp091.Dial(rawURL)
+	if err != nil {
+		return nil, fmt.Errorf("connect to RabbitMQ at %s: %w", redact.URL(rawURL), err)
 	}
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	out := r.got
-	r.got = nil
-	return out, nil
+	ch, err := conn.Channel()
+	if err == nil {
+		var q amqp091.Queue
+		if q, err = ch.QueueDeclare("", false, true, true, false, nil); err == nil {
+			if err = ch.QueueBind(q.Name, routingKey, exchange, false, nil); err == nil {
+				var ds <-chan amqp091.Delivery
+				if ds, err = ch.Consume(q.Name, "", true, true, false, false, nil); err == nil {
+					r := newPushReader()
+					go func() {
+						for d := range ds {
+							r.add(d.MessageId) // the AMQP publisher's message id is the event id
+						}
+					}()
+					r.stop = func() { _ = conn.Close() }
+					return r, nil
+				}
+			}
+		}
+	}
+	_ = conn.Close()
+	return nil, fmt.Errorf("RabbitMQ: a queue bound to exchange %q for %s: %w", exchange, routingKey, err)
 }
 
-func (r *natsReader) close() {
-	r.cc.Stop()
-	r.nc.Close()
+// mqttVerifyReader subscribes to the canaries' topic at QoS 1 with a clean session.
+func mqttVerifyReader(ctx context.Context, rawURL, topic string) (verifyReader, error) {
+	u, err := url.Parse(rawURL)
+	if err != nil || u.Host == "" {
+		return nil, usageErr("--broker %s: want mqtt://host:1883", redact.URL(rawURL))
+	}
+	addr := u.Host
+	if u.Port() == "" {
+		addr += ":1883"
+	}
+	conn, err := net.DialTimeout("tcp", addr, 10*time.Second)
+	if err != nil {
+		return nil, fmt.Errorf("connect to MQTT at %s: %w", addr, err)
+	}
+	r := newPushReader()
+	c := paho.NewClient(paho.ClientConfig{Conn: conn, OnPublishReceived: []func(paho.PublishReceived) (bool, error){
+		func(pr paho.PublishReceived) (bool, error) {
+			if pr.Packet.Properties != nil {
+				r.add(pr.Packet.Properties.User.Get(broker.HeaderID))
+			}
+			return true, nil
+		}}})
+	cn := &paho.Connect{ClientID: "outbox-verify-" + uuid.NewString()[:8], CleanStart: true, KeepAlive: 30}
+	if u.User != nil {
+		cn.Username, cn.UsernameFlag = u.User.Username(), true
+		if p, ok := u.User.Password(); ok {
+			cn.Password, cn.PasswordFlag = []byte(p), true
+		}
+	}
+	if _, err := c.Connect(ctx, cn); err != nil {
+		_ = conn.Close()
+		return nil, fmt.Errorf("connect to MQTT at %s: %w", addr, err)
+	}
+	if _, err := c.Subscribe(ctx, &paho.Subscribe{Subscriptions: []paho.SubscribeOptions{{Topic: topic, QoS: 1}}}); err != nil {
+		_ = c.Disconnect(&paho.Disconnect{})
+		return nil, fmt.Errorf("MQTT subscribe %s: %w", topic, err)
+	}
+	r.stop = func() { _ = c.Disconnect(&paho.Disconnect{}); <-c.Done() }
+	return r, nil
 }
 
 type redisReader struct {

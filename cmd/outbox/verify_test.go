@@ -30,6 +30,36 @@ func TestVerify(t *testing.T) {
 			t.Fatalf("verify with the relay: %d\n%s\n%s", code, stdout, stderr)
 		}
 	})
+	for _, b := range []struct {
+		name, env, def, addr, service string
+		args                          func(unique string) []string // broker flags
+	}{
+		{"amqp", "TEST_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/", "127.0.0.1:5672", "RabbitMQ", func(u string) []string {
+			return []string{"--amqp-exchange", u, "--topic-template", "outbox.event.${aggregatetype}"}
+		}},
+		{"mqtt", "TEST_MQTT_URL", "mqtt://127.0.0.1:1883", "127.0.0.1:1883", "Mosquitto", func(u string) []string {
+			return []string{"--topic-template", u + "/${aggregatetype}"}
+		}},
+	} {
+		t.Run(b.name, func(t *testing.T) {
+			t.Parallel()
+			brokerURL := testenv.ServiceURL(t, b.env, b.def, b.addr, b.service)
+			table := migrateSchema(t, url, testenv.Schema(t, url), "outbox")
+			flags := append([]string{"--broker", brokerURL}, b.args(testenv.UniqueName("verify"))...)
+			p := startRelayProc(t, nil, append([]string{"--db", url, "--table", table.Schema + ".outbox"}, flags...)...)
+			// The relay's publisher declares the exchange when it connects, before "active".
+			for deadline := time.Now().Add(20 * time.Second); !strings.Contains(p.output(), "relay: active"); time.Sleep(20 * time.Millisecond) {
+				if time.Now().After(deadline) {
+					t.Fatalf("relay not active:\n%s", p.output())
+				}
+			}
+			args := append([]string{"verify", "--db", url, "--table", table.Schema + ".outbox", "--events", "40", "--deadline", "30s"}, flags...)
+			stdout, stderr, code := runCLI(t, nil, args...)
+			if code != 0 || !strings.Contains(stdout, "delivered    40 of 40") {
+				t.Fatalf("verify on %s: %d\n%s\n%s", b.name, code, stdout, stderr)
+			}
+		})
+	}
 	t.Run("redis", func(t *testing.T) {
 		t.Parallel()
 		redisURL := testenv.ServiceURL(t, "TEST_REDIS_URL", "redis://127.0.0.1:6379/0", "127.0.0.1:6379", "Redis")
