@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"go.uber.org/goleak"
@@ -35,31 +36,7 @@ func TestGolden(t *testing.T) {
 			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 			defer cancel()
 			table := outboxdriver.Table{Schema: testenv.Schema(t, url)}
-			drv := outboxpgx.New(pool, &table)
-			m, _ := drv.Migrator()
-			if _, err := m.Migrate(ctx); err != nil {
-				t.Fatal(err)
-			}
-			source := func(t *testing.T) outboxdriver.Source {
-				s, _ := drv.Store()
-				return s
-			}
-			if mode == "cdc" {
-				testenv.LogicalReplication(t, pool)
-				slot := pgcdc.DefaultSlot(table)
-				t.Cleanup(func() {
-					if err := testenv.DropSlot(context.Background(), pool, slot); err != nil {
-						t.Error(err)
-					}
-				})
-				source = func(t *testing.T) outboxdriver.Source {
-					s, err := pgcdc.ForDriver(drv, &pgcdc.Config{Logger: testenv.QuietLogger(), StatusInterval: 100 * time.Millisecond})
-					if err != nil {
-						t.Fatal(err)
-					}
-					return s
-				}
-			}
+			source := migratedSource(ctx, t, pool, table, mode)
 			qtable := pgx.Identifier{table.Schema, "outbox"}.Sanitize()
 			for _, tc := range routerCases(table.Schema) {
 				if !tc.e2e {
@@ -170,11 +147,7 @@ func TestGoldenCustomColumns(t *testing.T) {
   tenant text, p integer, version integer NOT NULL DEFAULT 1, is_deleted boolean, payload_id integer)`); err != nil {
 				t.Fatal(err)
 			}
-			drv := outboxpgx.New(pool, &table)
-			m, _ := drv.Migrator()
-			if _, err := m.Migrate(ctx); err != nil {
-				t.Fatalf("adopting the Quarkus table: %v", err)
-			}
+			source := migratedSource(ctx, t, pool, table, mode) // adopts the Quarkus table
 			var cols []debezium.Column
 			rows, _ := pool.Query(ctx, `SELECT attname, format_type(atttypid, NULL), attnotnull FROM pg_attribute
 WHERE attrelid = $1::regclass AND attnum > 0 AND NOT attisdropped`, qtable)
@@ -187,26 +160,6 @@ WHERE attrelid = $1::regclass AND attnum > 0 AND NOT attisdropped`, qtable)
 			}
 			if rows.Err() != nil || len(cols) == 0 {
 				t.Fatalf("columns: %v", rows.Err())
-			}
-			source := func(t *testing.T) outboxdriver.Source {
-				s, _ := drv.Store()
-				return s
-			}
-			if mode == "cdc" {
-				testenv.LogicalReplication(t, pool)
-				slot := pgcdc.DefaultSlot(table)
-				t.Cleanup(func() {
-					if err := testenv.DropSlot(context.Background(), pool, slot); err != nil {
-						t.Error(err)
-					}
-				})
-				source = func(t *testing.T) outboxdriver.Source {
-					s, err := pgcdc.ForDriver(drv, &pgcdc.Config{Logger: testenv.QuietLogger(), StatusInterval: 100 * time.Millisecond})
-					if err != nil {
-						t.Fatal(err)
-					}
-					return s
-				}
 			}
 			eventTime := time.Date(2019, 1, 31, 12, 13, 1, 123_000_000, time.UTC)
 			for _, tc := range []struct {
@@ -252,5 +205,36 @@ VALUES ($1, $2, $3, $4, $5, '{}', 'acme', 2, 1, true, 1232)`, dbzID, dbzAggType,
 				})
 			}
 		})
+	}
+}
+
+// migratedSource migrates table (creating or adopting it) and returns a func that
+// opens the relay's source in mode: the table store (poll) or a CDC source on a slot
+// dropped when the test ends.
+func migratedSource(ctx context.Context, t *testing.T, pool *pgxpool.Pool, table outboxdriver.Table, mode string) func(*testing.T) outboxdriver.Source {
+	drv := outboxpgx.New(pool, &table)
+	m, _ := drv.Migrator()
+	if _, err := m.Migrate(ctx); err != nil {
+		t.Fatalf("migrate %s: %v", table, err)
+	}
+	if mode != "cdc" {
+		return func(*testing.T) outboxdriver.Source {
+			s, _ := drv.Store()
+			return s
+		}
+	}
+	testenv.LogicalReplication(t, pool)
+	slot := pgcdc.DefaultSlot(table)
+	t.Cleanup(func() {
+		if err := testenv.DropSlot(context.Background(), pool, slot); err != nil {
+			t.Error(err)
+		}
+	})
+	return func(t *testing.T) outboxdriver.Source {
+		s, err := pgcdc.ForDriver(drv, &pgcdc.Config{Logger: testenv.QuietLogger(), StatusInterval: 100 * time.Millisecond})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return s
 	}
 }
