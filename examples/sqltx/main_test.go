@@ -6,8 +6,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/nats-io/nats.go"
-	"github.com/nats-io/nats.go/jetstream"
 	"go.uber.org/goleak"
 
 	"github.com/outboxd/outbox/internal/testenv"
@@ -25,7 +23,7 @@ func TestExample(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	stream := testenv.UniqueName("sqltx")
-	t.Cleanup(func() { deleteStream(natsURL, stream) })
+	t.Cleanup(func() { testenv.DeleteStream(natsURL, stream) })
 	id, err := run(ctx, url, natsURL, setup{schema: testenv.Schema(t, url), topics: stream + ".${aggregatetype}", stream: stream})
 	if err != nil {
 		t.Fatal(err)
@@ -37,16 +35,4 @@ func TestExample(t *testing.T) {
 	if msgs[0].Key != fmt.Sprint(id) || msgs[0].Headers["eventType"] != "OrderPlaced" {
 		t.Fatalf("published %+v, want order %d's OrderPlaced", msgs[0], id)
 	}
-}
-
-func deleteStream(url, name string) {
-	nc, err := nats.Connect(url)
-	if err != nil {
-		return
-	}
-	defer nc.Close()
-	js, _ := jetstream.New(nc)
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
-	_ = js.DeleteStream(ctx, name)
 }

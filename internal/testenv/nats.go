@@ -58,3 +58,19 @@ func ReadNATS(ctx context.Context, url, stream, subject string, n int) ([]broker
 	}
 	return out, fmt.Errorf("read %d of %d messages: %w", len(out), n, ctx.Err())
 }
+
+// DeleteStream removes a test's JetStream stream, ignoring errors (for t.Cleanup).
+func DeleteStream(url, name string) {
+	nc, err := nats.Connect(url)
+	if err != nil {
+		return
+	}
+	defer nc.Close()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	_ = js.DeleteStream(ctx, name)
+}
