@@ -1,11 +1,18 @@
 package main
 
 import (
+	"bytes"
+	"context"
+	"slices"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/outboxd/outbox/broker"
+	natspub "github.com/outboxd/outbox/broker/nats"
 	"github.com/outboxd/outbox/internal/testenv"
+	"github.com/outboxd/outbox/outboxdriver/outboxpgx"
+	"github.com/outboxd/outbox/relay"
 )
 
 // TestVerify: `outbox verify` passes against a running relay (NATS and Redis), and
@@ -103,5 +110,45 @@ func TestAnalyzeVerify(t *testing.T) {
 		if r.ok() != strings.HasPrefix(tc.want, "5 of 5 delivered, 0 lost, 0 duplicated, 0 out") {
 			t.Errorf("%s: ok() = %v", tc.name, r.ok())
 		}
+	}
+}
+
+// reversing is a broken publisher: it sends each batch in reverse order.
+type reversing struct{ broker.Publisher }
+
+func (p reversing) Publish(ctx context.Context, msgs []broker.Message) []broker.Result {
+	rev := slices.Clone(msgs)
+	slices.Reverse(rev)
+	res := p.Publisher.Publish(ctx, rev)
+	slices.Reverse(res)
+	return res
+}
+
+// TestVerifyOutOfOrder: against a relay whose publisher reorders, verify fails and
+// says how many events arrived out of order.
+func TestVerifyOutOfOrder(t *testing.T) {
+	url := testenv.DatabaseURL(t)
+	pool := testenv.Pool(t, url)
+	table := migrateSchema(t, url, testenv.Schema(t, url), "outbox")
+	ns := newNATSScope(t)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	pub, err := natspub.Dial(ctx, ns.url, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pub.Close()
+	store, _ := outboxpgx.New(pool, &table).Store()
+	// Batches of 10 reach the broker reversed: within a batch, later events of an
+	// aggregate arrive before earlier ones.
+	testenv.StartRelay(t, store, reversing{pub}, &relay.Config{TopicTemplate: ns.template(), BatchSize: 10})
+	var stdout, stderr bytes.Buffer
+	err = runVerify(ctx, []string{"--db", url, "--table", table.Schema + ".outbox", "--broker", ns.url,
+		"--topic-template", ns.template(), "--events", "40", "--aggregates", "2", "--deadline", "20s"}, &stdout, &stderr)
+	if err == nil || !strings.Contains(err.Error(), "out of order") || strings.Contains(stdout.String(), "out of order 0\n") {
+		t.Fatalf("verify of a reordering relay: %v\n%s", err, stdout.String())
+	}
+	if !strings.Contains(stdout.String(), "delivered    40 of 40") || !strings.Contains(stdout.String(), "FAILED") {
+		t.Fatalf("report:\n%s", stdout.String())
 	}
 }
