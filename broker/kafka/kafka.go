@@ -82,15 +82,16 @@ func ClientOptions() []kgo.Opt {
 	}
 }
 
-// Dial builds a client from kafka://host:9092[,host2:9092][?tls=true&sasl=plain|scram-sha-256|scram-sha-512]
-// (user and password in the URL's user info), checks a broker answers, and returns
-// a publisher that owns the client.
-func Dial(ctx context.Context, rawURL string, cfg *Config, extra ...kgo.Opt) (*Publisher, error) {
+// ConnectOptions are the client options a kafka:// URL names:
+// kafka://host:9092[,host2:9092][?tls=true&sasl=plain|scram-sha-256|scram-sha-512]
+// (user and password in the URL's user info). Dial uses them; so does a consumer that
+// must reach the same cluster.
+func ConnectOptions(rawURL string) ([]kgo.Opt, error) {
 	u, err := url.Parse(rawURL)
 	if err != nil || (u.Scheme != "kafka" && u.Scheme != "kafkas") || u.Host == "" {
 		return nil, fmt.Errorf("Kafka URL %q: want kafka://host:9092[,host:9092][?tls=true&sasl=plain]", redact.URL(rawURL))
 	}
-	opts := append(ClientOptions(), kgo.SeedBrokers(strings.Split(u.Host, ",")...))
+	opts := []kgo.Opt{kgo.SeedBrokers(strings.Split(u.Host, ",")...)}
 	q := u.Query()
 	if u.Scheme == "kafkas" || q.Get("tls") == "true" {
 		opts = append(opts, kgo.DialTLSConfig(&tls.Config{MinVersion: tls.VersionTLS12}))
@@ -109,13 +110,23 @@ func Dial(ctx context.Context, rawURL string, cfg *Config, extra ...kgo.Opt) (*P
 			return nil, fmt.Errorf("Kafka URL: unknown sasl %q (want plain, scram-sha-256, scram-sha-512)", mech)
 		}
 	}
-	c, err := kgo.NewClient(append(opts, extra...)...)
+	return opts, nil
+}
+
+// Dial builds a client from a kafka:// URL (see ConnectOptions), checks a broker
+// answers, and returns a publisher that owns the client.
+func Dial(ctx context.Context, rawURL string, cfg *Config, extra ...kgo.Opt) (*Publisher, error) {
+	conn, err := ConnectOptions(rawURL)
+	if err != nil {
+		return nil, err
+	}
+	c, err := kgo.NewClient(append(append(ClientOptions(), conn...), extra...)...)
 	if err != nil {
 		return nil, fmt.Errorf("kafka client: %w", err)
 	}
 	if err := c.Ping(ctx); err != nil {
 		c.Close()
-		return nil, fmt.Errorf("connect to Kafka at %s: %w", u.Host, err)
+		return nil, fmt.Errorf("connect to Kafka at %s: %w", redact.URL(rawURL), err)
 	}
 	p, _ := New(c, cfg)
 	p.own = true

@@ -20,10 +20,12 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	amqp091 "github.com/rabbitmq/amqp091-go"
 	goredis "github.com/redis/go-redis/v9"
+	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/outboxd/outbox"
 	"github.com/outboxd/outbox/broker"
 	"github.com/outboxd/outbox/broker/amqp"
+	"github.com/outboxd/outbox/broker/kafka"
 	"github.com/outboxd/outbox/internal/redact"
 	"github.com/outboxd/outbox/outboxdriver"
 	"github.com/outboxd/outbox/outboxdriver/outboxpgx"
@@ -41,7 +43,7 @@ func runVerify(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	fs := newFlags("verify", stderr)
 	dsn := fs.String("db", "", "database URL: postgres://user@host:5432/db")
 	tableName := fs.String("table", outboxdriver.DefaultSchema+"."+outboxdriver.DefaultTable, "outbox table, [schema.]name")
-	brokerURL := fs.String("broker", "", "the broker the relay publishes to: nats://, redis://, amqp:// or mqtt://...")
+	brokerURL := fs.String("broker", "", "the broker the relay publishes to: nats://, kafka://, redis://, amqp:// or mqtt://...")
 	exchange := fs.String("amqp-exchange", amqp.ExchangeDefault, "RabbitMQ: the relay's topic exchange")
 	topic := fs.String("topic-template", "", "the relay's --topic-template (default: the relay's default for the broker)")
 	events := fs.Int("events", 100, "canary events to write")
@@ -82,8 +84,10 @@ func runVerify(ctx context.Context, args []string, stdout, stderr io.Writer) err
 		reader, err = amqpVerifyReader(*brokerURL, *exchange, subject)
 	case "mqtt":
 		reader, err = mqttVerifyReader(rctx, *brokerURL, subject)
+	case "kafka", "kafkas":
+		reader, err = kafkaVerifyReader(*brokerURL, subject)
 	default:
-		return usageErr("--broker %s: verify reads back from nats://, redis://, amqp:// and mqtt:// (Kafka and webhooks: not yet)", redact.URL(*brokerURL))
+		return usageErr("--broker %s: verify reads back from nats://, kafka://, redis://, amqp:// and mqtt:// (webhooks: not yet)", redact.URL(*brokerURL))
 	}
 	if err != nil {
 		return err
@@ -354,6 +358,37 @@ func mqttVerifyReader(ctx context.Context, rawURL, topic string) (verifyReader, 
 		return nil, fmt.Errorf("MQTT subscribe %s: %w", topic, err)
 	}
 	r.stop = func() { _ = c.Disconnect(&paho.Disconnect{}); <-c.Done() }
+	return r, nil
+}
+
+// kafkaVerifyReader reads the topic's records produced from now on (by timestamp, so
+// none is missed while the client finds the topic), without a consumer group.
+func kafkaVerifyReader(rawURL, topic string) (verifyReader, error) {
+	conn, err := kafka.ConnectOptions(rawURL)
+	if err != nil {
+		return nil, usageErr("--broker: %v", err)
+	}
+	cl, err := kgo.NewClient(append(conn, kgo.ConsumeTopics(topic),
+		kgo.ConsumeResetOffset(kgo.NewOffset().AfterMilli(time.Now().Add(-time.Second).UnixMilli())))...)
+	if err != nil {
+		return nil, fmt.Errorf("kafka client: %w", err)
+	}
+	r := newPushReader()
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for ctx.Err() == nil {
+			cl.PollFetches(ctx).EachRecord(func(rec *kgo.Record) {
+				for _, h := range rec.Headers {
+					if h.Key == broker.HeaderID {
+						r.add(string(h.Value))
+					}
+				}
+			})
+		}
+	}()
+	r.stop = func() { cancel(); <-done; cl.Close() }
 	return r, nil
 }
 

@@ -8,6 +8,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/twmb/franz-go/pkg/kfake"
+
 	"github.com/outboxd/outbox/broker"
 	natspub "github.com/outboxd/outbox/broker/nats"
 	"github.com/outboxd/outbox/internal/testenv"
@@ -67,6 +69,24 @@ func TestVerify(t *testing.T) {
 			}
 		})
 	}
+	t.Run("kafka", func(t *testing.T) {
+		t.Parallel()
+		// No Kafka broker runs here: kfake, an in-process Kafka speaking the protocol,
+		// with the canaries' topic made (the relay does not create topics).
+		cluster, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(3, "outbox.event.outbox_verify"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(cluster.Close)
+		brokerURL := "kafka://" + cluster.ListenAddrs()[0]
+		table := migrateSchema(t, url, testenv.Schema(t, url), "outbox")
+		startRelayProc(t, nil, "--db", url, "--table", table.Schema+".outbox", "--broker", brokerURL)
+		stdout, stderr, code := runCLI(t, nil, "verify", "--db", url, "--table", table.Schema+".outbox", "--broker", brokerURL,
+			"--events", "40", "--deadline", "30s")
+		if code != 0 || !strings.Contains(stdout, "delivered    40 of 40") {
+			t.Fatalf("verify on Kafka (kfake): %d\n%s\n%s", code, stdout, stderr)
+		}
+	})
 	t.Run("redis", func(t *testing.T) {
 		t.Parallel()
 		redisURL := testenv.ServiceURL(t, "TEST_REDIS_URL", "redis://127.0.0.1:6379/0", "127.0.0.1:6379", "Redis")
