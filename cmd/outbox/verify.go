@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"net/http"
 	"net/url"
 	"slices"
 	"strings"
@@ -26,6 +27,7 @@ import (
 	"github.com/outboxd/outbox/broker"
 	"github.com/outboxd/outbox/broker/amqp"
 	"github.com/outboxd/outbox/broker/kafka"
+	"github.com/outboxd/outbox/broker/webhook"
 	"github.com/outboxd/outbox/internal/redact"
 	"github.com/outboxd/outbox/outboxdriver"
 	"github.com/outboxd/outbox/outboxdriver/outboxpgx"
@@ -45,6 +47,8 @@ func runVerify(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	tableName := fs.String("table", outboxdriver.DefaultSchema+"."+outboxdriver.DefaultTable, "outbox table, [schema.]name")
 	brokerURL := fs.String("broker", "", "the broker the relay publishes to: nats://, kafka://, redis://, amqp:// or mqtt://...")
 	exchange := fs.String("amqp-exchange", amqp.ExchangeDefault, "RabbitMQ: the relay's topic exchange")
+	listen := fs.String("webhook-listen", "", "webhooks: the address verify receives on, the relay's --broker URL pointing there (e.g. 127.0.0.1:8088)")
+	secret := fs.String("webhook-secret", "", "webhooks: the relay's signing secret, to check each request's signature")
 	topic := fs.String("topic-template", "", "the relay's --topic-template (default: the relay's default for the broker)")
 	events := fs.Int("events", 100, "canary events to write")
 	aggregates := fs.Int("aggregates", 10, "aggregates they are spread over (order is checked per aggregate)")
@@ -86,8 +90,13 @@ func runVerify(ctx context.Context, args []string, stdout, stderr io.Writer) err
 		reader, err = mqttVerifyReader(rctx, *brokerURL, subject)
 	case "kafka", "kafkas":
 		reader, err = kafkaVerifyReader(*brokerURL, subject)
+	case "http", "https":
+		if *listen == "" || *secret == "" {
+			return usageErr("--broker %s: a webhook is read back by verify itself: give --webhook-listen (where the relay posts) and --webhook-secret", redact.URL(*brokerURL))
+		}
+		reader, err = webhookVerifyReader(*listen, *secret)
 	default:
-		return usageErr("--broker %s: verify reads back from nats://, kafka://, redis://, amqp:// and mqtt:// (webhooks: not yet)", redact.URL(*brokerURL))
+		return usageErr("--broker %s: verify reads back from nats://, kafka://, redis://, amqp://, mqtt:// and http(s):// (webhooks)", redact.URL(*brokerURL))
 	}
 	if err != nil {
 		return err
@@ -389,6 +398,37 @@ func kafkaVerifyReader(rawURL, topic string) (verifyReader, error) {
 		}
 	}()
 	r.stop = func() { cancel(); <-done; cl.Close() }
+	return r, nil
+}
+
+// webhookVerifyReader is the webhook's receiver for the time of the check: it answers
+// 2xx to every correctly signed request and records the canaries among them (the
+// relay's --broker points at it; other events get 2xx too and are ignored).
+func webhookVerifyReader(addr, secret string) (verifyReader, error) {
+	key, err := webhook.DecodeSecret(secret)
+	if err != nil {
+		return nil, usageErr("--webhook-secret: %v", err)
+	}
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return nil, fmt.Errorf("--webhook-listen: %w", err)
+	}
+	r := newPushReader()
+	srv := &http.Server{ReadHeaderTimeout: 10 * time.Second, Handler: http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
+		body, err := io.ReadAll(http.MaxBytesReader(w, req.Body, 16<<20))
+		if err == nil {
+			err = webhook.Verify(key, req.Header, body, time.Now(), 5*time.Minute)
+		}
+		if err != nil {
+			http.Error(w, "bad signature", http.StatusUnauthorized)
+			return
+		}
+		r.add(req.Header.Get(webhook.HeaderID))
+		w.WriteHeader(http.StatusNoContent)
+	})}
+	done := make(chan struct{})
+	go func() { defer close(done); _ = srv.Serve(ln) }()
+	r.stop = func() { _ = srv.Close(); <-done }
 	return r, nil
 }
 

@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"slices"
 	"strings"
 	"testing"
@@ -85,6 +86,22 @@ func TestVerify(t *testing.T) {
 			"--events", "40", "--deadline", "30s")
 		if code != 0 || !strings.Contains(stdout, "delivered    40 of 40") {
 			t.Fatalf("verify on Kafka (kfake): %d\n%s\n%s", code, stdout, stderr)
+		}
+	})
+	t.Run("webhook", func(t *testing.T) {
+		t.Parallel()
+		table := migrateSchema(t, url, testenv.Schema(t, url), "outbox")
+		addr := fmt.Sprintf("127.0.0.1:%d", testenv.FreePort(t))
+		hook, secret := "http://"+addr+"/events", "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
+		startRelayProc(t, nil, "--db", url, "--table", table.Schema+".outbox", "--broker", hook, "--webhook-secret", secret)
+		stdout, stderr, code := runCLI(t, nil, "verify", "--db", url, "--table", table.Schema+".outbox", "--broker", hook,
+			"--webhook-listen", addr, "--webhook-secret", secret, "--events", "30", "--deadline", "30s")
+		if code != 0 || !strings.Contains(stdout, "delivered    30 of 30") {
+			t.Fatalf("verify on a webhook: %d\n%s\n%s", code, stdout, stderr)
+		}
+		_, stderr, code = runCLI(t, nil, "verify", "--db", url, "--table", table.Schema+".outbox", "--broker", hook)
+		if code != 2 || !strings.Contains(stderr, "--webhook-listen") {
+			t.Fatalf("a webhook without a receiver: %d %s", code, stderr)
 		}
 	})
 	t.Run("redis", func(t *testing.T) {
