@@ -64,3 +64,60 @@ func (s *Server) Restart() error {
 	s.Stop()
 	return s.start()
 }
+
+// StartCluster starts a JetStream cluster of len(storeDirs) servers on loopback
+// (named n0, n1, ...), each storing in its folder, and returns once every server
+// accepts connections. Restart a member with its Restart.
+func StartCluster(storeDirs []string) ([]*Server, error) {
+	n := len(storeDirs)
+	ports := make([]int, 2*n) // client ports, then route ports
+	for i := range ports {
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			return nil, err
+		}
+		ports[i] = ln.Addr().(*net.TCPAddr).Port
+		_ = ln.Close()
+	}
+	routes := ""
+	for i := 0; i < n; i++ {
+		if i > 0 {
+			routes += ","
+		}
+		routes += fmt.Sprintf("nats://127.0.0.1:%d", ports[n+i])
+	}
+	servers := make([]*Server, n)
+	errs := make(chan error, n)
+	for i := range servers {
+		servers[i] = &Server{opts: server.Options{
+			ServerName: fmt.Sprintf("n%d", i),
+			Host:       "127.0.0.1",
+			Port:       ports[i],
+			JetStream:  true,
+			StoreDir:   storeDirs[i],
+			NoSigs:     true,
+			NoLog:      true,
+			Cluster:    server.ClusterOpts{Name: "outbox", Host: "127.0.0.1", Port: ports[n+i]},
+			Routes:     server.RoutesFromStr(routes),
+		}}
+		go func(s *Server) { errs <- s.start() }(servers[i])
+	}
+	var first error
+	for range servers {
+		if err := <-errs; err != nil && first == nil {
+			first = err
+		}
+	}
+	if first != nil {
+		for _, s := range servers {
+			if s.ns != nil {
+				s.Stop()
+			}
+		}
+		return nil, first
+	}
+	return servers, nil
+}
+
+// Name is the server's name (a cluster member's, as JetStream reports leaders).
+func (s *Server) Name() string { return s.opts.ServerName }

@@ -1,0 +1,114 @@
+package relay_test
+
+import (
+	"context"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	natspub "github.com/outboxd/outbox/broker/nats"
+	"github.com/outboxd/outbox/internal/natsembed"
+	"github.com/outboxd/outbox/internal/testenv"
+	"github.com/outboxd/outbox/relay"
+)
+
+// TestNATSClusterLeaderRestart drains a backlog into a 3-node JetStream cluster
+// (embedded servers on loopback, the stream replicated 3 times) while the stream's
+// leader node is stopped and started again: nothing is lost, each aggregate's events
+// are in write order, and the stream stores each event once (Nats-Msg-Id).
+func TestNATSClusterLeaderRestart(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	servers, err := natsembed.StartCluster([]string{t.TempDir(), t.TempDir(), t.TempDir()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		for _, s := range servers {
+			s.Stop()
+		}
+	})
+	urls := make([]string, len(servers))
+	for i, s := range servers {
+		urls[i] = s.URL()
+	}
+	url := strings.Join(urls, ",")
+	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	defer cancel()
+	nc, err := nats.Connect(url, nats.MaxReconnects(-1), nats.ReconnectWait(50*time.Millisecond))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	js, _ := jetstream.New(nc)
+	const stream, aggs, perAgg = "ORDERS", 20, 60
+	// The cluster elects its JetStream meta leader after it forms: retry until then.
+	for {
+		actx, acancel := context.WithTimeout(ctx, 2*time.Second)
+		_, err = js.CreateStream(actx, jetstream.StreamConfig{Name: stream, Subjects: []string{"outbox.event.>"}, Replicas: 3})
+		acancel()
+		if err == nil {
+			break
+		}
+		if ctx.Err() != nil {
+			t.Fatalf("create the R3 stream: %v", err)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	pub, err := natspub.Dial(ctx, url, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = pub.Close() })
+	want := produce(t, e, aggs, perAgg)
+	r := startRelay(t, e, pub, &relay.Config{BatchSize: 50})
+
+	for r.Stats().Published < 300 && ctx.Err() == nil {
+		time.Sleep(time.Millisecond)
+	}
+	info, err := js.Stream(ctx, stream)
+	if err != nil {
+		t.Fatal(err)
+	}
+	leader := info.CachedInfo().Cluster.Leader
+	var stopped *natsembed.Server
+	for _, s := range servers {
+		if s.Name() == leader {
+			stopped = s
+		}
+	}
+	if stopped == nil {
+		t.Fatalf("stream leader %q is no member", leader)
+	}
+	stopped.Stop() // the stream elects another leader; publishes wait, then go on
+	time.Sleep(2 * time.Second)
+	if err := stopped.Restart(); err != nil {
+		t.Fatal(err)
+	}
+	for r.Stats().Published < aggs*perAgg && ctx.Err() == nil {
+		time.Sleep(10 * time.Millisecond)
+	}
+	if ctx.Err() != nil {
+		t.Fatalf("published %d of %d", r.Stats().Published, aggs*perAgg)
+	}
+	msgs, err := testenv.ReadNATS(ctx, url, stream, "outbox.event.order", aggs*perAgg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := map[string][]string{}
+	for _, m := range msgs {
+		got[m.Key] = append(got[m.Key], m.ID)
+	}
+	for agg, ids := range want {
+		if !slices.Equal(got[agg], ids) {
+			t.Fatalf("aggregate %s lost, duplicated or out of order:\n got %v\nwant %v", agg, got[agg], ids)
+		}
+	}
+	if info, err := js.Stream(ctx, stream); err != nil || info.CachedInfo().State.Msgs != aggs*perAgg {
+		t.Fatalf("the stream stores %d messages, want %d (%v)", info.CachedInfo().State.Msgs, aggs*perAgg, err)
+	}
+}
