@@ -16,6 +16,7 @@ import (
 	"github.com/outboxd/outbox/broker/kafka"
 	"github.com/outboxd/outbox/broker/mqtt"
 	"github.com/outboxd/outbox/broker/nats"
+	"github.com/outboxd/outbox/broker/pubsub"
 	"github.com/outboxd/outbox/broker/redis"
 	"github.com/outboxd/outbox/broker/stdout"
 	"github.com/outboxd/outbox/broker/webhook"
@@ -34,7 +35,7 @@ type brokerOptions struct {
 	webhookAllowHTTP                                      bool
 }
 
-const brokerSchemes = "nats://, kafka://, amqp://, redis://, mqtt://, http(s):// (webhook) or stdout:"
+const brokerSchemes = "nats://, kafka://, amqp://, redis://, mqtt://, pubsub://PROJECT, http(s):// (webhook) or stdout:"
 
 // brokerScheme returns the --broker URL's scheme, or a usage error for a URL the
 // relay cannot use, before anything connects.
@@ -44,7 +45,7 @@ func brokerScheme(rawURL string, o brokerOptions) (string, error) {
 	}
 	scheme, _, _ := strings.Cut(rawURL, ":")
 	switch scheme {
-	case "nats", "tls", "kafka", "kafkas", "amqp", "amqps", "redis", "rediss", "mqtt", "mqtts", "stdout":
+	case "nats", "tls", "kafka", "kafkas", "amqp", "amqps", "redis", "rediss", "mqtt", "mqtts", "pubsub", "stdout":
 		return scheme, nil
 	case "http", "https":
 		if o.webhookSecret == "" && o.webhookSecretFile == "" {
@@ -87,6 +88,10 @@ func openBroker(ctx context.Context, rawURL string, o brokerOptions) (broker.Pub
 		return redis.Dial(ctx, rawURL, &redis.Config{MaxLen: o.redisMaxLen, MaxMessageBytes: o.maxMessageBytes})
 	case "mqtt", "mqtts":
 		return mqtt.Dial(ctx, rawURL, &mqtt.Config{MaxMessageBytes: o.maxMessageBytes})
+	case "pubsub":
+		// Credentials as Google's client libraries find them; PUBSUB_EMULATOR_HOST
+		// points the client at an emulator.
+		return pubsub.Dial(ctx, rawURL, &pubsub.Config{MaxMessageBytes: o.maxMessageBytes})
 	case "http", "https":
 		return openWebhook(ctx, rawURL, o)
 	case "stdout":
@@ -171,6 +176,7 @@ func plaintextWarnings(dsn, brokerURL string) []string {
 	if u, err := url.Parse(brokerURL); err == nil && u.Hostname() != "" && !loopbackURL(brokerURL) {
 		switch u.Scheme {
 		case "tls", "kafkas", "amqps", "rediss", "mqtts", "https":
+		case "pubsub": // Google's client speaks TLS to Pub/Sub (plain only to an emulator)
 		default:
 			if u.Query().Get("tls") != "true" {
 				out = append(out, "the broker connection ("+u.Scheme+"://) is not TLS: events and credentials travel readable; use its TLS scheme (docs/security.md)")

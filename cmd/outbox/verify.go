@@ -13,6 +13,8 @@ import (
 	"sync"
 	"time"
 
+	gpubsub "cloud.google.com/go/pubsub/v2"
+	"cloud.google.com/go/pubsub/v2/apiv1/pubsubpb"
 	"github.com/eclipse/paho.golang/paho"
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
@@ -90,13 +92,15 @@ func runVerify(ctx context.Context, args []string, stdout, stderr io.Writer) err
 		reader, err = mqttVerifyReader(rctx, *brokerURL, subject)
 	case "kafka", "kafkas":
 		reader, err = kafkaVerifyReader(*brokerURL, subject)
+	case "pubsub":
+		reader, err = pubsubVerifyReader(rctx, *brokerURL, subject)
 	case "http", "https":
 		if *listen == "" || *secret == "" {
 			return usageErr("--broker %s: a webhook is read back by verify itself: give --webhook-listen (where the relay posts) and --webhook-secret", redact.URL(*brokerURL))
 		}
 		reader, err = webhookVerifyReader(*listen, *secret)
 	default:
-		return usageErr("--broker %s: verify reads back from nats://, kafka://, redis://, amqp://, mqtt:// and http(s):// (webhooks)", redact.URL(*brokerURL))
+		return usageErr("--broker %s: verify reads back from nats://, kafka://, redis://, amqp://, mqtt://, pubsub:// and http(s):// (webhooks)", redact.URL(*brokerURL))
 	}
 	if err != nil {
 		return err
@@ -429,6 +433,44 @@ func webhookVerifyReader(addr, secret string) (verifyReader, error) {
 	done := make(chan struct{})
 	go func() { defer close(done); _ = srv.Serve(ln) }()
 	r.stop = func() { _ = srv.Close(); <-done }
+	return r, nil
+}
+
+// pubsubVerifyReader receives through a subscription of its own on the topic (message
+// ordering on), deleted when verify ends. PUBSUB_EMULATOR_HOST reaches an emulator.
+func pubsubVerifyReader(ctx context.Context, rawURL, topic string) (verifyReader, error) {
+	u, err := url.Parse(rawURL)
+	if err != nil || u.Host == "" {
+		return nil, usageErr("--broker %s: want pubsub://PROJECT", redact.URL(rawURL))
+	}
+	c, err := gpubsub.NewClient(ctx, u.Host)
+	if err != nil {
+		return nil, fmt.Errorf("connect to Pub/Sub (project %s): %w", u.Host, err)
+	}
+	name := "projects/" + u.Host + "/subscriptions/outbox-verify-" + uuid.NewString()[:8]
+	if _, err := c.SubscriptionAdminClient.CreateSubscription(ctx, &pubsubpb.Subscription{Name: name,
+		Topic: "projects/" + u.Host + "/topics/" + topic, EnableMessageOrdering: true}); err != nil {
+		_ = c.Close()
+		return nil, fmt.Errorf("Pub/Sub: a subscription on %s: %w", topic, err)
+	}
+	r := newPushReader()
+	rctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		_ = c.Subscriber(name).Receive(rctx, func(_ context.Context, m *gpubsub.Message) {
+			r.add(m.Attributes[broker.HeaderID])
+			m.Ack()
+		})
+	}()
+	r.stop = func() {
+		cancel()
+		<-done
+		dctx, dcancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer dcancel()
+		_ = c.SubscriptionAdminClient.DeleteSubscription(dctx, &pubsubpb.DeleteSubscriptionRequest{Subscription: name})
+		_ = c.Close()
+	}
 	return r, nil
 }
 

@@ -36,7 +36,13 @@ import (
 	"github.com/outboxd/outbox/relay"
 )
 
-func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+func TestMain(m *testing.M) {
+	goleak.VerifyTestMain(m,
+		// The Pub/Sub client's OpenCensus and gRPC workers outlive a test.
+		goleak.IgnoreTopFunction("go.opencensus.io/stats/view.(*worker).start"),
+		goleak.IgnoreAnyFunction("google.golang.org/grpc/internal/grpcsync.(*CallbackSerializer).run"),
+	)
+}
 
 const (
 	goodAggregates = 40

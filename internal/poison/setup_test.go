@@ -16,6 +16,7 @@ import (
 	"time"
 	"unicode/utf8"
 
+	"cloud.google.com/go/pubsub/v2/pstest"
 	_ "github.com/go-sql-driver/mysql"
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
@@ -26,11 +27,15 @@ import (
 	goredis "github.com/redis/go-redis/v9"
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
+	"google.golang.org/api/option"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
 
 	"github.com/outboxd/outbox/broker/amqp"
 	"github.com/outboxd/outbox/broker/kafka"
 	"github.com/outboxd/outbox/broker/mqtt"
 	natspub "github.com/outboxd/outbox/broker/nats"
+	"github.com/outboxd/outbox/broker/pubsub"
 	"github.com/outboxd/outbox/broker/redis"
 	"github.com/outboxd/outbox/broker/stdout"
 	"github.com/outboxd/outbox/broker/webhook"
@@ -238,6 +243,30 @@ func kafkaPub(t *testing.T) *pub {
 	return &pub{name: "Kafka (kfake)", p: p, template: "outbox.event.${aggregatetype}"}
 }
 
+// pubsubPub publishes to Pub/Sub's own fake (pstest), creating topics as they come
+// (the fake has no auto-creation), and reads back what it stored by event id.
+func pubsubPub(t *testing.T) *pub {
+	srv := pstest.NewServer()
+	t.Cleanup(func() { _ = srv.Close() })
+	conn, err := grpc.NewClient(srv.Addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = conn.Close() })
+	p, err := pubsub.Dial(context.Background(), "pubsub://outbox-poison", &pubsub.Config{CreateTopics: true}, option.WithGRPCConn(conn))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = p.Close() })
+	return &pub{name: "Pub/Sub (pstest)", p: p, template: "outbox.event.${aggregatetype}", received: func() map[string][]byte {
+		out := map[string][]byte{}
+		for _, m := range srv.Messages() {
+			out[m.Attributes["id"]] = m.Data
+		}
+		return out
+	}}
+}
+
 func stdoutPub(*testing.T) *pub {
 	return &pub{name: "stdout", p: stdout.New(io.Discard), template: "outbox.event.${aggregatetype}"}
 }
@@ -278,7 +307,7 @@ func webhookPub(t *testing.T) *pub {
 
 // TestPoisonEveryBroker: PostgreSQL to each broker.
 func TestPoisonEveryBroker(t *testing.T) {
-	for _, mk := range []func(*testing.T) *pub{natsPub, amqpPub, redisPub, mqttPub, kafkaPub, webhookPub, stdoutPub} {
+	for _, mk := range []func(*testing.T) *pub{natsPub, amqpPub, redisPub, mqttPub, kafkaPub, pubsubPub, webhookPub, stdoutPub} {
 		p := mk(t)
 		t.Run(p.name, func(t *testing.T) { run(t, postgres(t), p) })
 	}
