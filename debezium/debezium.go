@@ -177,8 +177,32 @@ func New(cfg *Config) (*Router, error) {
 			r.columns[c.Name] = c
 		}
 		for _, c := range r.Columns() {
-			if _, ok := r.columns[c]; !ok {
+			col, ok := r.columns[c]
+			if !ok {
 				return nil, fmt.Errorf("debezium: the options name column %q, which table %s does not have", c, t)
+			}
+			// A type the router cannot render would fail every row: refuse it now.
+			if _, err := schemaFor(col.Type, true); err != nil {
+				return nil, fmt.Errorf("debezium: column %s: %w", c, err)
+			}
+		}
+		integer := map[string]bool{"smallint": true, "integer": true, "bigint": true}
+		for _, chk := range []struct {
+			opt, col string
+			ok       func(typ string) bool
+		}{
+			{"table.field.event.timestamp", r.timestampField, func(typ string) bool {
+				return integer[typ] || strings.HasPrefix(typ, "timestamp") || typ == "date"
+			}},
+			{"table.field.event.schema.version", r.versionField, func(typ string) bool { return integer[typ] }},
+		} {
+			if chk.col != "" && !ownColumns[chk.col] && !chk.ok(r.columns[chk.col].Type) {
+				return nil, fmt.Errorf("debezium: router option %s: column %s is %s", chk.opt, chk.col, r.columns[chk.col].Type)
+			}
+		}
+		for _, pl := range r.partition {
+			if !ownColumns[pl.column] && !integer[r.columns[pl.column].Type] {
+				return nil, fmt.Errorf("debezium: placement %s:partition: column %s is %s, not an integer", pl.column, pl.column, r.columns[pl.column].Type)
 			}
 		}
 	}

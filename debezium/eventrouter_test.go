@@ -266,7 +266,8 @@ func TestEventRouter(t *testing.T) {
 // outboxColumns are the columns of a table outbox migrate made.
 var outboxColumns = []debezium.Column{{"id", "uuid", true}, {"aggregatetype", "text", true}, {"aggregateid", "text", true},
 	{"type", "text", true}, {"payload", "jsonb", false}, {"headers", "jsonb", false}, {"tracingspancontext", "text", false},
-	{"seq", "bigint", true}, {"created_at", "timestamp with time zone", true}}
+	{"seq", "bigint", true}, {"created_at", "timestamp with time zone", true},
+	{"total", "numeric", false}, {"tenant", "text", false}}
 
 // TestRefusedAtStart: what Debezium's configuration refuses, and what this router
 // cannot reproduce, stops the relay at start with the option named.
@@ -296,6 +297,10 @@ func TestRefusedAtStart(t *testing.T) {
 		{"unknown option", map[string]string{"route.no.such": "x"}, "route.no.such"},
 		{"another transform in the chain", map[string]string{"transforms": "outbox,unwrap", "transforms.outbox.type": "io.debezium.transforms.outbox.EventRouter",
 			"transforms.unwrap.type": "io.debezium.transforms.ExtractNewRecordState"}, "unwrap"},
+		{"a column of a type the router cannot render", map[string]string{"table.fields.additional.placement": "total:envelope"}, "numeric"},
+		{"a partition column that is no integer", map[string]string{"table.fields.additional.placement": "tenant:partition"}, "not an integer"},
+		{"a schema version column that is no integer", map[string]string{"table.field.event.schema.version": "tenant"}, "schema.version"},
+		{"an event time column that is no time", map[string]string{"table.field.event.timestamp": "tenant"}, "event.timestamp"},
 		{"Avro converter", map[string]string{"transforms.outbox.route.by.field": "type", "value.converter": "io.confluent.connect.avro.AvroConverter"}, "AvroConverter"},
 	} {
 		t.Run(tc.test, func(t *testing.T) {

@@ -226,8 +226,14 @@ func (p *Publisher) Publish(ctx context.Context, msgs []broker.Message) []broker
 	ctx, cancel := context.WithTimeout(ctx, p.cfg.DeliveryTimeout)
 	defer cancel()
 	for _, i := range records {
+		placed := msgs[i].HasPartition
 		p.c.Produce(ctx, Record(&msgs[i]), func(_ *kgo.Record, err error) {
-			if err != nil {
+			switch {
+			case err == nil:
+			case placed && strings.Contains(err.Error(), "partitioning choice"):
+				// The message named a partition the topic does not have: its fault.
+				err = broker.Permanent(fmt.Errorf("kafka: the placed partition: %w", err))
+			default:
 				err = classify(parent, err)
 			}
 			finish(i, err)

@@ -232,3 +232,28 @@ func TestDialErrors(t *testing.T) {
 		t.Fatalf("closed port: %v", err)
 	}
 }
+
+// TestPlacedPartitionOutOfRange: a message naming a partition the topic lacks (a
+// Debezium partition placement) is refused on its own; the others go through.
+func TestPlacedPartitionOutOfRange(t *testing.T) {
+	cluster, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(2, "placed"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cluster.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	p, err := kafka.Dial(ctx, "kafka://"+cluster.ListenAddrs()[0], nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	res := p.Publish(ctx, []broker.Message{
+		{ID: "a", Topic: "placed", Key: "k1", Payload: []byte("{}"), Partition: 7, HasPartition: true},
+		{ID: "b", Topic: "placed", Key: "k2", Payload: []byte("{}"), Partition: 1, HasPartition: true},
+		{ID: "c", Topic: "placed", Key: "k3", Payload: []byte("{}")},
+	})
+	if !broker.IsPermanent(res[0].Err) || res[1].Err != nil || res[2].Err != nil {
+		t.Fatalf("results: %v / %v / %v", res[0].Err, res[1].Err, res[2].Err)
+	}
+}
