@@ -49,7 +49,10 @@ type Config struct {
 	StreamName string
 	// StreamSubjects are its subjects. Default [StreamSubjectDefault].
 	StreamSubjects []string
-	// AckTimeout bounds the wait for each broker acknowledgement (used by Dial).
+	// AckTimeout bounds the wait for a batch's acknowledgements, counted from its
+	// last send, whatever client New was given: an acknowledgement that never comes
+	// (a cut network, a paused server) fails the rest of the batch as the
+	// connection's failure. Default AckTimeoutDefault.
 	AckTimeout time.Duration
 	// MaxPending bounds unacknowledged publishes in flight (used by Dial).
 	MaxPending int
@@ -243,19 +246,46 @@ func (p *Publisher) Publish(ctx context.Context, msgs []broker.Message) []broker
 		}
 		futures[i] = f
 	}
+	p.await(ctx, futures, res)
+	return res
+}
+
+// await waits for the acknowledgements, at most AckTimeout after the last send: a
+// caller's JetStream client may have no publish timeout, and a reply lost on a cut
+// network would otherwise hold the batch until ctx ends.
+func (p *Publisher) await(ctx context.Context, futures []jetstream.PubAckFuture, res []broker.Result) {
+	timer := time.NewTimer(p.cfg.AckTimeout)
+	defer timer.Stop()
+	var expired bool
 	for i, f := range futures {
 		if f == nil {
+			continue
+		}
+		if expired {
+			select { // answered before the deadline, or not at all
+			case <-f.Ok():
+			case err := <-f.Err():
+				res[i].Err = classify(err)
+			default:
+				res[i].Err = p.ackTimeout()
+			}
 			continue
 		}
 		select {
 		case <-f.Ok():
 		case err := <-f.Err():
 			res[i].Err = classify(err)
+		case <-timer.C:
+			expired = true
+			res[i].Err = p.ackTimeout()
 		case <-ctx.Done():
 			res[i].Err = ctx.Err()
 		}
 	}
-	return res
+}
+
+func (p *Publisher) ackTimeout() error {
+	return broker.Unavailable(fmt.Errorf("no acknowledgement within %v: %w", p.cfg.AckTimeout, jetstream.ErrAsyncPublishTimeout))
 }
 
 // ensureStream checks once per subject that a stream covers it, and returns that

@@ -205,3 +205,56 @@ func TestStreamMaxMsgSize(t *testing.T) {
 		t.Fatalf("results = %v, %v, %v; want permanent, ok, held back", res[0].Err, res[1].Err, res[2].Err)
 	}
 }
+
+// TestAckTimeoutOnCallersClient: a JetStream client the caller built may have no
+// publish timeout of its own; an acknowledgement that never comes (a cut network, a
+// paused server) must still end the wait after AckTimeout, as the connection's
+// failure, never hang the relay's batch until its context ends.
+func TestAckTimeoutOnCallersClient(t *testing.T) {
+	url := testenv.NATSURL(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	proxy := testenv.NewProxy(t, strings.TrimPrefix(url, "nats://"))
+	nc, err := natsgo.Connect("nats://"+proxy.Addr(), natsgo.PingInterval(time.Hour))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	js, _ := jetstream.New(nc) // no WithPublishAsyncTimeout: the caller's choice
+	prefix := testenv.UniqueName("acktimeout")
+	if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: prefix, Subjects: []string{prefix + ".>"}, Storage: jetstream.MemoryStorage}); err != nil {
+		t.Fatal(err)
+	}
+	defer func() {
+		admin, err := natsgo.Connect(url)
+		if err == nil {
+			ajs, _ := jetstream.New(admin)
+			_ = ajs.DeleteStream(context.Background(), prefix)
+			admin.Close()
+		}
+	}()
+	pub, err := nats.New(js, &nats.Config{AckTimeout: 500 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	topic := prefix + ".order"
+	msg := func(id string) broker.Message {
+		return broker.Message{ID: id, Topic: topic, Key: "k", Payload: []byte("{}")}
+	}
+	if res := pub.Publish(ctx, []broker.Message{msg("1")}); res[0].Err != nil {
+		t.Fatal(res[0].Err)
+	}
+	proxy.Blackhole()
+	start := time.Now()
+	res := pub.Publish(ctx, []broker.Message{msg("2"), msg("3")})
+	took := time.Since(start)
+	for i, r := range res {
+		if !broker.IsUnavailable(r.Err) {
+			t.Errorf("message %d: err = %v, want the connection's failure (unavailable)", i, r.Err)
+		}
+	}
+	if took > 5*time.Second {
+		t.Errorf("publish took %v with AckTimeout 500ms", took)
+	}
+	proxy.Heal()
+}
