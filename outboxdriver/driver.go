@@ -35,6 +35,9 @@ var (
 	// ErrNeedsOperator wraps errors a relay cannot get past by retrying (a lost
 	// replication slot, a server without logical decoding): the relay stops with it.
 	ErrNeedsOperator = errors.New("an operator must act")
+	// ErrEventNotFound means no table holds an event with that id: never written,
+	// rolled back, cleaned up after publication, or purged from the dead letters.
+	ErrEventNotFound = errors.New("no event with this id")
 )
 
 // Driver is one database binding, generic over the transaction type the caller uses
@@ -149,6 +152,38 @@ type Admin interface {
 	ReplayDead(ctx context.Context, f *DeadFilter) (int, error)
 	// PurgeDead deletes matching dead letters, releasing their keys.
 	PurgeDead(ctx context.Context, f *DeadFilter) (int, error)
+	// Event finds one event by id wherever it is (waiting in the outbox, published
+	// and kept, archived, dead) and tells its story. ErrEventNotFound when no table
+	// holds it (an id that is not a UUID included).
+	Event(ctx context.Context, id string) (*EventInfo, error)
+}
+
+// EventState is where an event is in its life.
+type EventState string
+
+// The states of an event.
+const (
+	EventWaiting   EventState = "waiting"   // in the outbox, not yet published
+	EventPublished EventState = "published" // acknowledged by the broker, kept until cleanup
+	EventDead      EventState = "dead"      // moved to the dead letters
+)
+
+// EventInfo is one event's story.
+type EventInfo struct {
+	Row
+	State EventState
+	// Error is the latest refusal of a waiting event, or why a dead one died.
+	Error string
+	// AvailableAt is when a waiting event is due (a retry's time, or a delayed
+	// event's); zero when it is due since it was written.
+	AvailableAt time.Time
+	// PublishedAt is when the relay completed a published event (mark or archive).
+	PublishedAt time.Time
+	// Archived says the published event was moved to the archive table.
+	Archived bool
+	// DeadAt and HoldsKey describe a dead event.
+	DeadAt   time.Time
+	HoldsKey bool
 }
 
 // CleanupParams select published rows to delete.

@@ -1,6 +1,7 @@
 package outboxdrivertest
 
 import (
+	"errors"
 	"fmt"
 	"testing"
 	"time"
@@ -147,5 +148,57 @@ func testDelayed[TTx any](t *testing.T, h *Harness[TTx]) {
 	st, _ := s.Status(ctxT(t))
 	if st.Unpublished != 1 {
 		t.Fatalf("status = %+v, want the delayed event waiting", st)
+	}
+}
+
+// testEventStory: Event finds one event wherever it is (waiting with its latest
+// error and retry time, published, archived, dead) and nothing for an id no table
+// holds, a malformed one included.
+func testEventStory[TTx any](t *testing.T, h *Harness[TTx]) {
+	ctx := ctxT(t)
+	s := store(t, h)
+	all := writeCommitted(t, h, event("w", 1), event("p", 1), event("d", 1), event("a", 1))
+	waiting, published, dead, archived := all[0], all[1], all[2], all[3]
+	retry := time.Now().Add(time.Hour)
+	c := claimAll(t, s)
+	complete(t, c, &outboxdriver.CompleteParams{Published: []string{published}, Failed: []outboxdriver.Failure{
+		{ID: waiting, Error: "refused: <b>no</b>", CountAttempt: true, RetryAt: retry},
+		{ID: dead, Error: "too large", CountAttempt: true, Dead: true, HoldKey: true},
+		{ID: archived, Error: "later"},
+	}})
+
+	e, err := s.Event(ctx, waiting)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if e.State != outboxdriver.EventWaiting || e.ID != waiting || e.AggregateID != "w" || e.Attempts != 1 ||
+		e.Error != "refused: <b>no</b>" || e.AvailableAt.Sub(retry).Abs() > time.Second || string(e.Payload) != `{"n": 1}` {
+		t.Fatalf("waiting event: %+v", e)
+	}
+	if e, err = s.Event(ctx, published); err != nil || e.State != outboxdriver.EventPublished || e.PublishedAt.IsZero() || e.Archived {
+		t.Fatalf("published event: %+v, %v", e, err)
+	}
+	if e, err = s.Event(ctx, dead); err != nil || e.State != outboxdriver.EventDead || e.Error != "too large" || !e.HoldsKey || e.DeadAt.IsZero() {
+		t.Fatalf("dead event: %+v, %v", e, err)
+	}
+	c, err = s.Claim(ctx, &outboxdriver.ClaimParams{Limit: 10})
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = c.Complete(ctx, &outboxdriver.CompleteParams{Published: ids(c.Rows()), Completion: outboxdriver.CompleteArchive})
+	switch {
+	case errors.Is(err, outboxdriver.ErrNotSupported):
+		_ = c.Release(ctx)
+	case err != nil:
+		t.Fatal(err)
+	default:
+		if e, err = s.Event(ctx, archived); err != nil || e.State != outboxdriver.EventPublished || !e.Archived {
+			t.Fatalf("archived event: %+v, %v", e, err)
+		}
+	}
+	for _, id := range []string{"0195f0a0-0000-7000-8000-000000000000", "not-a-uuid", "", "'; DROP TABLE x; --"} {
+		if e, err := s.Event(ctx, id); !errors.Is(err, outboxdriver.ErrEventNotFound) {
+			t.Errorf("Event(%q) = %+v, %v; want ErrEventNotFound", id, e, err)
+		}
 	}
 }

@@ -73,6 +73,7 @@ func Run[TTx any](t *testing.T, newHarness NewFunc[TTx]) {
 		{"FailingEventBlocksItsAggregate", testFailingBlocks[TTx]},
 		{"DeadLetterHoldReplay", testDeadLetterReplay[TTx]},
 		{"DeadLetterFlowPurge", testDeadLetterFlowPurge[TTx]},
+		{"EventStory", testEventStory[TTx]},
 		{"DelayedEvents", testDelayed[TTx]},
 		{"CleanupNeverDeletesUnpublished", testCleanup[TTx]},
 		{"TraceContextStored", testTraceContext[TTx]},

@@ -569,3 +569,46 @@ func stripComments(s string) string {
 	}
 	return b.String()
 }
+
+// Event implements outboxdriver.Admin.
+func (d *Driver) Event(ctx context.Context, id string) (*outboxdriver.EventInfo, error) {
+	const at = `'%Y-%m-%d %H:%i:%s.%f'`
+	rows, err := d.db.QueryContext(ctx, `SELECT `+rowColumns+`, coalesce(last_error, ''), DATE_FORMAT(available_at, `+at+`),
+  DATE_FORMAT(published_at, `+at+`), NULL, false, 'outbox' FROM `+d.q+` WHERE id = ?
+UNION ALL SELECT `+rowColumns+`, error, NULL, NULL, DATE_FORMAT(dead_at, `+at+`), holds_key, 'dead' FROM `+d.qDead+` WHERE id = ?
+LIMIT 1`, id, id)
+	if err != nil {
+		return nil, interpretError(err)
+	}
+	defer rows.Close()
+	if !rows.Next() {
+		if err := rows.Err(); err != nil {
+			return nil, interpretError(err)
+		}
+		return nil, fmt.Errorf("%w: %s", outboxdriver.ErrEventNotFound, id)
+	}
+	var (
+		e                            outboxdriver.EventInfo
+		available, published, deadAt sql.NullString
+		where                        string
+	)
+	if e.Row, err = scanRow(rows, &e.Error, &available, &published, &deadAt, &e.HoldsKey, &where); err != nil {
+		return nil, interpretError(err)
+	}
+	parse := func(s sql.NullString) time.Time {
+		t, _ := time.ParseInLocation("2006-01-02 15:04:05.000000", s.String, time.UTC)
+		return t
+	}
+	switch {
+	case where == "dead":
+		e.State, e.DeadAt = outboxdriver.EventDead, parse(deadAt)
+	case published.Valid:
+		e.State, e.PublishedAt = outboxdriver.EventPublished, parse(published)
+	default:
+		e.State = outboxdriver.EventWaiting
+		if t := parse(available); available.Valid && t.After(e.CreatedAt) {
+			e.AvailableAt = t
+		}
+	}
+	return &e, interpretError(rows.Err())
+}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"database/sql"
 	"encoding/json"
+	"fmt"
 	"time"
 
 	"github.com/outboxd/outbox/outboxdriver"
@@ -60,4 +61,53 @@ func (d *Driver) moveDead(ctx context.Context, f *outboxdriver.DeadFilter, repla
 	where, args := deadWhere(f)
 	n, err := sqldead.Move(ctx, d.db, d.q, d.qDead, where, args, replay, "")
 	return n, interpretError(err)
+}
+
+// Event implements outboxdriver.Admin.
+func (d *Driver) Event(ctx context.Context, id string) (*outboxdriver.EventInfo, error) {
+	const common = `seq, id, aggregatetype, aggregateid, type, payload, payload IS NULL, headers, tracingspancontext, created_at, attempts`
+	rows, err := d.db.QueryContext(ctx, `SELECT `+common+`, coalesce(last_error, ''), available_at, published_at, NULL, 0, 'outbox'
+FROM `+d.q+` WHERE id = ?
+UNION ALL SELECT `+common+`, error, NULL, NULL, dead_at, holds_key, 'dead' FROM `+d.qDead+` WHERE id = ?
+LIMIT 1`, id, id)
+	if err != nil {
+		return nil, interpretError(err)
+	}
+	defer rows.Close()
+	if !rows.Next() {
+		if err := rows.Err(); err != nil {
+			return nil, interpretError(err)
+		}
+		return nil, fmt.Errorf("%w: %s", outboxdriver.ErrEventNotFound, id)
+	}
+	var (
+		e                            outboxdriver.EventInfo
+		null                         bool
+		headers, trace               sql.NullString
+		created                      int64
+		available, published, deadAt sql.NullInt64
+		where                        string
+	)
+	if err := rows.Scan(&e.Seq, &e.ID, &e.AggregateType, &e.AggregateID, &e.Type, &e.Payload, &null, &headers, &trace,
+		&created, &e.Attempts, &e.Error, &available, &published, &deadAt, &e.HoldsKey, &where); err != nil {
+		return nil, interpretError(err)
+	}
+	e.PayloadNull = null
+	if headers.Valid {
+		_ = json.Unmarshal([]byte(headers.String), &e.Headers)
+	}
+	e.TraceContext = trace.String
+	e.CreatedAt = time.UnixMilli(created)
+	switch {
+	case where == "dead":
+		e.State, e.DeadAt = outboxdriver.EventDead, time.UnixMilli(deadAt.Int64)
+	case published.Valid:
+		e.State, e.PublishedAt = outboxdriver.EventPublished, time.UnixMilli(published.Int64)
+	default:
+		e.State = outboxdriver.EventWaiting
+		if available.Int64 > created {
+			e.AvailableAt = time.UnixMilli(available.Int64)
+		}
+	}
+	return &e, interpretError(rows.Err())
 }

@@ -3,7 +3,11 @@ package pgsql
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"strconv"
+	"time"
+
+	"github.com/google/uuid"
 
 	"github.com/outboxd/outbox/outboxdriver"
 )
@@ -90,4 +94,58 @@ func (s *Store) PurgeDead(ctx context.Context, f *outboxdriver.DeadFilter) (int,
 del AS (DELETE FROM `+s.Statements.dead+` AS d USING picked WHERE d.id = picked.id RETURNING 1)
 SELECT count(*) FROM del`, args, &n)
 	return n, InterpretError(err)
+}
+
+// Event implements outboxdriver.Admin: one statement looks in the outbox, the
+// archive and the dead letters (an id lives in one of them at a time).
+func (s *Store) Event(ctx context.Context, id string) (*outboxdriver.EventInfo, error) {
+	if _, err := uuid.Parse(id); err != nil {
+		return nil, fmt.Errorf("%w: %q is not a UUID", outboxdriver.ErrEventNotFound, id)
+	}
+	const common = `seq, id::text, aggregatetype, aggregateid, type, payload, headers::text, tracingspancontext, created_at, attempts`
+	rows, err := s.DB.Query(ctx, `SELECT 'outbox', `+common+`, coalesce(last_error, ''), available_at, published_at, NULL::timestamptz, false
+FROM `+s.Statements.qualified+` WHERE id = $1
+UNION ALL SELECT 'archive', `+common+`, '', NULL, published_at, NULL, false FROM `+s.Statements.published+` WHERE id = $1
+UNION ALL SELECT 'dead', `+common+`, error, NULL, NULL, dead_at, holds_key FROM `+s.Statements.dead+` WHERE id = $1
+LIMIT 1`, id)
+	if err != nil {
+		return nil, InterpretError(err)
+	}
+	defer rows.Close()
+	if !rows.Next() {
+		if err := rows.Err(); err != nil {
+			return nil, InterpretError(err)
+		}
+		return nil, fmt.Errorf("%w: %s", outboxdriver.ErrEventNotFound, id)
+	}
+	var (
+		e                            outboxdriver.EventInfo
+		where                        string
+		payload                      []byte
+		headers, trace               *string
+		available, published, deadAt *time.Time
+	)
+	if err := rows.Scan(&where, &e.Seq, &e.ID, &e.AggregateType, &e.AggregateID, &e.Type, &payload, &headers, &trace,
+		&e.CreatedAt, &e.Attempts, &e.Error, &available, &published, &deadAt, &e.HoldsKey); err != nil {
+		return nil, InterpretError(err)
+	}
+	e.Payload, e.PayloadNull = payload, payload == nil
+	if headers != nil {
+		e.Headers = outboxdriver.ParseHeaders([]byte(*headers))
+	}
+	if trace != nil {
+		e.TraceContext = *trace
+	}
+	switch {
+	case where == "dead":
+		e.State, e.DeadAt = outboxdriver.EventDead, *deadAt
+	case published != nil:
+		e.State, e.PublishedAt, e.Archived = outboxdriver.EventPublished, *published, where == "archive"
+	default:
+		e.State = outboxdriver.EventWaiting
+		if available != nil && available.After(e.CreatedAt) {
+			e.AvailableAt = *available
+		}
+	}
+	return &e, InterpretError(rows.Err())
 }
