@@ -182,6 +182,7 @@ func (p *Publisher) Publish(ctx context.Context, msgs []broker.Message) []broker
 	var stop error
 	var hold broker.KeyHold
 	deferred := map[string]error{} // subjects with no stream, asked once per batch
+	refreshed := map[string]bool{} // subjects whose stream limit was asked again
 	for i, m := range msgs {
 		if stop == nil {
 			stop = ctx.Err()
@@ -230,6 +231,22 @@ func (p *Publisher) Publish(ctx context.Context, msgs []broker.Message) []broker
 		// messages can then be held back instead of overtaking this one.
 		if res[i].Err = hold.Admit(&m, size, maxPayload); res[i].Err != nil {
 			continue // over the server's max_payload
+		}
+		if streamMax >= 0 && len(m.Payload) > streamMax && !refreshed[m.Topic] {
+			// The limit is cached: an operator may have raised it (then replayed
+			// the dead letters it made). Ask once per subject and batch before
+			// refusing.
+			refreshed[m.Topic] = true
+			p.forget(m.Topic)
+			if streamMax, err = p.ensureStream(ctx, m.Topic); err != nil {
+				res[i].Err = err
+				if broker.IsDeferred(err) {
+					deferred[m.Topic] = err
+				} else {
+					stop = err
+				}
+				continue
+			}
 		}
 		if res[i].Err = hold.Admit(&m, len(m.Payload), streamMax); res[i].Err != nil {
 			continue // over the stream's max_msg_size
@@ -313,6 +330,13 @@ func (p *Publisher) ensureStream(ctx context.Context, subject string) (int, erro
 	p.covered[subject] = max
 	p.mu.Unlock()
 	return max, nil
+}
+
+// forget drops what ensureStream knows of subject.
+func (p *Publisher) forget(subject string) {
+	p.mu.Lock()
+	delete(p.covered, subject)
+	p.mu.Unlock()
 }
 
 func (p *Publisher) lookupStream(ctx context.Context, subject string) (int, error) {

@@ -258,3 +258,39 @@ func TestAckTimeoutOnCallersClient(t *testing.T) {
 	}
 	proxy.Heal()
 }
+
+// TestStreamMaxMsgSizeRaised: the publisher caches a stream's limit, but an
+// operator who raises it (to replay the dead letters it made) is heard at once.
+func TestStreamMaxMsgSizeRaised(t *testing.T) {
+	url := testenv.NATSURL(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	prefix := testenv.UniqueName("raised")
+	nc, err := natsgo.Connect(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	js, _ := jetstream.New(nc)
+	cfg := jetstream.StreamConfig{Name: prefix, Subjects: []string{prefix + ".>"}, MaxMsgSize: 100, Storage: jetstream.MemoryStorage}
+	if _, err := js.CreateStream(ctx, cfg); err != nil {
+		t.Fatal(err)
+	}
+	defer js.DeleteStream(context.Background(), prefix)
+	pub, err := nats.Dial(ctx, url, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pub.Close()
+	big := []broker.Message{{ID: "big", Topic: prefix + ".order", Key: "a", Payload: []byte(strings.Repeat("x", 101))}}
+	if res := pub.Publish(ctx, big); !broker.IsPermanent(res[0].Err) {
+		t.Fatalf("over the limit: %v, want permanent", res[0].Err)
+	}
+	cfg.MaxMsgSize = 1000
+	if _, err := js.UpdateStream(ctx, cfg); err != nil {
+		t.Fatal(err)
+	}
+	if res := pub.Publish(ctx, big); res[0].Err != nil {
+		t.Fatalf("after the limit was raised: %v", res[0].Err)
+	}
+}
