@@ -7,24 +7,29 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"sync"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
+	"github.com/outboxd/outbox/dashboard"
 	"github.com/outboxd/outbox/internal/redact"
 	"github.com/outboxd/outbox/relay"
 	"github.com/outboxd/outbox/relay/relayprom"
 )
 
-// serveHTTP serves /metrics, /healthz and /readyz on addr until ctx ends.
+// serveHTTP serves /metrics, /healthz, /readyz and the dashboard (when dash is not
+// nil) on addr until ctx ends.
 //
 //	/healthz  200 while the process runs
 //	/readyz   200 when the database answers and the broker is not known to be down
+//	/ui/      the dashboard
 //
-// Both read the table's status through status (a cache: probes stay cheap).
-func serveHTTP(ctx context.Context, addr string, reg *prometheus.Registry, status relayprom.StatusReader, r *relay.Relay, log *slog.Logger) (func(), error) {
+// Probes, scrapes and pages read the table's status through status (a cache:
+// they stay cheap however many come).
+func serveHTTP(ctx context.Context, addr string, reg *prometheus.Registry, status relayprom.StatusReader, r *relay.Relay, dash *dashboard.Dashboard, log *slog.Logger) (func(), error) {
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	mux := http.NewServeMux()
 	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
@@ -47,23 +52,42 @@ func serveHTTP(ctx context.Context, addr string, reg *prometheus.Registry, statu
 		}
 		fmt.Fprintf(w, "ready (%s)\n", role)
 	})
+	what := "/metrics, /healthz and /readyz"
+	if dash != nil {
+		mux.Handle(dashboard.PrefixDefault+"/", dash)
+		mux.Handle("GET "+dashboard.PrefixDefault, dash)
+		what += " and the dashboard at /ui/"
+	}
+	return listenAndServe(ctx, addr, mux, dash, what, log)
+}
+
+// listenAndServe serves h on addr, and samples for the dashboard if there is one,
+// until the returned func is called (or ctx ends).
+func listenAndServe(ctx context.Context, addr string, h http.Handler, dash *dashboard.Dashboard, what string, log *slog.Logger) (func(), error) {
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {
-		return nil, usageErr("--http %s: %v", addr, err)
+		return nil, usageErr("cannot listen on %s: %v", addr, err)
 	}
-	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
-	done := make(chan struct{})
+	srv := &http.Server{Handler: h, ReadHeaderTimeout: 5 * time.Second}
+	ctx, cancel := context.WithCancel(ctx)
+	var wg sync.WaitGroup
+	wg.Add(1)
 	go func() {
-		defer close(done)
+		defer wg.Done()
 		if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
 			log.Error("http server", "err", err)
 		}
 	}()
-	log.Info("serving /metrics, /healthz and /readyz", "addr", ln.Addr().String())
+	if dash != nil {
+		wg.Add(1)
+		go func() { defer wg.Done(); dash.Run(ctx) }()
+	}
+	log.Info("serving "+what, "addr", ln.Addr().String())
 	return func() {
-		sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		defer cancel()
+		cancel()
+		sctx, cancelShutdown := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancelShutdown()
 		_ = srv.Shutdown(sctx)
-		<-done
+		wg.Wait()
 	}, nil
 }

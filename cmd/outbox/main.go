@@ -44,6 +44,7 @@ func commands() []command {
 		{"status", "show the backlog, the age of the oldest unpublished event and the dead letters", runStatus},
 		{"dlq", "list, show, replay or purge dead letters", runDLQ},
 		{"cleanup", "delete published rows older than the retention (the relay also does it)", runCleanup},
+		{"ui", "serve the dashboard (backlog, flow, relays, dead letters, events) for a table", runUI},
 		{"verify", "write canary events and check they reach the broker, all, once, in order", runVerify},
 		{"demo", "run the whole pattern on SQLite and an in-process NATS server", runDemo},
 	}

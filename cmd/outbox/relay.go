@@ -16,6 +16,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/outboxd/outbox/broker/amqp"
+	"github.com/outboxd/outbox/dashboard"
 	"github.com/outboxd/outbox/debezium"
 	"github.com/outboxd/outbox/internal/redact"
 	"github.com/outboxd/outbox/outboxdriver"
@@ -63,7 +64,9 @@ func runRelay(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	group := fs.Bool("group", false, "PostgreSQL, poll mode: run as one of several active relays, each owning some of the table's partitions (every relay of the table needs it)")
 	relayID := fs.String("relay-id", "", "with --group: this relay's name in the group (default host-pid-random)")
 	partitionLease := fs.Duration("partition-lease", relay.LeaseTTLDefault, "with --group: how long a partition lease lasts unrenewed (a dead or paused relay's partitions move this long after its last renewal)")
-	httpAddr := fs.String("http", "127.0.0.1:9464", "address for /metrics, /healthz and /readyz (empty: none); loopback unless you say otherwise")
+	httpAddr := fs.String("http", "127.0.0.1:9464", "address for /metrics, /healthz, /readyz and the dashboard at /ui/ (empty: none); loopback unless you say otherwise")
+	ui := fs.Bool("ui", true, "serve the dashboard at /ui/ on --http")
+	uiToken := fs.String("ui-token", "", "dashboard: the admin token that allows replay and purge (empty: read-only); prefer OUTBOX_UI_TOKEN_FILE")
 	configPath := fs.String("config", "", "a YAML (.yaml) or properties file of flag values and Debezium Outbox Event Router options; flags and OUTBOX_* variables win over it")
 	logLevel := fs.String("log-level", "info", "debug, info, warn or error")
 	logFormat := fs.String("log-format", "text", "text or json")
@@ -214,7 +217,15 @@ func runRelay(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		return err
 	}
 	if *httpAddr != "" {
-		stopHTTP, err := serveHTTP(ctx, *httpAddr, reg, status, r, logger)
+		var dash *dashboard.Dashboard
+		if *ui {
+			dash, err = dashboard.New(&dashboard.Config{Admin: db.store, Status: status, Metrics: reg, Relay: r,
+				Table: table.String(), Mode: *mode, Broker: redact.URL(*brokerURL), Token: *uiToken, Logger: logger})
+			if err != nil {
+				return err
+			}
+		}
+		stopHTTP, err := serveHTTP(ctx, *httpAddr, reg, status, r, dash, logger)
 		if err != nil {
 			return err
 		}

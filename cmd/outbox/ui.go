@@ -1,0 +1,67 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"net/http"
+	"strings"
+
+	"github.com/outboxd/outbox/dashboard"
+	"github.com/outboxd/outbox/internal/redact"
+	"github.com/outboxd/outbox/outboxdriver"
+)
+
+// runUI serves the dashboard for a table with no relay in this process: status,
+// relays, dead letters and events from the database, and the flow from relays'
+// /metrics when --metrics names them.
+func runUI(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	fs := newFlags("ui", stderr)
+	dsn := fs.String("db", "", "database URL: postgres://user@host:5432/db, mysql://... or sqlite://PATH")
+	tableName := fs.String("table", outboxdriver.DefaultSchema+"."+outboxdriver.DefaultTable, "outbox table, [schema.]name")
+	listen := fs.String("listen", "127.0.0.1:9465", "address to serve the dashboard on; loopback unless you say otherwise")
+	token := fs.String("ui-token", "", "the admin token that allows replay and purge (empty: read-only); prefer OUTBOX_UI_TOKEN_FILE")
+	metrics := fs.String("metrics", "", "comma-separated /metrics URLs of running relays, for the events/s and latency charts")
+	logLevel := fs.String("log-level", "info", "debug, info, warn or error")
+	if err := parse(fs, args); err != nil {
+		return err
+	}
+	logger, err := newLogger(stderr, *logLevel, "text")
+	if err != nil {
+		return err
+	}
+	var urls []string
+	for _, u := range strings.Split(*metrics, ",") {
+		if u = strings.TrimSpace(u); u == "" {
+			continue
+		}
+		if !strings.HasPrefix(u, "http://") && !strings.HasPrefix(u, "https://") {
+			return usageErr("--metrics %s: want http(s)://HOST:PORT/metrics", redact.URL(u))
+		}
+		urls = append(urls, u)
+	}
+	db, table, err := openTable(ctx, *dsn, *tableName)
+	if err != nil {
+		return err
+	}
+	defer db.close()
+	if _, err := db.store.Status(ctx); err != nil {
+		return fmt.Errorf("%s: %w", table, err)
+	}
+	dash, err := dashboard.New(&dashboard.Config{Admin: db.store, MetricsURLs: urls, Table: table.String(), Token: *token, Logger: logger})
+	if err != nil {
+		return err
+	}
+	mux := http.NewServeMux()
+	mux.Handle(dashboard.PrefixDefault+"/", dash)
+	mux.Handle("GET "+dashboard.PrefixDefault, dash)
+	mux.Handle("GET /{$}", http.RedirectHandler(dashboard.PrefixDefault+"/", http.StatusFound))
+	stop, err := listenAndServe(ctx, *listen, mux, dash, "the dashboard at /ui/", logger)
+	if err != nil {
+		return err
+	}
+	defer stop()
+	fmt.Fprintf(stdout, "dashboard for %s: http://%s/ui/ (Ctrl-C to stop)\n", table, *listen)
+	<-ctx.Done()
+	return nil
+}

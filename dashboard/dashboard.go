@@ -1,0 +1,199 @@
+// Package dashboard serves the outbox's web UI: the backlog and its flow, the
+// relays and their partitions (or CDC slots), the dead letters with replay and
+// purge, and one event's story. Pages are rendered on the server (html/template:
+// every value a row carries is escaped) with their assets embedded, so it works
+// offline and needs no front-end build; a small script refreshes the live parts.
+//
+// It is read-only unless Config.Token is set: whoever signs in with the token may
+// replay and purge, by POSTs that carry the session's CSRF token and pass Go's
+// cross-origin protection.
+//
+// The relay CLI serves it under /ui/ on its --http listener; `outbox ui` serves it
+// for a database with no relay in the process. A program embedding the relay can
+// mount it on its own mux:
+//
+//	d, err := dashboard.New(&dashboard.Config{Admin: store, Metrics: registry, Relay: r})
+//	go d.Run(ctx)
+//	mux.Handle("/ui/", d)
+package dashboard
+
+import (
+	"context"
+	"embed"
+	"errors"
+	"fmt"
+	"html/template"
+	"io/fs"
+	"log/slog"
+	"net/http"
+	"strings"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/outboxd/outbox/outboxdriver"
+	"github.com/outboxd/outbox/relay"
+	"github.com/outboxd/outbox/relay/relayprom"
+)
+
+// Defaults.
+const (
+	PrefixDefault         = "/ui"
+	SampleIntervalDefault = 2 * time.Second
+	// HistoryDefault is how far back the charts go.
+	HistoryDefault = 5 * time.Minute
+)
+
+// Config configures a Dashboard.
+type Config struct {
+	// Admin reads the table's status, dead letters and events, and replays and
+	// purges dead letters. Required.
+	Admin outboxdriver.Admin
+	// Status, when set, is read for the status instead of Admin (the relay's
+	// relayprom.StatusCache: pages, probes and scrapes then share one query per
+	// interval). Default: a cache of Admin.Status of its own.
+	Status relayprom.StatusReader
+	// Metrics is the registry of a relay in this process; MetricsURLs are relays'
+	// /metrics endpoints. Either gives the flow charts (events/s, commit→broker
+	// latency), summed over every relay named.
+	Metrics     prometheus.Gatherer
+	MetricsURLs []string
+	// Relay is the relay in this process, if any: its role and the broker's state.
+	Relay interface{ Stats() relay.Stats }
+	// Table, Mode and Broker describe what the pages show (Broker without secrets).
+	Table, Mode, Broker string
+	// Token, when set, lets whoever signs in with it replay and purge dead letters.
+	// Empty: read-only.
+	Token string
+	// Prefix is the path the dashboard is served under. Default PrefixDefault.
+	Prefix string
+	// SampleInterval is how often Run samples the status and the metrics. Default
+	// SampleIntervalDefault.
+	SampleInterval time.Duration
+	// Logger records the actions taken (replay, purge, sign-in). Default: discard.
+	Logger *slog.Logger
+}
+
+// Dashboard is an http.Handler serving the UI under its prefix.
+type Dashboard struct {
+	cfg     Config
+	status  relayprom.StatusReader
+	flow    flowSource
+	hist    history
+	auth    *auth
+	pages   map[string]*template.Template
+	handler http.Handler
+	log     *slog.Logger
+	now     func() time.Time
+}
+
+//go:embed templates/*.html
+var templateFS embed.FS
+
+//go:embed static
+var staticFS embed.FS
+
+// New builds a dashboard.
+func New(cfg *Config) (*Dashboard, error) {
+	if cfg == nil || cfg.Admin == nil {
+		return nil, errors.New("dashboard: Config.Admin is required")
+	}
+	c := *cfg
+	if c.Prefix == "" {
+		c.Prefix = PrefixDefault
+	}
+	c.Prefix = "/" + strings.Trim(c.Prefix, "/")
+	if c.SampleInterval <= 0 {
+		c.SampleInterval = SampleIntervalDefault
+	}
+	if c.Logger == nil {
+		c.Logger = slog.New(slog.DiscardHandler)
+	}
+	d := &Dashboard{
+		cfg:    c,
+		status: c.Status,
+		flow:   flowSource{gatherer: c.Metrics, urls: c.MetricsURLs, client: &http.Client{Timeout: 5 * time.Second}},
+		hist:   history{max: int(HistoryDefault/c.SampleInterval) + 1},
+		auth:   newAuth(c.Token),
+		log:    c.Logger,
+		now:    time.Now,
+	}
+	if d.status == nil {
+		d.status = relayprom.NewStatusCache(c.Admin, time.Second)
+	}
+	var err error
+	if d.pages, err = parsePages(); err != nil {
+		return nil, err
+	}
+	static, _ := fs.Sub(staticFS, "static")
+	p := c.Prefix
+	mux := http.NewServeMux()
+	mux.Handle("GET "+p+"/static/", http.StripPrefix(p+"/static/", cacheFor(time.Hour, http.FileServerFS(static))))
+	mux.HandleFunc("GET "+p+"/{$}", d.overview)
+	mux.HandleFunc("GET "+p+"/relays", d.relays)
+	mux.HandleFunc("GET "+p+"/dead", d.dead)
+	mux.HandleFunc("POST "+p+"/dead/action", d.deadAction)
+	mux.HandleFunc("GET "+p+"/events", d.findEvent)
+	mux.HandleFunc("GET "+p+"/events/{id}", d.event)
+	mux.HandleFunc("GET "+p+"/login", d.loginPage)
+	mux.HandleFunc("POST "+p+"/login", d.login)
+	mux.HandleFunc("POST "+p+"/logout", d.logout)
+	mux.HandleFunc(p+"/", func(w http.ResponseWriter, r *http.Request) {
+		d.message(w, r, http.StatusNotFound, "Not found", "No such page.")
+	})
+	mux.Handle("GET "+p, http.RedirectHandler(p+"/", http.StatusMovedPermanently))
+	d.handler = secure(http.NewCrossOriginProtection().Handler(mux))
+	return d, nil
+}
+
+// ServeHTTP implements http.Handler.
+func (d *Dashboard) ServeHTTP(w http.ResponseWriter, r *http.Request) { d.handler.ServeHTTP(w, r) }
+
+// Run samples the status and the relays' metrics for the charts until ctx ends.
+func (d *Dashboard) Run(ctx context.Context) {
+	t := time.NewTicker(d.cfg.SampleInterval)
+	defer t.Stop()
+	for {
+		d.sample(ctx)
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
+}
+
+func (d *Dashboard) sample(ctx context.Context) {
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	s := sample{at: d.now()}
+	s.status, s.statusErr = d.status.Status(ctx)
+	if d.flow.enabled() {
+		if f, err := d.flow.read(ctx); err == nil {
+			s.flow = f
+		} else {
+			d.log.Debug("dashboard: reading relay metrics", "err", err)
+		}
+	}
+	d.hist.add(s)
+}
+
+// secure sets the headers every response carries: no script but ours, no framing
+// (the action buttons cannot be clickjacked), no sniffing, no referrer.
+func secure(h http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		hd := w.Header()
+		hd.Set("Content-Security-Policy", "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self'; connect-src 'self'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'")
+		hd.Set("X-Frame-Options", "DENY")
+		hd.Set("X-Content-Type-Options", "nosniff")
+		hd.Set("Referrer-Policy", "no-referrer")
+		h.ServeHTTP(w, r)
+	})
+}
+
+func cacheFor(d time.Duration, h http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Cache-Control", fmt.Sprintf("public, max-age=%d", int(d.Seconds())))
+		h.ServeHTTP(w, r)
+	})
+}

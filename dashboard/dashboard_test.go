@@ -1,0 +1,279 @@
+package dashboard_test
+
+import (
+	"context"
+	"io"
+	"net/http"
+	"net/http/cookiejar"
+	"net/http/httptest"
+	"net/url"
+	"regexp"
+	"strings"
+	"testing"
+
+	"github.com/google/uuid"
+	"go.uber.org/goleak"
+
+	"github.com/outboxd/outbox"
+	"github.com/outboxd/outbox/dashboard"
+	"github.com/outboxd/outbox/internal/testenv"
+	"github.com/outboxd/outbox/outboxdriver"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+// fixture is a migrated outbox table on the machine's PostgreSQL and a dashboard on it.
+type fixture struct {
+	store outboxdriver.Store
+	write func(evs ...outbox.Event) []string
+	srv   *httptest.Server
+}
+
+func newFixture(t *testing.T, cfg dashboard.Config) *fixture {
+	t.Helper()
+	_, drv := testenv.Outbox(t)
+	store, err := drv.Store()
+	if err != nil {
+		t.Fatal(err)
+	}
+	w, err := outbox.NewWriter(drv, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.Admin = store
+	cfg.Table = drv.Table().String()
+	d, err := dashboard.New(&cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { defer close(done); d.Run(ctx) }()
+	t.Cleanup(func() { cancel(); <-done })
+	srv := httptest.NewServer(d)
+	t.Cleanup(srv.Close)
+	return &fixture{store: store, srv: srv, write: func(evs ...outbox.Event) []string {
+		t.Helper()
+		ids := make([]string, len(evs))
+		for i := range evs {
+			if evs[i].ID == "" {
+				evs[i].ID = uuid.Must(uuid.NewV7()).String()
+			}
+			ids[i] = evs[i].ID
+		}
+		if err := w.Write(context.Background(), evs...); err != nil {
+			t.Fatal(err)
+		}
+		return ids
+	}}
+}
+
+// kill moves the events to the dead letters as the relay would after a permanent
+// refusal.
+func (f *fixture) kill(t *testing.T, ids ...string) {
+	t.Helper()
+	ctx := context.Background()
+	c, err := f.store.Claim(ctx, &outboxdriver.ClaimParams{Limit: 100})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var failed []outboxdriver.Failure
+	for _, id := range ids {
+		failed = append(failed, outboxdriver.Failure{ID: id, Error: "nats: message size exceeds maximum allowed <b>bold</b>", CountAttempt: true, Dead: true, HoldKey: true})
+	}
+	if err := c.Complete(ctx, &outboxdriver.CompleteParams{Failed: failed}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func (f *fixture) state(t *testing.T, id string) outboxdriver.EventState {
+	t.Helper()
+	e, err := f.store.Event(context.Background(), id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return e.State
+}
+
+// client is a browser-like client: cookies kept, redirects not followed.
+func client(t *testing.T) *http.Client {
+	jar, _ := cookiejar.New(nil)
+	return &http.Client{Jar: jar, CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
+}
+
+func get(t *testing.T, c *http.Client, u string) (int, string) {
+	t.Helper()
+	resp, err := c.Get(u)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(b)
+}
+
+func post(t *testing.T, c *http.Client, u string, form url.Values, hdr ...string) (int, string) {
+	t.Helper()
+	req, _ := http.NewRequest(http.MethodPost, u, strings.NewReader(form.Encode()))
+	req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
+	for i := 0; i+1 < len(hdr); i += 2 {
+		req.Header.Set(hdr[i], hdr[i+1])
+	}
+	resp, err := c.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(b)
+}
+
+var csrfField = regexp.MustCompile(`name="csrf" value="([^"]*)"`)
+
+// TestActionsNeedTheToken: replay and purge are refused without a session, with a
+// wrong token, without the CSRF token and from another site; with all of them the
+// dead letter goes back to the outbox.
+func TestActionsNeedTheToken(t *testing.T) {
+	f := newFixture(t, dashboard.Config{Token: "s3cret"})
+	ids := f.write(outbox.Event{AggregateType: "order", AggregateID: "o-1", Type: "Placed", Payload: []byte(`{"n":1}`)})
+	f.kill(t, ids...)
+	u := f.srv.URL + "/ui"
+	c := client(t)
+	replay := url.Values{"do": {"replay-selected"}, "id": {ids[0]}}
+
+	if code, body := post(t, c, u+"/dead/action", replay); code != http.StatusForbidden || !strings.Contains(body, "sign in") {
+		t.Fatalf("anonymous replay: %d %s", code, body)
+	}
+	if code, _ := post(t, c, u+"/login", url.Values{"token": {"wrong"}}); code != http.StatusForbidden {
+		t.Fatalf("wrong token: %d", code)
+	}
+	if code, _ := post(t, c, u+"/login", url.Values{"token": {"s3cret"}}); code != http.StatusSeeOther {
+		t.Fatalf("sign in: %d", code)
+	}
+	if code, _ := post(t, c, u+"/dead/action", replay); code != http.StatusForbidden {
+		t.Fatalf("replay without the CSRF token: %d", code)
+	}
+	_, page := get(t, c, u+"/dead")
+	m := csrfField.FindStringSubmatch(page)
+	if m == nil {
+		t.Fatal("no CSRF token on the dead-letter page of a signed-in admin")
+	}
+	replay.Set("csrf", m[1])
+	if code, _ := post(t, c, u+"/dead/action", replay, "Sec-Fetch-Site", "cross-site"); code != http.StatusForbidden {
+		t.Fatalf("replay from another site: %d", code)
+	}
+	if st := f.state(t, ids[0]); st != outboxdriver.EventDead {
+		t.Fatalf("after the refusals the event is %s, want still dead", st)
+	}
+	code, _ := post(t, c, u+"/dead/action", replay)
+	if code != http.StatusSeeOther {
+		t.Fatalf("replay: %d", code)
+	}
+	if st := f.state(t, ids[0]); st != outboxdriver.EventWaiting {
+		t.Fatalf("after the replay the event is %s, want waiting", st)
+	}
+	if _, page := get(t, c, u+"/dead?done=replay&n=1"); !strings.Contains(page, "Replayed 1 dead letter") {
+		t.Fatal("no confirmation after the replay")
+	}
+	// Signed out, the session is gone.
+	if code, _ := post(t, c, u+"/logout", url.Values{}); code != http.StatusSeeOther {
+		t.Fatalf("sign out: %d", code)
+	}
+	if _, page := get(t, c, u+"/dead"); !strings.Contains(page, `<span id="role">read-only</span>`) {
+		t.Fatal("still an admin after signing out")
+	}
+}
+
+// TestReadOnly: with no token configured nobody signs in and every action is refused.
+func TestReadOnly(t *testing.T) {
+	f := newFixture(t, dashboard.Config{})
+	ids := f.write(outbox.Event{AggregateType: "order", AggregateID: "o-1", Type: "Placed", Payload: []byte(`{}`)})
+	f.kill(t, ids...)
+	c := client(t)
+	u := f.srv.URL + "/ui"
+	if code, body := post(t, c, u+"/login", url.Values{"token": {""}}); code != http.StatusForbidden || !strings.Contains(body, "read-only") {
+		t.Fatalf("sign in on a read-only dashboard: %d", code)
+	}
+	if code, body := post(t, c, u+"/dead/action", url.Values{"do": {"purge-matching"}}); code != http.StatusForbidden || !strings.Contains(body, "--ui-token") {
+		t.Fatalf("purge on a read-only dashboard: %d %s", code, body)
+	}
+	if st := f.state(t, ids[0]); st != outboxdriver.EventDead {
+		t.Fatalf("event is %s after a refused purge", st)
+	}
+}
+
+// TestUntrustedValuesEscaped: every field of an event is untrusted input; none
+// reaches a page as markup, and every page forbids inline scripts and framing.
+func TestUntrustedValuesEscaped(t *testing.T) {
+	f := newFixture(t, dashboard.Config{})
+	evil := `<script>alert(1)</script>"'><img src=x onerror=alert(2)>`
+	ids := f.write(outbox.Event{AggregateType: "t" + evil, AggregateID: evil, Type: evil, Payload: []byte(`{"x":"` + strings.ReplaceAll(evil, `"`, `\"`) + `"}`),
+		Headers: map[string]string{"h": evil}})
+	f.kill(t, ids...)
+	c := client(t)
+	u := f.srv.URL + "/ui"
+	for _, path := range []string{"/", "/relays", "/dead", "/events/" + ids[0], "/dead?aggregateid=" + url.QueryEscape(evil)} {
+		code, body := get(t, c, u+path)
+		if code != http.StatusOK {
+			t.Fatalf("%s: %d", path, code)
+		}
+		if strings.Contains(body, "<script>alert") || strings.Contains(body, "<img src=x") {
+			t.Fatalf("%s renders the event's fields as markup", path)
+		}
+	}
+	_, body := get(t, c, u+"/events/"+ids[0])
+	if !strings.Contains(body, "&lt;script&gt;alert(1)&lt;/script&gt;") {
+		t.Fatal("the aggregate id is not shown as text")
+	}
+	resp, err := c.Get(u + "/")
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if csp := resp.Header.Get("Content-Security-Policy"); !strings.Contains(csp, "script-src 'self'") || !strings.Contains(csp, "frame-ancestors 'none'") {
+		t.Fatalf("CSP = %q", csp)
+	}
+}
+
+// TestBadInput: each bad request gets a clear answer and changes nothing.
+func TestBadInput(t *testing.T) {
+	f := newFixture(t, dashboard.Config{Token: "s3cret"})
+	ids := f.write(outbox.Event{AggregateType: "order", AggregateID: "o-1", Type: "Placed", Payload: []byte(`{}`)})
+	f.kill(t, ids...)
+	c := client(t)
+	u := f.srv.URL + "/ui"
+	for _, tc := range []struct {
+		path string
+		code int
+		want string
+	}{
+		{"/dead?older=banana", http.StatusBadRequest, "want a duration"},
+		{"/events/not-a-uuid", http.StatusNotFound, "No table holds an event"},
+		{"/events/0195f0a0-0000-7000-8000-000000000000", http.StatusNotFound, "No table holds an event"},
+		{"/events?id=", http.StatusBadRequest, "Give an event id"},
+		{"/nope", http.StatusNotFound, "No such page"},
+	} {
+		if code, body := get(t, c, u+tc.path); code != tc.code || !strings.Contains(body, tc.want) {
+			t.Errorf("GET %s: %d, want %d with %q", tc.path, code, tc.code, tc.want)
+		}
+	}
+	post(t, c, u+"/login", url.Values{"token": {"s3cret"}})
+	_, page := get(t, c, u+"/dead")
+	csrf := csrfField.FindStringSubmatch(page)[1]
+	for _, tc := range []struct {
+		form url.Values
+		want string
+	}{
+		{url.Values{"do": {"explode-selected"}}, "Unknown action"},
+		{url.Values{"do": {"purge-selected"}}, "Select the dead letters"},
+		{url.Values{"do": {"purge-matching"}, "older": {"-1h"}}, "want a duration"},
+	} {
+		tc.form.Set("csrf", csrf)
+		if code, body := post(t, c, u+"/dead/action", tc.form); code != http.StatusBadRequest || !strings.Contains(body, tc.want) {
+			t.Errorf("POST %v: %d, want 400 with %q", tc.form, code, tc.want)
+		}
+	}
+	if st := f.state(t, ids[0]); st != outboxdriver.EventDead {
+		t.Fatalf("event is %s after bad requests", st)
+	}
+}

@@ -1,0 +1,601 @@
+package dashboard
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"html/template"
+	"net/http"
+	"net/url"
+	"sort"
+	"strconv"
+	"strings"
+	"time"
+	"unicode/utf8"
+
+	"github.com/outboxd/outbox/outboxdriver"
+)
+
+// page is what the layout renders around a page's content.
+type page struct {
+	Title, Nav, Prefix  string
+	Table, Mode, Broker string
+	Admin, CanSignIn    bool
+	CSRF                string
+	Flash, Error        string
+	Data                any
+}
+
+var funcs = template.FuncMap{
+	"pathEscape": url.PathEscape,
+	"stamp":      func(t time.Time) string { return t.UTC().Format("2006-01-02 15:04:05.000 UTC") },
+	"since":      func(t time.Time) string { return age(time.Since(t)) },
+	"short": func(s string, n int) string {
+		s = strings.Join(strings.Fields(s), " ")
+		if utf8.RuneCountInString(s) <= n {
+			return s
+		}
+		return string([]rune(s)[:n-1]) + "…"
+	},
+}
+
+func parsePages() (map[string]*template.Template, error) {
+	pages := map[string]*template.Template{}
+	for _, name := range []string{"overview", "relays", "dead", "event", "login", "message"} {
+		t, err := template.New(name).Funcs(funcs).ParseFS(templateFS, "templates/layout.html", "templates/"+name+".html")
+		if err != nil {
+			return nil, fmt.Errorf("dashboard: template %s: %w", name, err)
+		}
+		pages[name] = t
+	}
+	return pages, nil
+}
+
+// base fills the layout's fields for r.
+func (d *Dashboard) base(r *http.Request, title, nav string) *page {
+	p := &page{Title: title, Nav: nav, Prefix: d.cfg.Prefix, Table: d.cfg.Table, Mode: d.cfg.Mode, Broker: d.cfg.Broker,
+		CanSignIn: d.auth.enabled()}
+	if sess, err := d.auth.session(r, d.now()); err == nil {
+		p.Admin, p.CSRF = true, d.auth.csrf(sess)
+	}
+	return p
+}
+
+// render writes a page, or only its live part when the script asks (?partial=1).
+func (d *Dashboard) render(w http.ResponseWriter, r *http.Request, status int, name string, p *page) {
+	tmpl := "layout"
+	if r.URL.Query().Get("partial") == "1" && (name == "overview" || name == "relays") {
+		tmpl = "live"
+	}
+	var buf bytes.Buffer
+	if err := d.pages[name].ExecuteTemplate(&buf, tmpl, p); err != nil {
+		d.log.Error("dashboard: render", "page", name, "err", err)
+		http.Error(w, "render error", http.StatusInternalServerError)
+		return
+	}
+	w.Header().Set("Content-Type", "text/html; charset=utf-8")
+	w.Header().Set("Cache-Control", "no-store")
+	w.WriteHeader(status)
+	_, _ = w.Write(buf.Bytes())
+}
+
+func (d *Dashboard) message(w http.ResponseWriter, r *http.Request, status int, title, text string) {
+	p := d.base(r, title, "")
+	p.Data = text
+	d.render(w, r, status, "message", p)
+}
+
+func (d *Dashboard) ctx(r *http.Request) (context.Context, context.CancelFunc) {
+	return context.WithTimeout(r.Context(), 10*time.Second)
+}
+
+// ---- overview ----
+
+type chart struct {
+	Title string
+	SVG   template.HTML
+}
+
+type overviewData struct {
+	StatusErr                            string
+	Backlog, BacklogNote, Oldest         string
+	Failing, Dead, Held                  int64
+	Rate, Published, PublishedBy         string
+	P50, P99                             string
+	Role, ActiveRelay                    string
+	BrokerState, BrokerClass, BrokerNote string
+	Charts                               []chart
+	FlowNote                             string
+}
+
+func (d *Dashboard) overview(w http.ResponseWriter, r *http.Request) {
+	ctx, cancel := d.ctx(r)
+	defer cancel()
+	st, err := d.status.Status(ctx)
+	v := overviewData{Backlog: "?", Oldest: "?", Rate: "–", Published: "–", P50: "–", P99: "–"}
+	if err != nil {
+		v.StatusErr = err.Error()
+	} else {
+		v.Backlog, v.Oldest = formatCount(float64(st.Unpublished)), age(st.OldestAge)
+		v.BacklogNote = "events waiting"
+		v.Failing, v.Dead, v.Held = st.Failing, st.Dead, st.HeldKeys
+		if len(st.Slots) > 0 {
+			var lag int64
+			for _, s := range st.Slots {
+				lag += s.LagBytes
+			}
+			v.BacklogNote = "rows before the slot; slot lag " + bytesText(lag)
+		}
+		v.ActiveRelay = "no relay holds the table"
+		switch {
+		case st.ActiveRelay != "" && !st.ActiveSince.IsZero():
+			v.ActiveRelay = "active: " + st.ActiveRelay + ", for " + age(time.Since(st.ActiveSince))
+		case st.ActiveRelay != "":
+			v.ActiveRelay = "active: " + st.ActiveRelay
+		case len(st.Relays) > 0:
+			v.ActiveRelay = fmt.Sprintf("%d relays in the group", len(st.Relays))
+		}
+	}
+	v.Role, v.BrokerState, v.BrokerClass = "–", "unknown", "unknown"
+	v.BrokerNote = "no relay in this process"
+	if d.cfg.Relay != nil {
+		rs := d.cfg.Relay.Stats()
+		v.Role = "standby"
+		if rs.Leader {
+			v.Role = "active"
+		}
+		v.Published, v.PublishedBy = formatCount(float64(rs.Published)), "by this relay since it started"
+		if rs.BrokerDownSince.IsZero() {
+			v.BrokerState, v.BrokerClass, v.BrokerNote = "ok", "ok", "publishing"
+		} else {
+			v.BrokerState, v.BrokerClass = "down", "bad"
+			v.BrokerNote = "unavailable for " + age(time.Since(rs.BrokerDownSince))
+		}
+	}
+	ss := d.hist.snapshot()
+	now := d.now()
+	rate, p50, p99 := flowSeries(ss)
+	if n := len(rate); n > 0 {
+		v.Rate = formatCount(rate[n-1].v)
+		if d.cfg.Relay == nil {
+			last := ss[len(ss)-1].flow
+			if last != nil {
+				v.Published, v.PublishedBy = formatCount(last.published), "by the relays named, since they started"
+			}
+		}
+	}
+	if q, ok := recentQuantiles(ss, time.Minute); ok {
+		v.P50, v.P99 = formatSeconds(q[0]), formatSeconds(q[1])
+	}
+	var backlog, oldest []point
+	for _, s := range ss {
+		if s.status != nil {
+			backlog = append(backlog, point{s.at, float64(s.status.Unpublished)})
+			oldest = append(oldest, point{s.at, s.status.OldestAge.Seconds()})
+		}
+	}
+	if d.flow.enabled() {
+		v.Charts = append(v.Charts,
+			chart{"Events published per second", chartSVG("events per second", formatCount, 5, HistoryDefault, now, series{"events/s", "a", rate})},
+			chart{"Commit → broker latency (p50, p99)", chartSVG("commit to broker latency", formatSeconds, 0, HistoryDefault, now,
+				series{"p50", "a", p50}, series{"p99", "b", p99})})
+	} else {
+		v.FlowNote = "Events/s and latency come from the relays' metrics: the relay's own dashboard (--http) shows them, or start `outbox ui` with --metrics http://RELAY:9464/metrics."
+	}
+	v.Charts = append(v.Charts,
+		chart{"Backlog (events waiting)", chartSVG("backlog", formatCount, 5, HistoryDefault, now, series{"backlog", "a", backlog})},
+		chart{"Age of the oldest waiting event", chartSVG("oldest waiting event age", formatSeconds, 0, HistoryDefault, now, series{"age", "b", oldest})})
+	p := d.base(r, "Overview", "overview")
+	p.Data = v
+	d.render(w, r, http.StatusOK, "overview", p)
+}
+
+// recentQuantiles returns p50 and p99 of the events acknowledged over the last
+// window of samples.
+func recentQuantiles(ss []sample, window time.Duration) ([2]float64, bool) {
+	var last, first *sample
+	for i := len(ss) - 1; i >= 0; i-- {
+		if ss[i].flow == nil {
+			continue
+		}
+		if last == nil {
+			last = &ss[i]
+		}
+		if last.at.Sub(ss[i].at) > window {
+			break
+		}
+		first = &ss[i]
+	}
+	if last == nil || first == last {
+		return [2]float64{}, false
+	}
+	delta := subBuckets(last.flow.buckets, first.flow.buckets)
+	p50, ok1 := quantile(0.5, delta)
+	p99, ok2 := quantile(0.99, delta)
+	return [2]float64{p50, p99}, ok1 && ok2
+}
+
+// ---- relays ----
+
+type relayRow struct {
+	ID, Info, Heartbeat, Ranges, Lease string
+	Count                              int
+	Backlog                            int64
+	Stale                              bool
+}
+
+type partitionCell struct {
+	N       int
+	Backlog int64
+	Waiting bool
+}
+
+type slotRow struct {
+	Name, State, Lag, Retained, Safe, Backfilled, Class string
+}
+
+type relaysData struct {
+	StatusErr, Active, ActiveSince string
+	Relays                         []relayRow
+	Partitions                     []partitionCell
+	Slots                          []slotRow
+}
+
+func (d *Dashboard) relays(w http.ResponseWriter, r *http.Request) {
+	ctx, cancel := d.ctx(r)
+	defer cancel()
+	var v relaysData
+	st, err := d.status.Status(ctx)
+	if err != nil {
+		v.StatusErr = err.Error()
+		st = &outboxdriver.Status{}
+	}
+	v.Active = st.ActiveRelay
+	if !st.ActiveSince.IsZero() {
+		v.ActiveSince = st.ActiveSince.UTC().Format(time.RFC3339)
+	}
+	for _, rs := range st.Relays {
+		row := relayRow{ID: rs.ID, Info: rs.Info, Heartbeat: age(rs.HeartbeatAge), Count: len(rs.Partitions),
+			Ranges: ranges(rs.Partitions), Lease: age(rs.OldestLease), Stale: rs.HeartbeatAge > 30*time.Second}
+		for _, p := range rs.Partitions {
+			if p < len(st.PartitionBacklog) {
+				row.Backlog += st.PartitionBacklog[p]
+			}
+		}
+		v.Relays = append(v.Relays, row)
+	}
+	for i, n := range st.PartitionBacklog {
+		v.Partitions = append(v.Partitions, partitionCell{N: i, Backlog: n, Waiting: n > 0})
+	}
+	for _, s := range st.Slots {
+		row := slotRow{Name: s.Name, State: s.WALStatus, Lag: bytesText(s.LagBytes), Retained: bytesText(s.RetainedBytes),
+			Safe: "unlimited (max_slot_wal_keep_size unset)", Backfilled: "no"}
+		switch {
+		case !s.Exists || s.WALStatus == "lost":
+			row.State, row.Class = "LOST: recover with `outbox relay --mode cdc --recreate-slot`", "bad"
+		case s.Active:
+			row.State += ", streaming"
+		default:
+			row.State += ", no relay streaming"
+		}
+		if s.SafeBytes >= 0 {
+			row.Safe = bytesText(s.SafeBytes)
+		}
+		if s.Backfilled {
+			row.Backfilled = "yes"
+		}
+		v.Slots = append(v.Slots, row)
+	}
+	p := d.base(r, "Relays", "relays")
+	p.Data = v
+	d.render(w, r, http.StatusOK, "relays", p)
+}
+
+// ---- dead letters ----
+
+// listLimit is how many dead letters a page lists.
+const listLimit = 200
+
+type deadData struct {
+	Filter   outboxdriver.DeadFilter
+	Older    string
+	Filtered bool
+	Dead     []outboxdriver.DeadLetter
+	More     bool
+}
+
+// deadFilter reads a filter from a query or form; a bad "older" is the caller's
+// error to show.
+func deadFilter(form url.Values) (outboxdriver.DeadFilter, string, error) {
+	f := outboxdriver.DeadFilter{
+		AggregateType: form.Get("aggregatetype"),
+		AggregateID:   form.Get("aggregateid"),
+		Type:          form.Get("type"),
+	}
+	older := strings.TrimSpace(form.Get("older"))
+	if older != "" {
+		dur, err := time.ParseDuration(older)
+		if err != nil || dur < 0 {
+			return f, older, fmt.Errorf("dead for at least %q: want a duration such as 30m or 2h", older)
+		}
+		f.OlderThan = dur
+	}
+	return f, older, nil
+}
+
+func filtered(f *outboxdriver.DeadFilter) bool {
+	return f.AggregateType != "" || f.AggregateID != "" || f.Type != "" || f.OlderThan > 0
+}
+
+func (d *Dashboard) dead(w http.ResponseWriter, r *http.Request) {
+	ctx, cancel := d.ctx(r)
+	defer cancel()
+	p := d.base(r, "Dead letters", "dead")
+	q := r.URL.Query()
+	f, older, err := deadFilter(q)
+	v := deadData{Filter: f, Older: older, Filtered: filtered(&f)}
+	status := http.StatusOK
+	if err != nil {
+		p.Error, status = err.Error(), http.StatusBadRequest
+	} else {
+		f.Limit = listLimit + 1
+		dead, err := d.cfg.Admin.ListDead(ctx, &f)
+		if err != nil {
+			p.Error, status = "listing dead letters: "+err.Error(), http.StatusInternalServerError
+		}
+		if len(dead) > listLimit {
+			dead, v.More = dead[:listLimit], true
+		}
+		v.Dead = dead
+	}
+	if n, err := strconv.Atoi(q.Get("n")); err == nil {
+		switch q.Get("done") {
+		case "replay":
+			p.Flash = fmt.Sprintf("Replayed %d dead letter(s): back in the outbox in their original order; their aggregates are released.", n)
+		case "purge":
+			p.Flash = fmt.Sprintf("Purged %d dead letter(s); their aggregates are released.", n)
+		}
+	}
+	p.Data = v
+	d.render(w, r, status, "dead", p)
+}
+
+// deadAction replays or purges dead letters: the selected ones, or every one the
+// filter matches. Only for a signed-in admin, with the session's CSRF token.
+func (d *Dashboard) deadAction(w http.ResponseWriter, r *http.Request) {
+	r.Body = http.MaxBytesReader(w, r.Body, 1<<20)
+	if err := r.ParseForm(); err != nil {
+		d.message(w, r, http.StatusBadRequest, "Bad request", "The form could not be read: "+err.Error())
+		return
+	}
+	sess, err := d.auth.session(r, d.now())
+	if err != nil {
+		text := "This dashboard is read-only: start the relay (or `outbox ui`) with --ui-token to allow replay and purge."
+		if d.auth.enabled() {
+			text = "Replay and purge need the admin token: sign in first."
+		}
+		d.message(w, r, http.StatusForbidden, "Refused", text)
+		return
+	}
+	if !d.auth.checkCSRF(sess, r.PostForm.Get("csrf")) {
+		d.message(w, r, http.StatusForbidden, "Refused", "The form's CSRF token is missing or stale: reload the page and try again.")
+		return
+	}
+	do := r.PostForm.Get("do")
+	verb, scope, _ := strings.Cut(do, "-")
+	if (verb != "replay" && verb != "purge") || (scope != "selected" && scope != "matching") {
+		d.message(w, r, http.StatusBadRequest, "Bad request", fmt.Sprintf("Unknown action %q.", do))
+		return
+	}
+	f, older, err := deadFilter(r.PostForm)
+	if err != nil {
+		d.message(w, r, http.StatusBadRequest, "Bad request", err.Error())
+		return
+	}
+	if scope == "selected" {
+		f = outboxdriver.DeadFilter{IDs: r.PostForm["id"]}
+		if len(f.IDs) == 0 {
+			d.message(w, r, http.StatusBadRequest, "Nothing selected", "Select the dead letters to "+verb+" first.")
+			return
+		}
+	}
+	ctx, cancel := context.WithTimeout(r.Context(), 30*time.Second)
+	defer cancel()
+	var n int
+	if verb == "replay" {
+		n, err = d.cfg.Admin.ReplayDead(ctx, &f)
+	} else {
+		n, err = d.cfg.Admin.PurgeDead(ctx, &f)
+	}
+	if err != nil {
+		d.message(w, r, http.StatusInternalServerError, "Failed", verb+": "+err.Error())
+		return
+	}
+	d.log.Info("dashboard: dead letters "+verb+"d", "count", n, "ids", len(f.IDs), "aggregatetype", f.AggregateType,
+		"aggregateid", f.AggregateID, "type", f.Type, "older_than", f.OlderThan, "remote", r.RemoteAddr)
+	back := url.Values{"done": {verb}, "n": {strconv.Itoa(n)}}
+	if scope == "matching" {
+		for _, k := range []string{"aggregatetype", "aggregateid", "type"} {
+			if v := r.PostForm.Get(k); v != "" {
+				back.Set(k, v)
+			}
+		}
+		if older != "" {
+			back.Set("older", older)
+		}
+	}
+	http.Redirect(w, r, d.cfg.Prefix+"/dead?"+back.Encode(), http.StatusSeeOther)
+}
+
+// ---- one event ----
+
+type header struct{ K, V string }
+
+type eventData struct {
+	outboxdriver.EventInfo
+	StateText, PayloadText, PayloadKind, CDCNote string
+	Waiting, Published, Dead, AvailableAtSet     bool
+	Headers                                      []header
+}
+
+func (d *Dashboard) findEvent(w http.ResponseWriter, r *http.Request) {
+	id := strings.TrimSpace(r.URL.Query().Get("id"))
+	if id == "" {
+		d.message(w, r, http.StatusBadRequest, "Find an event", "Give an event id.")
+		return
+	}
+	http.Redirect(w, r, d.cfg.Prefix+"/events/"+url.PathEscape(id), http.StatusSeeOther)
+}
+
+func (d *Dashboard) event(w http.ResponseWriter, r *http.Request) {
+	ctx, cancel := d.ctx(r)
+	defer cancel()
+	id := r.PathValue("id")
+	e, err := d.cfg.Admin.Event(ctx, id)
+	if errors.Is(err, outboxdriver.ErrEventNotFound) {
+		d.message(w, r, http.StatusNotFound, "No such event",
+			fmt.Sprintf("No table holds an event with id %q: never written, rolled back, cleaned up after publication, or purged.", id))
+		return
+	}
+	if err != nil {
+		d.message(w, r, http.StatusInternalServerError, "Failed", "Reading the event: "+err.Error())
+		return
+	}
+	v := eventData{EventInfo: *e, Waiting: e.State == outboxdriver.EventWaiting, Published: e.State == outboxdriver.EventPublished,
+		Dead: e.State == outboxdriver.EventDead, AvailableAtSet: !e.AvailableAt.IsZero()}
+	switch e.State {
+	case outboxdriver.EventWaiting:
+		v.StateText = "Waiting to be published"
+		if e.Attempts > 0 {
+			v.StateText = "Waiting for a retry"
+		}
+	case outboxdriver.EventPublished:
+		v.StateText = "Published"
+	case outboxdriver.EventDead:
+		v.StateText = "Dead letter"
+	}
+	if v.Waiting && (d.cfg.Mode == "cdc" || d.cdcTable(ctx)) {
+		v.CDCNote = "A CDC relay reads events from the WAL and does not mark rows: a row it published stays here, unmarked, until cleanup. Its slot's lag (Relays) says what it has yet to send."
+	}
+	v.PayloadText, v.PayloadKind = payloadText(e)
+	for k, val := range e.Headers {
+		v.Headers = append(v.Headers, header{k, val})
+	}
+	sort.Slice(v.Headers, func(i, j int) bool { return v.Headers[i].K < v.Headers[j].K })
+	p := d.base(r, "Event "+e.ID, "")
+	p.Data = v
+	d.render(w, r, http.StatusOK, "event", p)
+}
+
+// cdcTable says whether a CDC relay has a slot on the table.
+func (d *Dashboard) cdcTable(ctx context.Context) bool {
+	st, err := d.status.Status(ctx)
+	return err == nil && len(st.Slots) > 0
+}
+
+// payloadText shows a payload as indented JSON, text, or hex for bytes.
+func payloadText(e *outboxdriver.EventInfo) (string, string) {
+	switch {
+	case e.PayloadNull:
+		return "null", "(NULL: a tombstone)"
+	case json.Valid(e.Payload):
+		var buf bytes.Buffer
+		if json.Indent(&buf, e.Payload, "", "  ") == nil {
+			return buf.String(), "JSON"
+		}
+		return string(e.Payload), "JSON"
+	case utf8.Valid(e.Payload):
+		return string(e.Payload), "text"
+	default:
+		return fmt.Sprintf("% x", e.Payload), fmt.Sprintf("%d bytes, hex", len(e.Payload))
+	}
+}
+
+// ---- sign in ----
+
+func (d *Dashboard) loginPage(w http.ResponseWriter, r *http.Request) {
+	p := d.base(r, "Sign in", "")
+	p.Data = d.auth.enabled()
+	d.render(w, r, http.StatusOK, "login", p)
+}
+
+func (d *Dashboard) login(w http.ResponseWriter, r *http.Request) {
+	r.Body = http.MaxBytesReader(w, r.Body, 64<<10)
+	_ = r.ParseForm()
+	if !d.auth.checkToken(r.PostForm.Get("token")) {
+		d.log.Warn("dashboard: sign-in refused", "remote", r.RemoteAddr)
+		time.Sleep(300 * time.Millisecond) // a guess costs time
+		p := d.base(r, "Sign in", "")
+		p.Data, p.Error = d.auth.enabled(), "That is not the admin token."
+		if !d.auth.enabled() {
+			p.Error = "This dashboard is read-only: no admin token is configured."
+		}
+		d.render(w, r, http.StatusForbidden, "login", p)
+		return
+	}
+	d.log.Info("dashboard: signed in", "remote", r.RemoteAddr)
+	http.SetCookie(w, &http.Cookie{Name: cookieName, Value: d.auth.newSession(d.now()), Path: d.cfg.Prefix + "/",
+		MaxAge: int(sessionTTL.Seconds()), HttpOnly: true, Secure: r.TLS != nil, SameSite: http.SameSiteStrictMode})
+	http.Redirect(w, r, d.cfg.Prefix+"/dead", http.StatusSeeOther)
+}
+
+func (d *Dashboard) logout(w http.ResponseWriter, r *http.Request) {
+	http.SetCookie(w, &http.Cookie{Name: cookieName, Value: "", Path: d.cfg.Prefix + "/", MaxAge: -1, HttpOnly: true,
+		SameSite: http.SameSiteStrictMode})
+	http.Redirect(w, r, d.cfg.Prefix+"/", http.StatusSeeOther)
+}
+
+// ---- formatting ----
+
+// age writes a duration for people: "850ms", "42s", "3m 20s", "5h 12m", "3d 4h".
+func age(d time.Duration) string {
+	switch {
+	case d <= 0:
+		return "0s"
+	case d < time.Second:
+		return fmt.Sprintf("%dms", d.Milliseconds())
+	case d < time.Minute:
+		return fmt.Sprintf("%ds", int(d.Seconds()))
+	case d < time.Hour:
+		return fmt.Sprintf("%dm %ds", int(d.Minutes()), int(d.Seconds())%60)
+	case d < 48*time.Hour:
+		return fmt.Sprintf("%dh %dm", int(d.Hours()), int(d.Minutes())%60)
+	default:
+		return fmt.Sprintf("%dd %dh", int(d.Hours())/24, int(d.Hours())%24)
+	}
+}
+
+func bytesText(n int64) string {
+	switch {
+	case n >= 1<<30:
+		return fmt.Sprintf("%.1f GiB", float64(n)/(1<<30))
+	case n >= 1<<20:
+		return fmt.Sprintf("%.1f MiB", float64(n)/(1<<20))
+	case n >= 1<<10:
+		return fmt.Sprintf("%.1f KiB", float64(n)/(1<<10))
+	}
+	return fmt.Sprintf("%d B", n)
+}
+
+// ranges writes partitions as "[0-3,8]".
+func ranges(ps []int) string {
+	var b strings.Builder
+	for i := 0; i < len(ps); {
+		j := i
+		for j+1 < len(ps) && ps[j+1] == ps[j]+1 {
+			j++
+		}
+		if b.Len() > 0 {
+			b.WriteByte(',')
+		}
+		if j > i {
+			fmt.Fprintf(&b, "%d-%d", ps[i], ps[j])
+		} else {
+			fmt.Fprintf(&b, "%d", ps[i])
+		}
+		i = j + 1
+	}
+	return "[" + b.String() + "]"
+}
