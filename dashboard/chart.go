@@ -9,9 +9,9 @@ import (
 	"time"
 )
 
-// series is one line of a chart; class picks its colour in ui.css.
+// series is one line of a chart; Class picks its colour in ui.css.
 type series struct {
-	name, class string
+	Name, Class string
 	pts         []point
 }
 
@@ -62,7 +62,7 @@ func chartSVG(label string, format func(float64) string, minTop float64, window 
 			pts = append(pts, pts[0]) // a dot's worth of line
 		}
 		if len(pts) > 0 {
-			fmt.Fprintf(&b, `<polyline class="line %s" points="%s"/>`, html.EscapeString(s.class), strings.Join(pts, " "))
+			fmt.Fprintf(&b, `<polyline class="line %s" points="%s"/>`, html.EscapeString(s.Class), strings.Join(pts, " "))
 		}
 	}
 	b.WriteString(`</svg>`)

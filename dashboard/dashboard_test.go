@@ -10,14 +10,18 @@ import (
 	"regexp"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/google/uuid"
 	"go.uber.org/goleak"
 
 	"github.com/outboxd/outbox"
+	"github.com/outboxd/outbox/broker/memory"
 	"github.com/outboxd/outbox/dashboard"
 	"github.com/outboxd/outbox/internal/testenv"
 	"github.com/outboxd/outbox/outboxdriver"
+	"github.com/outboxd/outbox/outboxdriver/outboxpgx"
+	"github.com/outboxd/outbox/relay"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -25,6 +29,7 @@ func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 // fixture is a migrated outbox table on the machine's PostgreSQL and a dashboard on it.
 type fixture struct {
 	store outboxdriver.Store
+	table outboxdriver.Table
 	write func(evs ...outbox.Event) []string
 	srv   *httptest.Server
 }
@@ -52,7 +57,7 @@ func newFixture(t *testing.T, cfg dashboard.Config) *fixture {
 	t.Cleanup(func() { cancel(); <-done })
 	srv := httptest.NewServer(d)
 	t.Cleanup(srv.Close)
-	return &fixture{store: store, srv: srv, write: func(evs ...outbox.Event) []string {
+	return &fixture{store: store, table: drv.Table(), srv: srv, write: func(evs ...outbox.Event) []string {
 		t.Helper()
 		ids := make([]string, len(evs))
 		for i := range evs {
@@ -275,5 +280,41 @@ func TestBadInput(t *testing.T) {
 	}
 	if st := f.state(t, ids[0]); st != outboxdriver.EventDead {
 		t.Fatalf("event is %s after bad requests", st)
+	}
+}
+
+// TestRelaysPage: two relays of a group show with their heartbeats and the 64
+// partitions split between them, as the database records them.
+func TestRelaysPage(t *testing.T) {
+	f := newFixture(t, dashboard.Config{})
+	mem := memory.New(0)
+	cfg := func(id string) *relay.Config {
+		return &relay.Config{PollInterval: 50 * time.Millisecond, Group: &relay.GroupConfig{RelayID: id, LeaseTTL: 2 * time.Second}}
+	}
+	a := testenv.StartRelay(t, f.store, mem, cfg("relay-a"))
+	// Each relay has its own pool, as each would have its own process.
+	other, err := outboxpgx.New(testenv.Pool(t, testenv.DatabaseURL(t)), &f.table).Store()
+	if err != nil {
+		t.Fatal(err)
+	}
+	b := testenv.StartRelay(t, other, mem, cfg("relay-<b>"))
+	deadline := time.Now().Add(20 * time.Second)
+	for a.Stats().Partitions+b.Stats().Partitions < 64 || a.Stats().Partitions == 0 || b.Stats().Partitions == 0 {
+		if time.Now().After(deadline) {
+			t.Fatalf("partitions owned: %d and %d", a.Stats().Partitions, b.Stats().Partitions)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	c := client(t)
+	for {
+		_, body := get(t, c, f.srv.URL+"/ui/relays?partial=1")
+		if strings.Contains(body, "relay-a") && strings.Contains(body, "relay-&lt;b&gt;") && strings.Count(body, `<span class="part`) == 64 &&
+			!strings.Contains(body, "<html") {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("relays page never showed both members and 64 partitions:\n%s", body)
+		}
+		time.Sleep(200 * time.Millisecond)
 	}
 }

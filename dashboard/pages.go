@@ -15,6 +15,7 @@ import (
 	"time"
 	"unicode/utf8"
 
+	"github.com/outboxd/outbox/internal/human"
 	"github.com/outboxd/outbox/outboxdriver"
 )
 
@@ -31,7 +32,7 @@ type page struct {
 var funcs = template.FuncMap{
 	"pathEscape": url.PathEscape,
 	"stamp":      func(t time.Time) string { return t.UTC().Format("2006-01-02 15:04:05.000 UTC") },
-	"since":      func(t time.Time) string { return age(time.Since(t)) },
+	"since":      func(t time.Time) string { return human.Age(time.Since(t)) },
 	"short": func(s string, n int) string {
 		s = strings.Join(strings.Fields(s), " ")
 		if utf8.RuneCountInString(s) <= n {
@@ -94,8 +95,9 @@ func (d *Dashboard) ctx(r *http.Request) (context.Context, context.CancelFunc) {
 // ---- overview ----
 
 type chart struct {
-	Title string
-	SVG   template.HTML
+	Title  string
+	SVG    template.HTML
+	Legend []series // named when a chart has more than one line
 }
 
 type overviewData struct {
@@ -118,7 +120,7 @@ func (d *Dashboard) overview(w http.ResponseWriter, r *http.Request) {
 	if err != nil {
 		v.StatusErr = err.Error()
 	} else {
-		v.Backlog, v.Oldest = formatCount(float64(st.Unpublished)), age(st.OldestAge)
+		v.Backlog, v.Oldest = formatCount(float64(st.Unpublished)), human.Age(st.OldestAge)
 		v.BacklogNote = "events waiting"
 		v.Failing, v.Dead, v.Held = st.Failing, st.Dead, st.HeldKeys
 		if len(st.Slots) > 0 {
@@ -126,12 +128,12 @@ func (d *Dashboard) overview(w http.ResponseWriter, r *http.Request) {
 			for _, s := range st.Slots {
 				lag += s.LagBytes
 			}
-			v.BacklogNote = "rows before the slot; slot lag " + bytesText(lag)
+			v.BacklogNote = "rows before the slot; slot lag " + human.Bytes(lag)
 		}
 		v.ActiveRelay = "no relay holds the table"
 		switch {
 		case st.ActiveRelay != "" && !st.ActiveSince.IsZero():
-			v.ActiveRelay = "active: " + st.ActiveRelay + ", for " + age(time.Since(st.ActiveSince))
+			v.ActiveRelay = "active: " + st.ActiveRelay + ", for " + human.Age(time.Since(st.ActiveSince))
 		case st.ActiveRelay != "":
 			v.ActiveRelay = "active: " + st.ActiveRelay
 		case len(st.Relays) > 0:
@@ -151,7 +153,7 @@ func (d *Dashboard) overview(w http.ResponseWriter, r *http.Request) {
 			v.BrokerState, v.BrokerClass, v.BrokerNote = "ok", "ok", "publishing"
 		} else {
 			v.BrokerState, v.BrokerClass = "down", "bad"
-			v.BrokerNote = "unavailable for " + age(time.Since(rs.BrokerDownSince))
+			v.BrokerNote = "unavailable for " + human.Age(time.Since(rs.BrokerDownSince))
 		}
 	}
 	ss := d.hist.snapshot()
@@ -178,18 +180,22 @@ func (d *Dashboard) overview(w http.ResponseWriter, r *http.Request) {
 	}
 	if d.flow.enabled() {
 		v.Charts = append(v.Charts,
-			chart{"Events published per second", chartSVG("events per second", formatCount, 5, HistoryDefault, now, series{"events/s", "a", rate})},
-			chart{"Commit → broker latency (p50, p99)", chartSVG("commit to broker latency", formatSeconds, 0, HistoryDefault, now,
-				series{"p50", "a", p50}, series{"p99", "b", p99})})
+			chart{Title: "Events published per second", SVG: chartSVG("events per second", formatCount, 5, HistoryDefault, now, series{"events/s", "a", rate})},
+			latencyChart(now, p50, p99))
 	} else {
 		v.FlowNote = "Events/s and latency come from the relays' metrics: the relay's own dashboard (--http) shows them, or start `outbox ui` with --metrics http://RELAY:9464/metrics."
 	}
 	v.Charts = append(v.Charts,
-		chart{"Backlog (events waiting)", chartSVG("backlog", formatCount, 5, HistoryDefault, now, series{"backlog", "a", backlog})},
-		chart{"Age of the oldest waiting event", chartSVG("oldest waiting event age", formatSeconds, 0, HistoryDefault, now, series{"age", "b", oldest})})
+		chart{Title: "Backlog (events waiting)", SVG: chartSVG("backlog", formatCount, 5, HistoryDefault, now, series{"backlog", "a", backlog})},
+		chart{Title: "Age of the oldest waiting event", SVG: chartSVG("oldest waiting event age", formatSeconds, 0, HistoryDefault, now, series{"age", "b", oldest})})
 	p := d.base(r, "Overview", "overview")
 	p.Data = v
 	d.render(w, r, http.StatusOK, "overview", p)
+}
+
+func latencyChart(now time.Time, p50, p99 []point) chart {
+	ss := []series{{"p50", "a", p50}, {"p99", "b", p99}}
+	return chart{"Commit → broker latency", chartSVG("commit to broker latency", formatSeconds, 0, HistoryDefault, now, ss...), ss}
 }
 
 // recentQuantiles returns p50 and p99 of the events acknowledged over the last
@@ -257,8 +263,8 @@ func (d *Dashboard) relays(w http.ResponseWriter, r *http.Request) {
 		v.ActiveSince = st.ActiveSince.UTC().Format(time.RFC3339)
 	}
 	for _, rs := range st.Relays {
-		row := relayRow{ID: rs.ID, Info: rs.Info, Heartbeat: age(rs.HeartbeatAge), Count: len(rs.Partitions),
-			Ranges: ranges(rs.Partitions), Lease: age(rs.OldestLease), Stale: rs.HeartbeatAge > 30*time.Second}
+		row := relayRow{ID: rs.ID, Info: rs.Info, Heartbeat: human.Age(rs.HeartbeatAge), Count: len(rs.Partitions),
+			Ranges: human.Ranges(rs.Partitions), Lease: human.Age(rs.OldestLease), Stale: rs.HeartbeatAge > 30*time.Second}
 		for _, p := range rs.Partitions {
 			if p < len(st.PartitionBacklog) {
 				row.Backlog += st.PartitionBacklog[p]
@@ -270,7 +276,7 @@ func (d *Dashboard) relays(w http.ResponseWriter, r *http.Request) {
 		v.Partitions = append(v.Partitions, partitionCell{N: i, Backlog: n, Waiting: n > 0})
 	}
 	for _, s := range st.Slots {
-		row := slotRow{Name: s.Name, State: s.WALStatus, Lag: bytesText(s.LagBytes), Retained: bytesText(s.RetainedBytes),
+		row := slotRow{Name: s.Name, State: s.WALStatus, Lag: human.Bytes(s.LagBytes), Retained: human.Bytes(s.RetainedBytes),
 			Safe: "unlimited (max_slot_wal_keep_size unset)", Backfilled: "no"}
 		switch {
 		case !s.Exists || s.WALStatus == "lost":
@@ -281,7 +287,7 @@ func (d *Dashboard) relays(w http.ResponseWriter, r *http.Request) {
 			row.State += ", no relay streaming"
 		}
 		if s.SafeBytes >= 0 {
-			row.Safe = bytesText(s.SafeBytes)
+			row.Safe = human.Bytes(s.SafeBytes)
 		}
 		if s.Backfilled {
 			row.Backfilled = "yes"
@@ -545,57 +551,4 @@ func (d *Dashboard) logout(w http.ResponseWriter, r *http.Request) {
 	http.SetCookie(w, &http.Cookie{Name: cookieName, Value: "", Path: d.cfg.Prefix + "/", MaxAge: -1, HttpOnly: true,
 		SameSite: http.SameSiteStrictMode})
 	http.Redirect(w, r, d.cfg.Prefix+"/", http.StatusSeeOther)
-}
-
-// ---- formatting ----
-
-// age writes a duration for people: "850ms", "42s", "3m 20s", "5h 12m", "3d 4h".
-func age(d time.Duration) string {
-	switch {
-	case d <= 0:
-		return "0s"
-	case d < time.Second:
-		return fmt.Sprintf("%dms", d.Milliseconds())
-	case d < time.Minute:
-		return fmt.Sprintf("%ds", int(d.Seconds()))
-	case d < time.Hour:
-		return fmt.Sprintf("%dm %ds", int(d.Minutes()), int(d.Seconds())%60)
-	case d < 48*time.Hour:
-		return fmt.Sprintf("%dh %dm", int(d.Hours()), int(d.Minutes())%60)
-	default:
-		return fmt.Sprintf("%dd %dh", int(d.Hours())/24, int(d.Hours())%24)
-	}
-}
-
-func bytesText(n int64) string {
-	switch {
-	case n >= 1<<30:
-		return fmt.Sprintf("%.1f GiB", float64(n)/(1<<30))
-	case n >= 1<<20:
-		return fmt.Sprintf("%.1f MiB", float64(n)/(1<<20))
-	case n >= 1<<10:
-		return fmt.Sprintf("%.1f KiB", float64(n)/(1<<10))
-	}
-	return fmt.Sprintf("%d B", n)
-}
-
-// ranges writes partitions as "[0-3,8]".
-func ranges(ps []int) string {
-	var b strings.Builder
-	for i := 0; i < len(ps); {
-		j := i
-		for j+1 < len(ps) && ps[j+1] == ps[j]+1 {
-			j++
-		}
-		if b.Len() > 0 {
-			b.WriteByte(',')
-		}
-		if j > i {
-			fmt.Fprintf(&b, "%d-%d", ps[i], ps[j])
-		} else {
-			fmt.Fprintf(&b, "%d", ps[i])
-		}
-		i = j + 1
-	}
-	return "[" + b.String() + "]"
 }

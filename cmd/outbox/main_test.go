@@ -109,6 +109,9 @@ func TestBadInputGetsOneClearLine(t *testing.T) {
 		{"cdc on sqlite", []string{"relay", "--db", "sqlite://" + t.TempDir() + "/x.db", "--mode", "cdc", "--broker", "stdout:"}, 2, "--mode cdc needs PostgreSQL"},
 		{"bad slot name", []string{"relay", "--db", url, "--table", schema + ".outbox", "--mode", "cdc", "--slot", "Bad-Slot", "--broker", "stdout:"}, 2, "slot and publication names"},
 		{"extra args", []string{"status", "now"}, 2, "unexpected arguments"},
+		{"ui: metrics not a URL", []string{"ui", "--db", url, "--metrics", "relay:9464"}, 2, "--metrics"},
+		{"ui: missing table", []string{"ui", "--db", url, "--table", "public.no_such_outbox"}, 1, "does not exist (run `outbox migrate`)"},
+		{"ui: port taken", []string{"ui", "--db", url, "--table", schema + ".outbox", "--listen", "127.0.0.1:5432"}, 2, "cannot listen"},
 		{"template the broker refuses", []string{"relay", "--db", url, "--table", schema + ".outbox", "--broker", natsURL, "--http", "",
 			"--topic-template", "outbox event.${aggregatetype}"}, 1, "holds white space"},
 	} {
@@ -719,6 +722,45 @@ func TestRelayHTTP(t *testing.T) {
 	}
 	if code, body := get("/readyz"); code != 200 || !strings.Contains(body, "active") {
 		t.Fatalf("/readyz: %d %s", code, body)
+	}
+	// The dashboard, on the same listener, shows this relay's work.
+	if code, body := get("/ui/?partial=1"); code != 200 || !strings.Contains(body, `id="published">10<`) || !strings.Contains(body, `id="relay-role">active<`) {
+		t.Fatalf("/ui/: %d %s", code, body)
+	}
+}
+
+// TestUICommand: `outbox ui` serves the dashboard of a table with no relay in the
+// process, and reads the flow from a relay's /metrics when told where.
+func TestUICommand(t *testing.T) {
+	t.Parallel()
+	url := testenv.DatabaseURL(t)
+	pool := testenv.Pool(t, url)
+	table := migrateSchema(t, url, testenv.Schema(t, url), "outbox")
+	writeEvents(t, pool, table, 2, 5)
+	addr := fmt.Sprintf("127.0.0.1:%d", testenv.FreePort(t))
+	cmd := exec.Command(binary, "ui", "--db", url, "--table", table.Schema+"."+table.Name, "--listen", addr,
+		"--metrics", "http://127.0.0.1:1/metrics")
+	out := &lockedWriter{w: &bytes.Buffer{}}
+	cmd.Stdout, cmd.Stderr = out, out
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		resp, err := http.Get("http://" + addr + "/ui/")
+		if err == nil {
+			b, _ := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			if resp.StatusCode == 200 && strings.Contains(string(b), `id="backlog">5<`) {
+				break
+			}
+		}
+		if time.Now().After(deadline) {
+			out.mu.Lock()
+			t.Fatalf("outbox ui never showed the backlog of 5: %v\n%s", err, out.w.String())
+		}
+		time.Sleep(100 * time.Millisecond)
 	}
 }
 

@@ -225,6 +225,9 @@ func runRelay(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 				return err
 			}
 		}
+		if w := uiTokenWarning(*httpAddr, *uiToken); *ui && w != "" {
+			logger.Warn(w)
+		}
 		stopHTTP, err := serveHTTP(ctx, *httpAddr, reg, status, r, dash, logger)
 		if err != nil {
 			return err

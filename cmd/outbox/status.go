@@ -5,9 +5,9 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
-	"strings"
 	"time"
 
+	"github.com/outboxd/outbox/internal/human"
 	"github.com/outboxd/outbox/outboxdriver"
 )
 
@@ -96,7 +96,7 @@ func runStatus(ctx context.Context, args []string, stdout, stderr io.Writer) err
 				}
 			}
 			fmt.Fprintf(stdout, "  %s: heartbeat %s ago, %d partitions %s, held for up to %s, backlog %d\n", termSafe(rs.ID),
-				rs.HeartbeatAge.Round(time.Millisecond), len(rs.Partitions), ranges(rs.Partitions), rs.OldestLease.Round(time.Second), backlog)
+				rs.HeartbeatAge.Round(time.Millisecond), len(rs.Partitions), human.Ranges(rs.Partitions), rs.OldestLease.Round(time.Second), backlog)
 		}
 	}
 	for _, sl := range st.Slots {
@@ -113,45 +113,12 @@ func runStatus(ctx context.Context, args []string, stdout, stderr io.Writer) err
 		}
 		safe := "unlimited (max_slot_wal_keep_size unset)"
 		if sl.SafeBytes >= 0 {
-			safe = bytesText(sl.SafeBytes)
+			safe = human.Bytes(sl.SafeBytes)
 		}
 		fmt.Fprintf(stdout, "cdc slot %s: %s; lag %s, retained WAL %s, safe %s; backfilled %v\n",
-			sl.Name, state, bytesText(sl.LagBytes), bytesText(sl.RetainedBytes), safe, sl.Backfilled)
+			sl.Name, state, human.Bytes(sl.LagBytes), human.Bytes(sl.RetainedBytes), safe, sl.Backfilled)
 	}
 	return nil
-}
-
-// ranges writes partitions as "0-3,8,10-11".
-func ranges(ps []int) string {
-	var b strings.Builder
-	for i := 0; i < len(ps); {
-		j := i
-		for j+1 < len(ps) && ps[j+1] == ps[j]+1 {
-			j++
-		}
-		if b.Len() > 0 {
-			b.WriteByte(',')
-		}
-		if j > i {
-			fmt.Fprintf(&b, "%d-%d", ps[i], ps[j])
-		} else {
-			fmt.Fprintf(&b, "%d", ps[i])
-		}
-		i = j + 1
-	}
-	return "[" + b.String() + "]"
-}
-
-func bytesText(n int64) string {
-	switch {
-	case n >= 1<<30:
-		return fmt.Sprintf("%.1f GiB", float64(n)/(1<<30))
-	case n >= 1<<20:
-		return fmt.Sprintf("%.1f MiB", float64(n)/(1<<20))
-	case n >= 1<<10:
-		return fmt.Sprintf("%.1f KiB", float64(n)/(1<<10))
-	}
-	return fmt.Sprintf("%d B", n)
 }
 
 func timeOrNil(t time.Time) *time.Time {

@@ -41,6 +41,27 @@ func TestPlaintextWarnings(t *testing.T) {
 	}
 }
 
+// TestUITokenWarning: an admin token on a listener that is not loopback is
+// announced (it and the session cookie would travel in clear).
+func TestUITokenWarning(t *testing.T) {
+	for _, tc := range []struct {
+		addr, token string
+		warn        bool
+	}{
+		{"127.0.0.1:9464", "t", false},
+		{"localhost:9464", "t", false},
+		{"[::1]:9464", "t", false},
+		{":9464", "t", true},
+		{"0.0.0.0:9464", "t", true},
+		{"10.0.0.5:9464", "t", true},
+		{"0.0.0.0:9464", "", false},
+	} {
+		if got := uiTokenWarning(tc.addr, tc.token) != ""; got != tc.warn {
+			t.Errorf("%s (token %q): warning %v, want %v", tc.addr, tc.token, got, tc.warn)
+		}
+	}
+}
+
 // TestWebhookTLSOptions: --webhook-ca trusts a private CA (without it the endpoint is
 // not trusted), and --webhook-cert/--webhook-key present a client certificate to an
 // endpoint that requires one (mutual TLS).

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"strings"
 
@@ -56,6 +57,9 @@ func runUI(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	mux.Handle(dashboard.PrefixDefault+"/", dash)
 	mux.Handle("GET "+dashboard.PrefixDefault, dash)
 	mux.Handle("GET /{$}", http.RedirectHandler(dashboard.PrefixDefault+"/", http.StatusFound))
+	if w := uiTokenWarning(*listen, *token); w != "" {
+		logger.Warn(w)
+	}
 	stop, err := listenAndServe(ctx, *listen, mux, dash, "the dashboard at /ui/", logger)
 	if err != nil {
 		return err
@@ -64,4 +68,15 @@ func runUI(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fmt.Fprintf(stdout, "dashboard for %s: http://%s/ui/ (Ctrl-C to stop)\n", table, *listen)
 	<-ctx.Done()
 	return nil
+}
+
+// uiTokenWarning says when the dashboard's admin token (and its session cookie)
+// would cross a network in clear: a listener that is not loopback serves plain HTTP.
+func uiTokenWarning(addr, token string) string {
+	host, _, err := net.SplitHostPort(addr)
+	if token == "" || (err == nil && host != "" && loopbackHost(host)) {
+		return ""
+	}
+	return "the dashboard's admin token and session cookie travel in clear on " + addr +
+		": keep it on loopback and put a TLS proxy in front (docs/dashboard.md)"
 }
