@@ -1,0 +1,149 @@
+// Package sqsemu runs the SQS emulator the tests use: fauxqs, a Node.js program
+// that speaks SQS's JSON protocol (the one today's AWS SDKs send) with FIFO queues,
+// message groups and deduplication ids, pinned by this folder's package-lock.json
+// (`npm ci` here; .ci/run does it).
+package sqsemu
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/aws/aws-sdk-go-v2/aws"
+	"github.com/aws/aws-sdk-go-v2/credentials"
+	"github.com/aws/aws-sdk-go-v2/service/sqs"
+
+	"github.com/outboxd/outbox/broker"
+	sqspub "github.com/outboxd/outbox/broker/sqs"
+)
+
+// Region is the region the emulator's clients use.
+const Region = "us-east-1"
+
+// Start runs an emulator on a free loopback port, stopped when the test ends, and
+// returns its endpoint. Without Node.js or the installed emulator the test is
+// skipped, or fails under CI.
+func Start(t testing.TB) string {
+	t.Helper()
+	_, file, _, _ := runtime.Caller(0)
+	cli := filepath.Join(filepath.Dir(file), "node_modules", "fauxqs", "dist", "cli.js")
+	node, err := exec.LookPath("node")
+	if err == nil {
+		_, err = os.Stat(cli)
+	}
+	if err != nil {
+		missing(t, "the SQS emulator (Node.js and `npm ci` in internal/sqsemu): %v", err)
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	port := ln.Addr().(*net.TCPAddr).Port
+	_ = ln.Close()
+	cmd := exec.Command(node, cli)
+	cmd.Env = append(os.Environ(), fmt.Sprintf("FAUXQS_PORT=%d", port), "FAUXQS_LOGGER=false", "FAUXQS_DEFAULT_REGION="+Region)
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan struct{})
+	go func() { _ = cmd.Wait(); close(done) }()
+	t.Cleanup(func() { _ = cmd.Process.Kill(); <-done })
+	addr := fmt.Sprintf("127.0.0.1:%d", port)
+	for deadline := time.Now().Add(20 * time.Second); ; {
+		if c, err := net.DialTimeout("tcp", addr, time.Second); err == nil {
+			_ = c.Close()
+			break
+		}
+		select {
+		case <-done:
+			t.Fatalf("the SQS emulator exited at start")
+		default:
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the SQS emulator did not listen on %s", addr)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	return "http://" + addr
+}
+
+func missing(t testing.TB, format string, args ...any) {
+	t.Helper()
+	if os.Getenv("CI") == "true" {
+		t.Fatalf("service missing under CI: "+format, args...)
+	}
+	t.Skipf("service missing: "+format, args...)
+}
+
+// Client is an SQS client on the emulator at endpoint (static test credentials).
+func Client(endpoint string) *sqs.Client {
+	return sqs.New(sqs.Options{
+		Region:       Region,
+		BaseEndpoint: aws.String(endpoint),
+		Credentials:  credentials.NewStaticCredentialsProvider("test", "test", ""),
+	})
+}
+
+// Env is what `outbox relay --broker sqs://...` needs in its environment to reach
+// the emulator.
+func Env() []string {
+	return []string{"AWS_ACCESS_KEY_ID=test", "AWS_SECRET_ACCESS_KEY=test", "AWS_REGION=" + Region, "AWS_EC2_METADATA_DISABLED=true"}
+}
+
+// Reader reads queues back in order, deleting what it received (an undeleted FIFO
+// message would hide its group's later ones), and keeps what it read.
+type Reader struct {
+	c    *sqs.Client
+	mu   sync.Mutex
+	seen map[string][]broker.Message // queue name -> messages, in receive order
+}
+
+// NewReader reads with c.
+func NewReader(c *sqs.Client) *Reader { return &Reader{c: c, seen: map[string][]broker.Message{}} }
+
+// Read returns the first n messages of queue, waiting until there are n or ctx ends.
+func (r *Reader) Read(ctx context.Context, queue string, n int) ([]broker.Message, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	var qurl *string
+	for len(r.seen[queue]) < n {
+		if ctx.Err() != nil {
+			return r.seen[queue], ctx.Err()
+		}
+		if qurl == nil {
+			out, err := r.c.GetQueueUrl(ctx, &sqs.GetQueueUrlInput{QueueName: aws.String(queue)})
+			if err != nil {
+				time.Sleep(50 * time.Millisecond)
+				continue
+			}
+			qurl = out.QueueUrl
+		}
+		out, err := r.c.ReceiveMessage(ctx, &sqs.ReceiveMessageInput{QueueUrl: qurl, MaxNumberOfMessages: 10, WaitTimeSeconds: 1,
+			MessageAttributeNames: sqspub.ReceiveAttributeNames, MessageSystemAttributeNames: sqspub.ReceiveSystemAttributeNames})
+		if err != nil {
+			if ctx.Err() != nil {
+				return r.seen[queue], ctx.Err()
+			}
+			time.Sleep(50 * time.Millisecond)
+			continue
+		}
+		for _, m := range out.Messages {
+			d, err := sqspub.Decode(m)
+			if err != nil {
+				return nil, err
+			}
+			r.seen[queue] = append(r.seen[queue], broker.Message{ID: d.ID, Topic: queue, Key: d.Key, Payload: d.Payload, PayloadNull: d.PayloadNull, Headers: d.Headers})
+			if _, err := r.c.DeleteMessage(ctx, &sqs.DeleteMessageInput{QueueUrl: qurl, ReceiptHandle: m.ReceiptHandle}); err != nil {
+				return nil, err
+			}
+		}
+	}
+	return r.seen[queue][:n], nil
+}
