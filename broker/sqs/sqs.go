@@ -54,6 +54,8 @@ const (
 	BatchEntries = 10
 	// MaxAttributes is the most message attributes a message carries.
 	MaxAttributes = 10
+	// TopicTemplateDefault names one FIFO queue per aggregate type.
+	TopicTemplateDefault = "outbox-event-${aggregatetype}.fifo"
 )
 
 // Attributes the publisher adds when a message needs them.
@@ -94,6 +96,7 @@ type Publisher struct {
 var (
 	_ broker.Publisher      = (*Publisher)(nil)
 	_ broker.TopicValidator = (*Publisher)(nil)
+	_ broker.TopicEscaper   = (*Publisher)(nil)
 )
 
 // New returns a publisher on a client the caller built.
@@ -551,6 +554,9 @@ func fifoID(s string) string {
 	sum := sha256.Sum256([]byte(s))
 	return "sha256-" + hex.EncodeToString(sum[:])
 }
+
+// Client is the SQS client the publisher sends with.
+func (p *Publisher) Client() *sqs.Client { return p.c }
 
 // Features implements broker.Publisher. Dedup and order hold on FIFO queues only.
 func (p *Publisher) Features() broker.Features {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/tls"
 	"crypto/x509"
+	"log/slog"
 	"net"
 	"net/http"
 	"net/url"
@@ -18,6 +19,7 @@ import (
 	"github.com/outboxd/outbox/broker/nats"
 	"github.com/outboxd/outbox/broker/pubsub"
 	"github.com/outboxd/outbox/broker/redis"
+	"github.com/outboxd/outbox/broker/sqs"
 	"github.com/outboxd/outbox/broker/stdout"
 	"github.com/outboxd/outbox/broker/webhook"
 	"github.com/outboxd/outbox/internal/redact"
@@ -33,9 +35,11 @@ type brokerOptions struct {
 
 	webhookSecretFile, webhookCA, webhookCert, webhookKey string
 	webhookAllowHTTP                                      bool
+
+	logger *slog.Logger // for a publisher's own warnings (SQS standard queues)
 }
 
-const brokerSchemes = "nats://, kafka://, amqp://, redis://, mqtt://, pubsub://PROJECT, http(s):// (webhook) or stdout:"
+const brokerSchemes = "nats://, kafka://, amqp://, redis://, mqtt://, pubsub://PROJECT, sqs://REGION, http(s):// (webhook) or stdout:"
 
 // brokerScheme returns the --broker URL's scheme, or a usage error for a URL the
 // relay cannot use, before anything connects.
@@ -45,7 +49,7 @@ func brokerScheme(rawURL string, o brokerOptions) (string, error) {
 	}
 	scheme, _, _ := strings.Cut(rawURL, ":")
 	switch scheme {
-	case "nats", "tls", "kafka", "kafkas", "amqp", "amqps", "redis", "rediss", "mqtt", "mqtts", "pubsub", "stdout":
+	case "nats", "tls", "kafka", "kafkas", "amqp", "amqps", "redis", "rediss", "mqtt", "mqtts", "pubsub", "sqs", "stdout":
 		return scheme, nil
 	case "http", "https":
 		if o.webhookSecret == "" && o.webhookSecretFile == "" {
@@ -63,10 +67,13 @@ func brokerScheme(rawURL string, o brokerOptions) (string, error) {
 }
 
 // defaultTopicTemplate is the topic template for a broker when none is given: MQTT
-// topics use '/' between levels.
+// topics use '/' between levels, SQS queue names no dots (but .fifo).
 func defaultTopicTemplate(scheme string) string {
-	if scheme == "mqtt" || scheme == "mqtts" {
+	switch scheme {
+	case "mqtt", "mqtts":
 		return mqtt.TopicTemplateDefault
+	case "sqs":
+		return sqs.TopicTemplateDefault
 	}
 	return broker.TopicTemplateDefault
 }
@@ -92,6 +99,9 @@ func openBroker(ctx context.Context, rawURL string, o brokerOptions) (broker.Pub
 		// Credentials as Google's client libraries find them; PUBSUB_EMULATOR_HOST
 		// points the client at an emulator.
 		return pubsub.Dial(ctx, rawURL, &pubsub.Config{MaxMessageBytes: o.maxMessageBytes})
+	case "sqs":
+		// Credentials from AWS's default chain; ?endpoint= for an emulator.
+		return sqs.Dial(ctx, rawURL, &sqs.Config{MaxMessageBytes: o.maxMessageBytes, Logger: o.logger})
 	case "http", "https":
 		return openWebhook(ctx, rawURL, o)
 	case "stdout":
@@ -175,7 +185,7 @@ func plaintextWarnings(dsn, brokerURL string) []string {
 	}
 	if u, err := url.Parse(brokerURL); err == nil && u.Hostname() != "" && !loopbackURL(brokerURL) {
 		switch u.Scheme {
-		case "tls", "kafkas", "amqps", "rediss", "mqtts", "https":
+		case "tls", "kafkas", "amqps", "rediss", "mqtts", "https", "sqs":
 		case "pubsub": // Google's client speaks TLS to Pub/Sub (plain only to an emulator)
 		default:
 			if u.Query().Get("tls") != "true" {

@@ -190,6 +190,7 @@ func runRelay(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		}
 		store = src
 	}
+	bo.logger = logger
 	pub, err := openBroker(ctx, *brokerURL, bo)
 	if err != nil {
 		return err

@@ -13,6 +13,8 @@ import (
 	"sync"
 	"time"
 
+	awssqs "github.com/aws/aws-sdk-go-v2/service/sqs"
+
 	gpubsub "cloud.google.com/go/pubsub/v2"
 	"cloud.google.com/go/pubsub/v2/apiv1/pubsubpb"
 	"github.com/eclipse/paho.golang/paho"
@@ -29,6 +31,8 @@ import (
 	"github.com/outboxd/outbox/broker"
 	"github.com/outboxd/outbox/broker/amqp"
 	"github.com/outboxd/outbox/broker/kafka"
+	natspub "github.com/outboxd/outbox/broker/nats"
+	"github.com/outboxd/outbox/broker/sqs"
 	"github.com/outboxd/outbox/broker/webhook"
 	"github.com/outboxd/outbox/internal/redact"
 	"github.com/outboxd/outbox/outboxdriver"
@@ -69,7 +73,14 @@ func runVerify(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	if err != nil {
 		return usageErr("--topic-template: %v", err)
 	}
-	subject := tmpl.Execute(broker.TopicFields{AggregateType: verifyAggregateType, Type: verifyEventType}, nil)
+	var escape func(string) string // as the relay's publisher escapes the fields it places
+	switch scheme {
+	case "sqs":
+		escape = sqs.EscapeToken
+	case "nats":
+		escape = natspub.EscapeToken
+	}
+	subject := tmpl.Execute(broker.TopicFields{AggregateType: verifyAggregateType, Type: verifyEventType}, escape)
 	table, err := parseTable(*tableName, string(outboxdriver.PayloadJSON))
 	if err != nil {
 		return err
@@ -94,13 +105,15 @@ func runVerify(ctx context.Context, args []string, stdout, stderr io.Writer) err
 		reader, err = kafkaVerifyReader(*brokerURL, subject)
 	case "pubsub":
 		reader, err = pubsubVerifyReader(rctx, *brokerURL, subject)
+	case "sqs":
+		reader, err = sqsVerifyReader(rctx, *brokerURL, subject)
 	case "http", "https":
 		if *listen == "" || *secret == "" {
 			return usageErr("--broker %s: a webhook is read back by verify itself: give --webhook-listen (where the relay posts) and --webhook-secret", redact.URL(*brokerURL))
 		}
 		reader, err = webhookVerifyReader(*listen, *secret)
 	default:
-		return usageErr("--broker %s: verify reads back from nats://, kafka://, redis://, amqp://, mqtt://, pubsub:// and http(s):// (webhooks)", redact.URL(*brokerURL))
+		return usageErr("--broker %s: verify reads back from nats://, kafka://, redis://, amqp://, mqtt://, pubsub://, sqs:// and http(s):// (webhooks)", redact.URL(*brokerURL))
 	}
 	if err != nil {
 		return err
@@ -519,3 +532,46 @@ func (r *redisReader) next(ctx context.Context, wait time.Duration) ([]verifyArr
 }
 
 func (r *redisReader) close() { _ = r.c.Close() }
+
+type sqsReader struct {
+	c    *awssqs.Client
+	qurl *string
+}
+
+// sqsVerifyReader reads the canaries' queue (their aggregate type is verify's own,
+// so the queue holds nothing else) and deletes what it read.
+func sqsVerifyReader(ctx context.Context, rawURL, queue string) (verifyReader, error) {
+	p, err := sqs.Dial(ctx, rawURL, nil)
+	if err != nil {
+		return nil, usageErr("--broker %s: %v", redact.URL(rawURL), err)
+	}
+	c := p.Client()
+	out, err := c.GetQueueUrl(ctx, &awssqs.GetQueueUrlInput{QueueName: &queue})
+	if err != nil {
+		return nil, fmt.Errorf("SQS queue %s (the relay publishes verify's canaries there: create it): %w", queue, err)
+	}
+	return &sqsReader{c: c, qurl: out.QueueUrl}, nil
+}
+
+func (r *sqsReader) next(ctx context.Context, wait time.Duration) ([]verifyArrival, error) {
+	out, err := r.c.ReceiveMessage(ctx, &awssqs.ReceiveMessageInput{QueueUrl: r.qurl, MaxNumberOfMessages: 10,
+		WaitTimeSeconds:       int32(min(max(wait, time.Second), 5*time.Second) / time.Second),
+		MessageAttributeNames: sqs.ReceiveAttributeNames, MessageSystemAttributeNames: sqs.ReceiveSystemAttributeNames})
+	if err != nil {
+		return nil, err
+	}
+	var arrived []verifyArrival
+	for _, m := range out.Messages {
+		d, err := sqs.Decode(m)
+		if err != nil {
+			return nil, err
+		}
+		arrived = append(arrived, verifyArrival{id: d.ID, arrived: time.Now()})
+		if _, err := r.c.DeleteMessage(ctx, &awssqs.DeleteMessageInput{QueueUrl: r.qurl, ReceiptHandle: m.ReceiptHandle}); err != nil {
+			return nil, err
+		}
+	}
+	return arrived, nil
+}
+
+func (r *sqsReader) close() {}

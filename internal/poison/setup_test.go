@@ -17,6 +17,8 @@ import (
 	"unicode/utf8"
 
 	"cloud.google.com/go/pubsub/v2/pstest"
+	"github.com/aws/aws-sdk-go-v2/aws"
+	awssqs "github.com/aws/aws-sdk-go-v2/service/sqs"
 	_ "github.com/go-sql-driver/mysql"
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
@@ -37,8 +39,10 @@ import (
 	natspub "github.com/outboxd/outbox/broker/nats"
 	"github.com/outboxd/outbox/broker/pubsub"
 	"github.com/outboxd/outbox/broker/redis"
+	sqspub "github.com/outboxd/outbox/broker/sqs"
 	"github.com/outboxd/outbox/broker/stdout"
 	"github.com/outboxd/outbox/broker/webhook"
+	"github.com/outboxd/outbox/internal/sqsemu"
 	"github.com/outboxd/outbox/internal/testenv"
 	"github.com/outboxd/outbox/outboxdriver"
 	"github.com/outboxd/outbox/outboxdriver/outboxmysql"
@@ -267,6 +271,47 @@ func pubsubPub(t *testing.T) *pub {
 	}}
 }
 
+// sqsPub publishes to FIFO queues of the SQS emulator, made as they come, and reads
+// every queue back (receiving and deleting) by event id.
+func sqsPub(t *testing.T) *pub {
+	c := sqsemu.Client(sqsemu.Start(t))
+	p, err := sqspub.New(c, &sqspub.Config{CreateQueues: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	prefix := testenv.UniqueName("poison-")
+	got := map[string][]byte{}
+	return &pub{name: "SQS (emulator)", p: p, template: prefix + "-${aggregatetype}.fifo", received: func() map[string][]byte {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		queues, err := c.ListQueues(ctx, &awssqs.ListQueuesInput{QueueNamePrefix: aws.String(prefix)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, q := range queues.QueueUrls {
+			for {
+				out, err := c.ReceiveMessage(ctx, &awssqs.ReceiveMessageInput{QueueUrl: aws.String(q), MaxNumberOfMessages: 10,
+					MessageAttributeNames: sqspub.ReceiveAttributeNames, MessageSystemAttributeNames: sqspub.ReceiveSystemAttributeNames})
+				if err != nil {
+					t.Fatal(err)
+				}
+				if len(out.Messages) == 0 {
+					break
+				}
+				for _, m := range out.Messages {
+					d, err := sqspub.Decode(m)
+					if err != nil {
+						t.Fatal(err)
+					}
+					got[d.ID] = d.Payload
+					_, _ = c.DeleteMessage(ctx, &awssqs.DeleteMessageInput{QueueUrl: aws.String(q), ReceiptHandle: m.ReceiptHandle})
+				}
+			}
+		}
+		return got
+	}}
+}
+
 func stdoutPub(*testing.T) *pub {
 	return &pub{name: "stdout", p: stdout.New(io.Discard), template: "outbox.event.${aggregatetype}"}
 }
@@ -307,7 +352,7 @@ func webhookPub(t *testing.T) *pub {
 
 // TestPoisonEveryBroker: PostgreSQL to each broker.
 func TestPoisonEveryBroker(t *testing.T) {
-	for _, mk := range []func(*testing.T) *pub{natsPub, amqpPub, redisPub, mqttPub, kafkaPub, pubsubPub, webhookPub, stdoutPub} {
+	for _, mk := range []func(*testing.T) *pub{natsPub, amqpPub, redisPub, mqttPub, kafkaPub, pubsubPub, sqsPub, webhookPub, stdoutPub} {
 		p := mk(t)
 		t.Run(p.name, func(t *testing.T) { run(t, postgres(t), p) })
 	}
