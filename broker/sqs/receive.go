@@ -17,6 +17,7 @@ var (
 	ReceiveAttributeNames       = []string{"All"}
 	ReceiveSystemAttributeNames = []types.MessageSystemAttributeName{
 		types.MessageSystemAttributeNameMessageGroupId, types.MessageSystemAttributeNameMessageDeduplicationId,
+		types.MessageSystemAttributeNameApproximateReceiveCount,
 	}
 )
 
