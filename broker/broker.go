@@ -306,19 +306,23 @@ func RetryAfterOf(err error) time.Duration {
 // header; a plain-SQL producer can. Publishers with such headers call it before
 // sending.
 func CheckHeaders(m *Message) error {
-	var problem string
+	var err error
 	m.EachHeader(func(k, v string) {
-		if problem != "" {
-			return
-		}
-		if p := wire.HeaderNameProblem(k); p != "" {
-			problem = fmt.Sprintf("%s: %q", p, k)
-		} else if p := wire.HeaderValueProblem(v); p != "" {
-			problem = fmt.Sprintf("header %s: %s", k, p)
+		if err == nil {
+			err = CheckHeader(k, v)
 		}
 	})
-	if problem != "" {
-		return Permanent(errors.New(problem))
+	return err
+}
+
+// CheckHeader is CheckHeaders for one header, for a publisher that renders and
+// checks its headers in one pass.
+func CheckHeader(name, value string) error {
+	if p := wire.HeaderNameProblem(name); p != "" {
+		return Permanent(fmt.Errorf("%s: %q", p, name))
+	}
+	if p := wire.HeaderValueProblem(value); p != "" {
+		return Permanent(fmt.Errorf("header %s: %s", name, p))
 	}
 	return nil
 }

@@ -456,7 +456,7 @@ const HeaderHeadersInvalid = "outbox-headers-error"
 
 // ParseHeaders decodes a headers column (a JSON object of strings). nil means none.
 func ParseHeaders(b []byte) map[string]string {
-	if b == nil {
+	if b == nil || string(b) == "{}" { // most rows: no headers, no decoding
 		return nil
 	}
 	var h map[string]string

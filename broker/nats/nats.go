@@ -208,10 +208,6 @@ func (p *Publisher) Publish(ctx context.Context, msgs []broker.Message) []broker
 			}
 			continue
 		}
-		if res[i].Err = broker.CheckHeaders(&m); res[i].Err != nil {
-			hold.Refuse(m.Key, res[i].Err)
-			continue
-		}
 		n := m.HeaderCount() + 2
 		hdr := make(nats.Header, n)
 		vals := make([]string, 0, n) // one backing array for every one-value header
@@ -220,10 +216,19 @@ func (p *Publisher) Publish(ctx context.Context, msgs []broker.Message) []broker
 			hdr[k] = vals[len(vals)-1 : len(vals) : len(vals)]
 		}
 		size := len(m.Payload)
+		var bad error // a header NATS cannot carry intact: checked as it is rendered
 		m.EachHeader(func(k, v string) {
+			if bad == nil {
+				bad = broker.CheckHeader(k, v)
+			}
 			set(k, v)
 			size += len(k) + len(v) + 4
 		})
+		if bad != nil {
+			res[i].Err = bad
+			hold.Refuse(m.Key, bad)
+			continue
+		}
 		set(jetstream.MsgIDHeader, m.ID)
 		set(HeaderKey, m.Key)
 		nm := &nats.Msg{Subject: m.Topic, Data: m.Payload, Header: hdr}

@@ -96,13 +96,13 @@ WHERE o.published_at IS NULL AND o.available_at <= now() AND ($2 <= 0 OR o.seq <
   AND ` + outboxdriver.NotBehindFailingSQL(q) + `
   AND ` + outboxdriver.NotHeldSQL(s.dead) + `
 ORDER BY o.seq LIMIT $1 FOR UPDATE OF o SKIP LOCKED`
-	s.markPublished = `UPDATE ` + q + ` AS o SET published_at = now(), last_error = NULL WHERE o.id = ANY($1::uuid[])`
-	s.deletePublished = `DELETE FROM ` + q + ` AS o WHERE o.id = ANY($1::uuid[])`
+	s.markPublished = `UPDATE ` + q + ` AS o SET published_at = now(), last_error = NULL WHERE o.id = ANY($1::text[]::uuid[])`
+	s.deletePublished = `DELETE FROM ` + q + ` AS o WHERE o.id = ANY($1::text[]::uuid[])`
 	// The outbox's own columns move; a column added to the table after the archive
 	// was made stays behind (the archive keeps its defaults).
 	const archived = "id, aggregatetype, aggregateid, type, payload, headers, tracingspancontext, seq, created_at, attempts"
 	archive := func(where string) string {
-		return `moved AS (DELETE FROM ` + q + ` AS o WHERE o.id = ANY($1::uuid[])` + where + ` RETURNING ` + prefixed("o.", archived) + `)
+		return `moved AS (DELETE FROM ` + q + ` AS o WHERE o.id = ANY($1::text[]::uuid[])` + where + ` RETURNING ` + prefixed("o.", archived) + `)
 INSERT INTO ` + s.published + ` (` + archived + `, published_at) SELECT ` + prefixed("m.", archived) + `, now() FROM moved AS m`
 	}
 	s.archivePublished = "WITH " + archive("")
@@ -360,24 +360,30 @@ func (s *Store) Claim(ctx context.Context, p *outboxdriver.ClaimParams) (outboxd
 
 func scanRows(rows Rows, p *outboxdriver.ClaimParams) ([]outboxdriver.Row, error) {
 	defer rows.Close()
-	var out []outboxdriver.Row
+	// Rows are scanned in place, through one destination list: per row, the
+	// relay's hot path allocates only what the row's values need.
+	out := make([]outboxdriver.Row, 0, min(max(p.Limit, 1), 4096))
+	var (
+		headers   []byte
+		trace     *string
+		partition int16
+		extra     []*string
+	)
+	dest := make([]any, 11, 11+2*len(p.Columns))
+	dest[6], dest[7], dest[10] = &headers, &trace, &partition
+	if len(p.Columns) > 0 {
+		extra = make([]*string, 2*len(p.Columns))
+		for i := range extra {
+			dest = append(dest, &extra[i])
+		}
+	}
 	bytes := 0
 	for !p.Enough(bytes) && rows.Next() {
-		var (
-			r       outboxdriver.Row
-			payload []byte
-			headers *string
-			trace   *string
-		)
-		var partition int16
-		dest := []any{&r.Seq, &r.ID, &r.AggregateType, &r.AggregateID, &r.Type, &payload, &headers, &trace, &r.CreatedAt, &r.Attempts, &partition}
-		var extra []*string
-		if len(p.Columns) > 0 {
-			extra = make([]*string, 2*len(p.Columns))
-			for i := range extra {
-				dest = append(dest, &extra[i])
-			}
-		}
+		out = append(out, outboxdriver.Row{})
+		r := &out[len(out)-1]
+		dest[0], dest[1], dest[2], dest[3], dest[4], dest[5], dest[8], dest[9] =
+			&r.Seq, &r.ID, &r.AggregateType, &r.AggregateID, &r.Type, &r.Payload, &r.CreatedAt, &r.Attempts
+		headers, trace = nil, nil
 		if err := rows.Scan(dest...); err != nil {
 			return nil, err
 		}
@@ -387,15 +393,14 @@ func scanRows(rows Rows, p *outboxdriver.ClaimParams) ([]outboxdriver.Row, error
 				r.Columns[c] = outboxdriver.ParseValue(*extra[2*i], extra[2*i+1])
 			}
 		}
-		r.Payload, r.PayloadNull, r.Partition = payload, payload == nil, int(partition)
-		bytes += len(payload)
+		r.PayloadNull, r.Partition = r.Payload == nil, int(partition)
+		bytes += len(r.Payload)
 		if headers != nil {
-			r.Headers = outboxdriver.ParseHeaders([]byte(*headers))
+			r.Headers = outboxdriver.ParseHeaders(headers)
 		}
 		if trace != nil {
 			r.TraceContext = *trace
 		}
-		out = append(out, r)
 	}
 	return out, rows.Err()
 }
