@@ -27,6 +27,7 @@ import (
 	"log/slog"
 	"net/http"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -42,6 +43,9 @@ const (
 	SampleIntervalDefault = 2 * time.Second
 	// HistoryDefault is how far back the charts go.
 	HistoryDefault = 5 * time.Minute
+	// WatchWindow is how long after the last page served the dashboard keeps
+	// sampling.
+	WatchWindow = 10 * time.Minute
 )
 
 // Config configures a Dashboard.
@@ -85,6 +89,7 @@ type Dashboard struct {
 	handler http.Handler
 	log     *slog.Logger
 	now     func() time.Time
+	viewed  atomic.Int64 // unix nanoseconds of the last page served
 }
 
 //go:embed templates/*.html
@@ -147,14 +152,22 @@ func New(cfg *Config) (*Dashboard, error) {
 }
 
 // ServeHTTP implements http.Handler.
-func (d *Dashboard) ServeHTTP(w http.ResponseWriter, r *http.Request) { d.handler.ServeHTTP(w, r) }
+func (d *Dashboard) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	d.viewed.Store(d.now().UnixNano())
+	d.handler.ServeHTTP(w, r)
+}
 
-// Run samples the status and the relays' metrics for the charts until ctx ends.
+// Run samples the status and the relays' metrics for the charts until ctx ends,
+// while someone watches: the status counts the table, and a relay whose dashboard
+// nobody opens must not pay for it. Sampling stops WatchWindow after the last page
+// served and starts again with the next one.
 func (d *Dashboard) Run(ctx context.Context) {
 	t := time.NewTicker(d.cfg.SampleInterval)
 	defer t.Stop()
 	for {
-		d.sample(ctx)
+		if d.now().Sub(time.Unix(0, d.viewed.Load())) < WatchWindow {
+			d.sample(ctx)
+		}
 		select {
 		case <-ctx.Done():
 			return

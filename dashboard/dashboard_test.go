@@ -9,6 +9,7 @@ import (
 	"net/url"
 	"regexp"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -316,5 +317,49 @@ func TestRelaysPage(t *testing.T) {
 			t.Fatalf("relays page never showed both members and 64 partitions:\n%s", body)
 		}
 		time.Sleep(200 * time.Millisecond)
+	}
+}
+
+// countingStatus counts the status reads of the real store it wraps.
+type countingStatus struct {
+	outboxdriver.Store
+	n atomic.Int64
+}
+
+func (c *countingStatus) Status(ctx context.Context) (*outboxdriver.Status, error) {
+	c.n.Add(1)
+	return c.Store.Status(ctx)
+}
+
+// TestSamplesOnlyWhileWatched: a relay whose dashboard nobody opens does not count
+// its table for the charts; the first page starts the sampling.
+func TestSamplesOnlyWhileWatched(t *testing.T) {
+	_, drv := testenv.Outbox(t)
+	store, err := drv.Store()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cs := &countingStatus{Store: store}
+	d, err := dashboard.New(&dashboard.Config{Admin: store, Status: cs, SampleInterval: 10 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { defer close(done); d.Run(ctx) }()
+	defer func() { cancel(); <-done }()
+	time.Sleep(200 * time.Millisecond)
+	if n := cs.n.Load(); n != 0 {
+		t.Fatalf("%d status reads with nobody watching", n)
+	}
+	srv := httptest.NewServer(d)
+	defer srv.Close()
+	get(t, client(t), srv.URL+"/ui/relays")
+	deadline := time.Now().Add(5 * time.Second)
+	for cs.n.Load() < 5 {
+		if time.Now().After(deadline) {
+			t.Fatalf("only %d status reads after a page was served", cs.n.Load())
+		}
+		time.Sleep(10 * time.Millisecond)
 	}
 }
