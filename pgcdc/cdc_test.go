@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"go.uber.org/goleak"
@@ -117,14 +118,15 @@ func (e *cdcEnv) produce(t testing.TB, aggs, perAgg int) map[string][]string {
 		go func(agg string) {
 			defer wg.Done()
 			for i := range perAgg {
-				ev := outbox.Event{AggregateType: "order", AggregateID: agg, Type: "Step", Payload: []byte(`{"i":` + strconv.Itoa(i) + `}`)}
+				ev := outbox.Event{ID: uuid.Must(uuid.NewV7()).String(), AggregateType: "order", AggregateID: agg, Type: "Step", Payload: []byte(`{"i":` + strconv.Itoa(i) + `}`)}
 				err := pgx.BeginFunc(ctx, e.pool, func(tx pgx.Tx) error { return w.WriteTx(ctx, tx, ev) })
 				if err != nil {
 					errs <- err
 					return
 				}
-				id := ""
-				_ = id
+				mu.Lock()
+				out[agg] = append(out[agg], ev.ID)
+				mu.Unlock()
 				if i%3 == 2 {
 					tx, err := e.pool.Begin(ctx)
 					if err != nil {

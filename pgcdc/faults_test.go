@@ -115,7 +115,7 @@ func TestDeadLettersAndReplay(t *testing.T) {
 			b.Refuse("agg-0", true)
 			src := e.source(t, nil)
 			e.startRelay(t, src, b, &relay.Config{MaxAttempts: 2, RetryMin: 10 * time.Millisecond, RetryMax: 20 * time.Millisecond})
-			e.produce(t, 3, 20)
+			produced := e.produce(t, 3, 20)
 			msgs := waitMessages(t, b, 2*20)
 			for _, m := range msgs {
 				if m.AggregateID == "agg-0" {
@@ -144,7 +144,7 @@ func TestDeadLettersAndReplay(t *testing.T) {
 			if n, err := e.admin(t).ReplayDead(ctx, &outboxdriver.DeadFilter{AggregateID: "agg-0"}); err != nil || n != 20 {
 				t.Fatalf("replay: %d, %v", n, err)
 			}
-			waitMessages(t, b, 3*20)
+			waitDelivered(t, e, b, produced)
 			checkDelivery(t, b.Messages(), 3, 20)
 		})
 	}
@@ -281,5 +281,39 @@ func TestLargeTransactionBoundedMemory(t *testing.T) {
 	t.Logf("100,000 events (%d MB) in one transaction in %v; live heap at most %d MiB", n*size/1_000_000, time.Since(start).Round(time.Millisecond), live>>20)
 	if live > 48<<20 {
 		t.Fatalf("live heap reached %d MiB for a %d MB transaction: memory is not bounded", live>>20, n*size>>20)
+	}
+}
+
+// waitDelivered waits until every produced event is on the broker; on timeout it
+// says where each missing one is (waiting, dead, gone).
+func waitDelivered(t *testing.T, e *cdcEnv, b *memory.Broker, produced map[string][]string) {
+	t.Helper()
+	want := 0
+	for _, ids := range produced {
+		want += len(ids)
+	}
+	deadline := time.Now().Add(60 * time.Second)
+	for len(b.Messages()) < want {
+		if time.Now().After(deadline) {
+			got := map[string]bool{}
+			for _, m := range b.Messages() {
+				got[m.ID] = true
+			}
+			for agg, ids := range produced {
+				for i, id := range ids {
+					if got[id] {
+						continue
+					}
+					ev, err := e.admin(t).Event(context.Background(), id)
+					if err != nil {
+						t.Errorf("missing %s #%d %s: %v", agg, i, id, err)
+						continue
+					}
+					t.Errorf("missing %s #%d %s: %s attempts %d error %q dead %v holds %v", agg, i, id, ev.State, ev.Attempts, ev.Error, ev.DeadAt, ev.HoldsKey)
+				}
+			}
+			t.Fatalf("only %d of %d messages arrived", len(b.Messages()), want)
+		}
+		time.Sleep(20 * time.Millisecond)
 	}
 }
