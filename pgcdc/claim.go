@@ -131,32 +131,47 @@ func (c *claim) Complete(ctx context.Context, p *outboxdriver.CompleteParams) er
 		return nil
 	}
 	c.once = true
-	byID := make(map[string]*entry, len(c.es))
+	// An id may be here twice (a replayed event whose first copy the stream sent
+	// again after a restart): an outcome applies to every copy.
+	byID := make(map[string][]*entry, len(c.es))
 	for _, e := range c.es {
-		byID[e.row.ID] = e
+		byID[e.row.ID] = append(byID[e.row.ID], e)
 	}
 	var dead []deadEntry
 	var back []*entry
 	failed := map[*entry]bool{}
 	for _, f := range p.Failed {
-		e := byID[f.ID]
-		if e == nil {
-			continue
+		for _, e := range byID[f.ID] {
+			if failed[e] {
+				continue
+			}
+			failed[e] = true
+			if f.CountAttempt {
+				e.row.Attempts++
+			}
+			if f.Dead {
+				dead = append(dead, deadEntry{e, f.Error, f.HoldKey})
+				continue
+			}
+			e.availableAt = f.RetryAt
+			back = append(back, e)
 		}
-		failed[e] = true
-		if f.CountAttempt {
-			e.row.Attempts++
-		}
-		if f.Dead {
-			dead = append(dead, deadEntry{e, f.Error, f.HoldKey})
-			continue
-		}
-		e.availableAt = f.RetryAt
-		back = append(back, e)
 	}
 	if err := c.ss.src.insertDead(ctx, dead); err != nil {
-		// Not done: the events come again after a restart; never confirmed unsent.
+		// The dead ones are not in the dead letters: they go back to the queue with
+		// the failed ones (tried again, never confirmed unsent); the acknowledged
+		// ones are done.
+		for _, d := range dead {
+			back = append(back, d.e)
+		}
+		acked := make([]*entry, 0, len(c.es))
+		for _, e := range c.es {
+			if !failed[e] {
+				acked = append(acked, e)
+			}
+		}
 		c.ss.q.giveBack(back)
+		c.ss.q.done(acked)
 		return err
 	}
 	if len(dead) > 0 {
