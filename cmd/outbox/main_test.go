@@ -109,6 +109,8 @@ func TestBadInputGetsOneClearLine(t *testing.T) {
 		{"cdc on sqlite", []string{"relay", "--db", "sqlite://" + t.TempDir() + "/x.db", "--mode", "cdc", "--broker", "stdout:"}, 2, "--mode cdc needs PostgreSQL"},
 		{"bad slot name", []string{"relay", "--db", url, "--table", schema + ".outbox", "--mode", "cdc", "--slot", "Bad-Slot", "--broker", "stdout:"}, 2, "slot and publication names"},
 		{"extra args", []string{"status", "now"}, 2, "unexpected arguments"},
+		{"sqs url with a path", []string{"relay", "--db", url, "--table", schema + ".outbox", "--broker", "sqs://us-east-1/orders", "--http", ""}, 1, "want sqs://REGION"},
+		{"sqs bad endpoint", []string{"relay", "--db", url, "--table", schema + ".outbox", "--broker", "sqs://us-east-1?endpoint=ftp://x", "--http", ""}, 1, "endpoint"},
 		{"ui: metrics not a URL", []string{"ui", "--db", url, "--metrics", "relay:9464"}, 2, "--metrics"},
 		{"ui: missing table", []string{"ui", "--db", url, "--table", "public.no_such_outbox"}, 1, "does not exist (run `outbox migrate`)"},
 		{"ui: port taken", []string{"ui", "--db", url, "--table", schema + ".outbox", "--listen", "127.0.0.1:5432"}, 2, "cannot listen"},
