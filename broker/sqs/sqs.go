@@ -404,7 +404,16 @@ func (p *Publisher) sendBatch(ctx context.Context, b []*entry) []error {
 		if errors.As(err, &missing) {
 			p.forget(queue)
 		}
-		return fail(classify(ctx, err))
+		cerr := classify(ctx, err)
+		if len(b) > 1 && !broker.IsUnavailable(cerr) && !broker.IsDeferred(cerr) && ctx.Err() == nil {
+			// SQS refused the whole batch for something in it: send each entry
+			// alone, so the refusal is charged to the message that caused it.
+			for j, e := range b {
+				errs[j] = p.sendBatch(ctx, []*entry{e})[0]
+			}
+			return errs
+		}
+		return fail(cerr)
 	}
 	answered := make([]bool, len(b))
 	for _, s := range out.Successful {

@@ -2,6 +2,7 @@ package sqs_test
 
 import (
 	"context"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -155,6 +156,29 @@ func TestUnreachable(t *testing.T) {
 	) {
 		if !broker.IsUnavailable(r.Err) {
 			t.Errorf("message %d: %v, want unavailable", i, r.Err)
+		}
+	}
+}
+
+// TestWholeBatchRefusalSplit: when SQS refuses a whole batch for what is in it (here
+// BatchRequestTooLong: four messages of 400 KB, each within the queue's 1 MiB, over
+// 1 MiB together, as a publisher set above SQS's batch limit packs them), the
+// publisher sends the entries one by one instead of charging all of them.
+func TestWholeBatchRefusalSplit(t *testing.T) {
+	c := sqsemu.Client(sqsemu.Start(t))
+	q := brokertest.UniqueName("total-") + ".fifo"
+	if _, err := c.CreateQueue(context.Background(), &awssqs.CreateQueueInput{QueueName: aws.String(q),
+		Attributes: map[string]string{"FifoQueue": "true", "MaximumMessageSize": "1048576"}}); err != nil {
+		t.Fatal(err)
+	}
+	p, _ := sqs.New(c, &sqs.Config{MaxMessageBytes: 2 << 20})
+	var msgs []broker.Message
+	for i := range 4 {
+		msgs = append(msgs, broker.Message{ID: fmt.Sprint("m", i), Topic: q, Key: fmt.Sprint("k", i), Payload: []byte(`"` + strings.Repeat("x", 400_000) + `"`)})
+	}
+	for i, r := range publish(t, p, msgs...) {
+		if r.Err != nil {
+			t.Errorf("message %d (fits the queue on its own): %v", i, r.Err)
 		}
 	}
 }

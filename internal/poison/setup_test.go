@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -19,6 +20,7 @@ import (
 	"cloud.google.com/go/pubsub/v2/pstest"
 	"github.com/aws/aws-sdk-go-v2/aws"
 	awssqs "github.com/aws/aws-sdk-go-v2/service/sqs"
+	awstypes "github.com/aws/aws-sdk-go-v2/service/sqs/types"
 	_ "github.com/go-sql-driver/mysql"
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
@@ -282,21 +284,44 @@ func sqsPub(t *testing.T) *pub {
 	prefix := testenv.UniqueName("poison-")
 	got := map[string][]byte{}
 	return &pub{name: "SQS (emulator)", p: p, template: prefix + "-${aggregatetype}.fifo", received: func() map[string][]byte {
-		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 		defer cancel()
-		queues, err := c.ListQueues(ctx, &awssqs.ListQueuesInput{QueueNamePrefix: aws.String(prefix)})
-		if err != nil {
-			t.Fatal(err)
+		var queues []string
+		for in := (&awssqs.ListQueuesInput{QueueNamePrefix: aws.String(prefix), MaxResults: aws.Int32(1000)}); ; {
+			out, err := c.ListQueues(ctx, in)
+			if err != nil {
+				t.Fatal(err)
+			}
+			queues = append(queues, out.QueueUrls...)
+			if out.NextToken == nil {
+				break
+			}
+			in.NextToken = out.NextToken
 		}
-		for _, q := range queues.QueueUrls {
-			for {
-				out, err := c.ReceiveMessage(ctx, &awssqs.ReceiveMessageInput{QueueUrl: aws.String(q), MaxNumberOfMessages: 10,
-					MessageAttributeNames: sqspub.ReceiveAttributeNames, MessageSystemAttributeNames: sqspub.ReceiveSystemAttributeNames})
+		// Read until every queue says it holds nothing, visible or in flight (a
+		// short poll may come back empty while messages wait; a message received
+		// whose delete the emulator did not apply comes back after a second).
+		left := func() int {
+			n := 0
+			for _, q := range queues {
+				a, err := c.GetQueueAttributes(ctx, &awssqs.GetQueueAttributesInput{QueueUrl: aws.String(q),
+					AttributeNames: []awstypes.QueueAttributeName{awstypes.QueueAttributeNameApproximateNumberOfMessages, awstypes.QueueAttributeNameApproximateNumberOfMessagesNotVisible}})
 				if err != nil {
 					t.Fatal(err)
 				}
-				if len(out.Messages) == 0 {
-					break
+				for _, v := range a.Attributes {
+					k, _ := strconv.Atoi(v)
+					n += k
+				}
+			}
+			return n
+		}
+		for left() > 0 && ctx.Err() == nil {
+			for _, q := range queues {
+				out, err := c.ReceiveMessage(ctx, &awssqs.ReceiveMessageInput{QueueUrl: aws.String(q), MaxNumberOfMessages: 10, VisibilityTimeout: 1,
+					MessageAttributeNames: sqspub.ReceiveAttributeNames, MessageSystemAttributeNames: sqspub.ReceiveSystemAttributeNames})
+				if err != nil {
+					t.Fatal(err)
 				}
 				for _, m := range out.Messages {
 					d, err := sqspub.Decode(m)
@@ -304,9 +329,12 @@ func sqsPub(t *testing.T) *pub {
 						t.Fatal(err)
 					}
 					got[d.ID] = d.Payload
-					_, _ = c.DeleteMessage(ctx, &awssqs.DeleteMessageInput{QueueUrl: aws.String(q), ReceiptHandle: m.ReceiptHandle})
+					if _, err := c.DeleteMessage(ctx, &awssqs.DeleteMessageInput{QueueUrl: aws.String(q), ReceiptHandle: m.ReceiptHandle}); err != nil {
+						t.Fatal(err)
+					}
 				}
 			}
+			time.Sleep(20 * time.Millisecond)
 		}
 		return got
 	}}

@@ -5,12 +5,12 @@
 package sqsemu
 
 import (
+	"bufio"
 	"context"
-	"fmt"
-	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"runtime"
 	"sync"
 	"testing"
@@ -41,38 +41,47 @@ func Start(t testing.TB) string {
 	if err != nil {
 		missing(t, "the SQS emulator (Node.js and `npm ci` in internal/sqsemu): %v", err)
 	}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	// Port 0: the system picks a free port and the emulator logs it. (Picking one
+	// here and handing it over races with other test processes: the emulator could
+	// fail to bind while another one answers on that port.)
+	cmd := exec.Command(node, cli)
+	cmd.Env = append(os.Environ(), "FAUXQS_PORT=0", "FAUXQS_LOGGER=true", "FAUXQS_DEFAULT_REGION="+Region)
+	out, err := cmd.StdoutPipe()
 	if err != nil {
 		t.Fatal(err)
 	}
-	port := ln.Addr().(*net.TCPAddr).Port
-	_ = ln.Close()
-	cmd := exec.Command(node, cli)
-	cmd.Env = append(os.Environ(), fmt.Sprintf("FAUXQS_PORT=%d", port), "FAUXQS_LOGGER=false", "FAUXQS_DEFAULT_REGION="+Region)
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
 	done := make(chan struct{})
-	go func() { _ = cmd.Wait(); close(done) }()
 	t.Cleanup(func() { _ = cmd.Process.Kill(); <-done })
-	addr := fmt.Sprintf("127.0.0.1:%d", port)
-	for deadline := time.Now().Add(20 * time.Second); ; {
-		if c, err := net.DialTimeout("tcp", addr, time.Second); err == nil {
-			_ = c.Close()
-			break
+	listening := make(chan string, 1)
+	go func() {
+		defer close(done)
+		sc := bufio.NewScanner(out)
+		for sc.Scan() {
+			if m := listenLine.FindStringSubmatch(sc.Text()); m != nil {
+				select {
+				case listening <- m[1]:
+				default:
+				}
+			}
 		}
-		select {
-		case <-done:
-			t.Fatalf("the SQS emulator exited at start")
-		default:
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("the SQS emulator did not listen on %s", addr)
-		}
-		time.Sleep(50 * time.Millisecond)
+		_ = cmd.Wait()
+	}()
+	select {
+	case port := <-listening:
+		return "http://127.0.0.1:" + port
+	case <-done:
+		t.Fatalf("the SQS emulator exited at start")
+	case <-time.After(20 * time.Second):
+		t.Fatalf("the SQS emulator did not say where it listens")
 	}
-	return "http://" + addr
+	return ""
 }
+
+// listenLine is the emulator's log line naming its port.
+var listenLine = regexp.MustCompile(`Server listening at http://127\.0\.0\.1:(\d+)`)
 
 func missing(t testing.TB, format string, args ...any) {
 	t.Helper()
@@ -125,7 +134,7 @@ func (r *Reader) Read(ctx context.Context, queue string, n int) ([]broker.Messag
 			}
 			qurl = out.QueueUrl
 		}
-		out, err := r.c.ReceiveMessage(ctx, &sqs.ReceiveMessageInput{QueueUrl: qurl, MaxNumberOfMessages: 10, WaitTimeSeconds: 1,
+		out, err := r.c.ReceiveMessage(ctx, &sqs.ReceiveMessageInput{QueueUrl: qurl, MaxNumberOfMessages: 10, WaitTimeSeconds: 1, VisibilityTimeout: 1,
 			MessageAttributeNames: sqspub.ReceiveAttributeNames, MessageSystemAttributeNames: sqspub.ReceiveSystemAttributeNames})
 		if err != nil {
 			if ctx.Err() != nil {
