@@ -238,7 +238,8 @@ type ClaimParams struct {
 	// MaxBytes, when positive, ends the claim once its rows' payloads add up to at
 	// least this many bytes (the first row is always taken): the relay's memory is
 	// bounded by bytes, not only by rows. Rows the query matched past it stay
-	// unpublished; on PostgreSQL and MySQL they stay locked until the claim ends.
+	// unpublished; on PostgreSQL and MySQL they stay locked until the claim ends. The
+	// CDC source honours it too.
 	MaxBytes int
 	// FlowPastDeadLetters says an event the store itself dead-letters (the CDC
 	// source's rejects) does not hold back its aggregate's later events: the relay's

@@ -31,7 +31,7 @@ func (s *Source) Claim(ctx context.Context, p *outboxdriver.ClaimParams) (outbox
 		}
 	}
 	for lingered := false; ; {
-		out, held := ss.q.take(p.Limit, time.Now(), ss.holds)
+		out, held := ss.q.take(p.Limit, p.MaxBytes, time.Now(), ss.holds)
 		if len(held) == 0 && len(out) > 0 && len(out) < p.Limit && !lingered && s.cfg.ClaimLinger > 0 {
 			// A trickle: wait a moment for the rest of the transaction and its
 			// neighbours, so a batch is not one event (per-event batches cost a
@@ -153,7 +153,7 @@ func (c *claim) Complete(ctx context.Context, p *outboxdriver.CompleteParams) er
 				dead = append(dead, deadEntry{e, f.Error, f.HoldKey})
 				continue
 			}
-			e.availableAt = f.RetryAt
+			e.availableAt, e.failed = f.RetryAt, true
 			back = append(back, e)
 		}
 	}

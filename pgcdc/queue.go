@@ -19,6 +19,7 @@ type queue struct {
 	mu       sync.Mutex
 	space    *sync.Cond // signalled when an event is done
 	capacity int        // most events not yet done
+	maxBytes int        // most payload bytes not yet done (0: no bound); one event always fits
 
 	pending     []*entry // waiting to be claimed, in index order
 	nextIdx     uint64
@@ -27,6 +28,7 @@ type queue struct {
 	checkpoints []checkpoint        // in order; popped when confirmable
 	confirmed   uint64              // the latest confirmable position
 	open        int                 // events not yet done
+	openBytes   int                 // their payloads' bytes
 	closed      bool
 
 	avail chan struct{} // a non-blocking "there is something to claim" hint
@@ -37,6 +39,9 @@ type entry struct {
 	row         outboxdriver.Row
 	availableAt time.Time
 	reject      error // goes to the dead letters instead of the broker
+	// failed: the broker did not take it; until its retry time its aggregate's later
+	// events wait behind it. An event only delayed (NotBefore) holds nothing back.
+	failed bool
 }
 
 type checkpoint struct {
@@ -44,8 +49,8 @@ type checkpoint struct {
 	lsn uint64
 }
 
-func newQueue(capacity int) *queue {
-	q := &queue{capacity: capacity, doneAbove: map[uint64]struct{}{}, avail: make(chan struct{}, 1)}
+func newQueue(capacity, maxBytes int) *queue {
+	q := &queue{capacity: capacity, maxBytes: maxBytes, doneAbove: map[uint64]struct{}{}, avail: make(chan struct{}, 1)}
 	q.space = sync.NewCond(&q.mu)
 	return q
 }
@@ -56,7 +61,7 @@ func newQueue(capacity int) *queue {
 func (q *queue) waitSpace(deadline time.Time) bool {
 	q.mu.Lock()
 	defer q.mu.Unlock()
-	if q.open < q.capacity || q.closed {
+	if q.hasSpace() {
 		return true
 	}
 	t := time.AfterFunc(time.Until(deadline), func() {
@@ -65,10 +70,20 @@ func (q *queue) waitSpace(deadline time.Time) bool {
 		q.mu.Unlock()
 	})
 	defer t.Stop()
-	for q.open >= q.capacity && !q.closed && time.Now().Before(deadline) {
+	for !q.hasSpace() && time.Now().Before(deadline) {
 		q.space.Wait()
 	}
-	return q.open < q.capacity || q.closed
+	return q.hasSpace()
+}
+
+// hasSpace reports whether another event may be read: fewer than capacity events and
+// maxBytes of payload wait (an event larger than maxBytes is read once the queue is
+// empty). Called with mu held.
+func (q *queue) hasSpace() bool {
+	if q.closed || q.open == 0 {
+		return true
+	}
+	return q.open < q.capacity && (q.maxBytes <= 0 || q.openBytes < q.maxBytes)
 }
 
 // push adds an event read from the stream.
@@ -77,6 +92,7 @@ func (q *queue) push(row outboxdriver.Row, availableAt time.Time, reject error) 
 	q.pending = append(q.pending, &entry{idx: q.nextIdx, row: row, availableAt: availableAt, reject: reject})
 	q.nextIdx++
 	q.open++
+	q.openBytes += len(row.Payload)
 	q.mu.Unlock()
 	q.hint()
 }
@@ -108,16 +124,19 @@ func (q *queue) hint() {
 	}
 }
 
-// take removes up to limit claimable events: due, of no aggregate with an earlier
-// event still waiting, in order. blocked reports aggregates the caller holds (dead
-// letters); their events are returned apart, in held, for the caller to deadLetter.
-func (q *queue) take(limit int, now time.Time, blocked func(key string) bool) (out, held []*entry) {
+// take removes up to limit claimable events, ending once their payloads reach
+// maxBytes (0: no bound; the first is always taken): due, of no aggregate with an
+// earlier event still waiting, in order. blocked reports aggregates the caller holds
+// (dead letters); their events are returned apart, in held, for the caller to
+// deadLetter.
+func (q *queue) take(limit, maxBytes int, now time.Time, blocked func(key string) bool) (out, held []*entry) {
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	var waiting map[string]bool // aggregates with an earlier event left waiting
 	keep := q.pending[:0]
+	bytes := 0
 	for i, e := range q.pending {
-		if len(out)+len(held) >= limit {
+		if len(out)+len(held) >= limit || maxBytes > 0 && bytes >= maxBytes {
 			keep = append(keep, q.pending[i:]...)
 			break
 		}
@@ -125,16 +144,19 @@ func (q *queue) take(limit int, now time.Time, blocked func(key string) bool) (o
 		switch {
 		case e.reject != nil:
 			held = append(held, e) // never sent; dead letters at once
-		case waiting[key] || e.availableAt.After(now):
+		case waiting[key] || e.failed && e.availableAt.After(now):
 			if waiting == nil {
 				waiting = map[string]bool{}
 			}
 			waiting[key] = true
 			keep = append(keep, e)
+		case e.availableAt.After(now): // delayed: due later, ordered by when it is due
+			keep = append(keep, e)
 		case blocked != nil && blocked(key):
 			held = append(held, e)
 		default:
 			out = append(out, e)
+			bytes += len(e.row.Payload)
 		}
 	}
 	clear(q.pending[len(keep):])
@@ -174,6 +196,9 @@ func (q *queue) done(es []*entry) {
 		q.doneAbove[e.idx] = struct{}{}
 	}
 	q.open -= len(es)
+	for _, e := range es {
+		q.openBytes -= len(e.row.Payload)
+	}
 	for {
 		if _, ok := q.doneAbove[q.doneUpTo]; !ok {
 			break

@@ -14,7 +14,7 @@ func row(agg string) outboxdriver.Row {
 // A position is confirmed only once every event before it is done, whatever order
 // the events finish in (failure class 4: confirming too early).
 func TestQueueConfirmsOnlyAfterEverythingBefore(t *testing.T) {
-	q := newQueue(100)
+	q := newQueue(100, 0)
 	q.confirmed = 10
 	q.push(row("a"), time.Time{}, nil)
 	q.push(row("b"), time.Time{}, nil)
@@ -23,7 +23,7 @@ func TestQueueConfirmsOnlyAfterEverythingBefore(t *testing.T) {
 	q.mark(30)
 	q.mark(35) // a keepalive between transactions: same checkpoint, later position
 	now := time.Now()
-	out, _ := q.take(10, now, nil)
+	out, _ := q.take(10, 0, now, nil)
 	if len(out) != 3 {
 		t.Fatalf("took %d", len(out))
 	}
@@ -44,35 +44,35 @@ func TestQueueConfirmsOnlyAfterEverythingBefore(t *testing.T) {
 // A waiting (failed, retrying) event holds back the later events of its aggregate
 // only; given-back events keep their order.
 func TestQueueHoldsAggregateBehindWaitingEvent(t *testing.T) {
-	q := newQueue(100)
+	q := newQueue(100, 0)
 	for _, a := range []string{"x", "y", "x", "y"} {
 		r := row(a)
 		q.push(r, time.Time{}, nil)
 	}
 	now := time.Now()
-	out, _ := q.take(10, now, nil)
-	out[0].availableAt = now.Add(time.Hour) // x's first event failed: retry later
+	out, _ := q.take(10, 0, now, nil)
+	out[0].availableAt, out[0].failed = now.Add(time.Hour), true // x's first event failed: retry later
 	q.giveBack(out[:1])
 	q.done([]*entry{out[1]})
 	q.giveBack(out[2:]) // the rest was a released prefetch
-	got, _ := q.take(10, now, nil)
+	got, _ := q.take(10, 0, now, nil)
 	if len(got) != 1 || got[0].idx != 3 {
 		t.Fatalf("took %v, want only y's second event", idxs(got))
 	}
-	got, _ = q.take(10, now.Add(2*time.Hour), nil)
+	got, _ = q.take(10, 0, now.Add(2*time.Hour), nil)
 	if len(got) != 2 || got[0].idx != 0 || got[1].idx != 2 {
 		t.Fatalf("after the retry time took %v, want x's two events in order", idxs(got))
 	}
 }
 
 func TestQueueBoundsPending(t *testing.T) {
-	q := newQueue(2)
+	q := newQueue(2, 0)
 	q.push(row("a"), time.Time{}, nil)
 	q.push(row("b"), time.Time{}, nil)
 	if q.waitSpace(time.Now().Add(20 * time.Millisecond)) {
 		t.Fatal("space reported in a full queue")
 	}
-	out, _ := q.take(1, time.Now(), nil)
+	out, _ := q.take(1, 0, time.Now(), nil)
 	go q.done(out)
 	if !q.waitSpace(time.Now().Add(5 * time.Second)) {
 		t.Fatal("no space after an event was done")
@@ -85,4 +85,57 @@ func idxs(es []*entry) []uint64 {
 		out = append(out, e.idx)
 	}
 	return out
+}
+
+// TestQueueBoundsPendingBytes: the payload bytes waiting are bounded too (an event
+// larger than the bound still fits an empty queue), and a take stops at maxBytes.
+func TestQueueBoundsPendingBytes(t *testing.T) {
+	q := newQueue(100, 1000)
+	big := func(key string, n int) outboxdriver.Row {
+		r := row(key)
+		r.Payload = make([]byte, n)
+		return r
+	}
+	if !q.waitSpace(time.Now()) {
+		t.Fatal("no space in an empty queue")
+	}
+	q.push(big("a", 600), time.Time{}, nil)
+	if !q.waitSpace(time.Now()) {
+		t.Fatal("no space with 600 of 1000 bytes pending")
+	}
+	q.push(big("b", 600), time.Time{}, nil)
+	if q.waitSpace(time.Now().Add(20 * time.Millisecond)) {
+		t.Fatal("space reported with 1200 of 1000 bytes pending")
+	}
+	out, _ := q.take(10, 500, time.Now(), nil)
+	if len(out) != 1 {
+		t.Fatalf("a take bounded to 500 bytes took %d events of 600, want the first alone", len(out))
+	}
+	go q.done(out)
+	if !q.waitSpace(time.Now().Add(5 * time.Second)) {
+		t.Fatal("no space after 600 bytes were done")
+	}
+	rest, _ := q.take(10, 0, time.Now(), nil)
+	q.done(rest)
+	q.push(big("c", 5000), time.Time{}, nil) // larger than the bound, into an empty queue
+	if q.waitSpace(time.Now().Add(20 * time.Millisecond)) {
+		t.Fatal("space reported behind an event larger than the bound")
+	}
+}
+
+// A delayed event (NotBefore) holds nothing back: its aggregate's later events pass
+// it, and it is taken once due (outbox.Event.NotBefore's contract).
+func TestQueueDelayedEventHoldsNothing(t *testing.T) {
+	q := newQueue(100, 0)
+	now := time.Now()
+	q.push(row("x"), now.Add(time.Hour), nil)
+	q.push(row("x"), time.Time{}, nil)
+	got, _ := q.take(10, 0, now, nil)
+	if len(got) != 1 || got[0].idx != 1 {
+		t.Fatalf("took %v, want x's second event past the delayed first", idxs(got))
+	}
+	q.done(got)
+	if got, _ = q.take(10, 0, now.Add(2*time.Hour), nil); len(got) != 1 || got[0].idx != 0 {
+		t.Fatalf("once due took %v, want the delayed event", idxs(got))
+	}
 }

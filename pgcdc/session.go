@@ -120,7 +120,7 @@ func (s *Source) start(ctx context.Context, lead outboxdriver.Leadership, timeou
 			return nil, fmt.Errorf("pgcdc: %w", interpret(err))
 		}
 	}
-	sess := &session{src: s, lead: lead, q: newQueue(s.cfg.MaxPending), done: make(chan struct{})}
+	sess := &session{src: s, lead: lead, q: newQueue(s.cfg.MaxPending, s.cfg.MaxPendingBytes), done: make(chan struct{})}
 	sess.q.confirmed = uint64(si.confirmed)
 	if backfilled == nil {
 		// A relay that died between creating the slot and recording its backfill

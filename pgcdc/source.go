@@ -33,9 +33,10 @@ var (
 
 // Defaults for Config.
 const (
-	MaxPendingDefault     = 10_000
-	StatusIntervalDefault = time.Second
-	ClaimLingerDefault    = time.Millisecond
+	MaxPendingDefault      = 10_000
+	MaxPendingBytesDefault = 64 << 20
+	StatusIntervalDefault  = time.Second
+	ClaimLingerDefault     = time.Millisecond
 )
 
 var slotNameRE = regexp.MustCompile(`^[a-z0-9_]{1,63}$`)
@@ -68,6 +69,10 @@ type Config struct {
 	// MaxPending bounds the events read from the WAL and not yet acknowledged (memory
 	// stays bounded whatever the size of a transaction). Default MaxPendingDefault.
 	MaxPending int
+	// MaxPendingBytes bounds those events' payload bytes as well (10,000 events of a
+	// megabyte each would be 10 GB). Default MaxPendingBytesDefault; negative: no
+	// bound. An event larger than the bound is read once nothing else is pending.
+	MaxPendingBytes int
 	// StatusInterval is how often the confirmed position is reported to PostgreSQL.
 	StatusInterval time.Duration
 	// ClaimLinger is how long a claim that found only a few events waits for more
@@ -143,6 +148,9 @@ func New(pool *pgxpool.Pool, inner outboxdriver.Store, table outboxdriver.Table,
 	}
 	if c.MaxPending == 0 {
 		c.MaxPending = MaxPendingDefault
+	}
+	if c.MaxPendingBytes == 0 {
+		c.MaxPendingBytes = MaxPendingBytesDefault
 	}
 	if c.StatusInterval == 0 {
 		c.StatusInterval = StatusIntervalDefault
