@@ -12,11 +12,12 @@ import (
 )
 
 func testClaimOrder[TTx any](t *testing.T, h *Harness[TTx]) {
+	s := source(t, h)
 	var want []string
 	for i := 0; i < 3; i++ {
 		want = append(want, writeCommitted(t, h, event("a", i), event("b", i), event("a", i+10))...)
 	}
-	got := ids(drain(t, store(t, h)))
+	got := ids(drainN(t, s, len(want)))
 	if fmt.Sprint(got) != fmt.Sprint(want) {
 		t.Fatalf("claim order\n got %v\nwant %v", got, want)
 	}
@@ -31,14 +32,11 @@ func testClaimMaxBytes[TTx any](t *testing.T, h *Harness[TTx]) {
 		ev.Payload = []byte(fmt.Sprintf(`{"n": %d, "pad": %q}`, i, strings.Repeat("x", 1000)))
 		evs = append(evs, ev)
 	}
+	s := source(t, h)
 	want := writeCommitted(t, h, evs...)
-	s := store(t, h)
 	var got []string
 	for round := 0; len(got) < len(want) && round < 10; round++ {
-		c, err := s.Claim(ctxT(t), &outboxdriver.ClaimParams{Limit: 1000, MaxBytes: 1500})
-		if err != nil {
-			t.Fatal(err)
-		}
+		c := claimN(t, s, 2, &outboxdriver.ClaimParams{Limit: 1000, MaxBytes: 1500})
 		rows := c.Rows()
 		if len(rows) != 2 {
 			t.Fatalf("claim with MaxBytes 1500 over rows of ~1010 bytes took %d rows, want 2", len(rows))
@@ -51,10 +49,7 @@ func testClaimMaxBytes[TTx any](t *testing.T, h *Harness[TTx]) {
 	}
 	big := writeCommitted(t, h, outbox.Event{AggregateType: "order", AggregateID: "b", Type: "Big",
 		Payload: []byte(fmt.Sprintf(`{"pad": %q}`, strings.Repeat("y", 5000)))})
-	c, err := s.Claim(ctxT(t), &outboxdriver.ClaimParams{Limit: 1000, MaxBytes: 100})
-	if err != nil {
-		t.Fatal(err)
-	}
+	c := claimN(t, s, 1, &outboxdriver.ClaimParams{Limit: 1000, MaxBytes: 100})
 	if rows := c.Rows(); len(rows) != 1 || rows[0].ID != big[0] {
 		t.Fatalf("an event larger than MaxBytes: claimed %v, want it alone", ids(rows))
 	}
@@ -71,8 +66,9 @@ func testLargeWrite[TTx any](t *testing.T, h *Harness[TTx]) {
 			evs[i].Headers = map[string]string{"correlationId": fmt.Sprint("c-", i)}
 		}
 	}
+	s := source(t, h)
 	want := writeCommitted(t, h, evs...)
-	rows := drain(t, store(t, h))
+	rows := drainN(t, s, len(want))
 	if fmt.Sprint(ids(rows)) != fmt.Sprint(want) {
 		t.Fatalf("read back %d rows out of order or incomplete (wrote %d)", len(rows), len(want))
 	}
@@ -181,7 +177,7 @@ func testComplete[TTx any](t *testing.T, h *Harness[TTx]) {
 }
 
 // claimAll claims everything claimable now and returns the claim (still held).
-func claimAll(t *testing.T, s outboxdriver.Store) outboxdriver.Claim {
+func claimAll(t *testing.T, s outboxdriver.Source) outboxdriver.Claim {
 	t.Helper()
 	c, err := s.Claim(ctxT(t), &outboxdriver.ClaimParams{Limit: 1000})
 	if err != nil {

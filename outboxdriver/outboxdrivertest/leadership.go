@@ -84,13 +84,8 @@ func testLeadershipRevoked[TTx any](t *testing.T, h *Harness[TTx]) {
 
 func testListen[TTx any](t *testing.T, h *Harness[TTx]) {
 	ctx := ctxT(t)
-	l, err := store(t, h).Listen(ctx)
-	if errors.Is(err, outboxdriver.ErrNotSupported) {
-		t.Skip("driver declares no LISTEN/NOTIFY")
-	}
-	if err != nil {
-		t.Fatal(err)
-	}
+	l, err := source(t, h).Listen(ctx)
+	listenable(t, err)
 	defer l.Close(ctx)
 	var wg sync.WaitGroup
 	wg.Add(1)

@@ -119,6 +119,7 @@ func testTraceContext[TTx any](t *testing.T, h *Harness[TTx]) {
 		t.Fatal(err)
 	}
 	ctx := ctxT(t)
+	s := source(t, h)
 	for _, n := range []int{1, 40} {
 		evs := make([]outbox.Event, n)
 		for i := range evs {
@@ -135,7 +136,7 @@ func testTraceContext[TTx any](t *testing.T, h *Harness[TTx]) {
 			t.Fatal(err)
 		}
 	}
-	rows := drain(t, store(t, h))
+	rows := drainN(t, s, 41)
 	if len(rows) != 41 {
 		t.Fatalf("%d rows", len(rows))
 	}
