@@ -10,81 +10,164 @@ import (
 
 	"gonum.org/v1/plot"
 	"gonum.org/v1/plot/plotter"
+	"gonum.org/v1/plot/plotutil"
 	"gonum.org/v1/plot/vg"
 )
 
-// compare drains the same backlog, on the same PostgreSQL and NATS, through each
-// outbox relay mode and through Watermill's SQL forwarder, one after the other in
-// one run, and prints the rates side by side (ratios against Watermill), the relay
-// processes' CPU per event and peak RSS; -plot writes the throughput chart.
+// compare runs, on the same PostgreSQL and NATS in one run, each outbox relay mode and
+// Watermill's SQL forwarder: first draining the same backlog (events/s, ratios against
+// Watermill, relay CPU per event, peak RSS), then under the same live load (commit to
+// broker p50/p99, the most events waiting, relay CPU per event). -plot and
+// -latency-plot write the charts docs/benchmarks.md shows.
 func compare(dbURL, natsURL string, args []string) error {
 	fs := flag.NewFlagSet("compare", flag.ExitOnError)
-	events := fs.Int("events", 200_000, "backlog size for each relay")
+	events := fs.Int("events", 200_000, "backlog size for each relay (0: no backlog runs)")
 	plotPath := fs.String("plot", "", "write the throughput chart here (.svg or .png)")
 	only := fs.String("only", "", "run only the relays whose label contains this")
+	live := liveOpts{conns: 8}
+	fs.IntVar(&live.rate, "live-rate", 5000, "the live load's events per second (0: no live load)")
+	fs.IntVar(&live.seconds, "live-seconds", 15, "how long the live load writes")
+	fs.IntVar(&live.perTx, "live-per-tx", 5, "the live load's events per transaction")
+	latencyPlot := fs.String("latency-plot", "", "write the live load's latency chart here (.svg or .png)")
 	_ = fs.Parse(args)
-	base := drainOpts{events: *events, batch: 1000, perTx: 1000, mode: "poll", write: "rows", storage: "file"}
-	type run struct {
-		label string
-		r     drainResult
-	}
-	var runs []run
-	for _, c := range []struct {
-		label string
-		opts  func(o drainOpts) drainOpts
-		wm    *wmTuning // a Watermill run
+
+	relays := []struct {
+		label      string
+		mode       string
+		completion string
+		wm         *wmTuning // a Watermill run
 	}{
-		{"outbox poll, mark (default)", func(o drainOpts) drainOpts { o.completion = "mark"; return o }, nil},
-		{"outbox poll, archive", func(o drainOpts) drainOpts { o.completion = "archive"; return o }, nil},
-		{"outbox poll, delete", func(o drainOpts) drainOpts { o.completion = "delete"; return o }, nil},
-		{"outbox cdc", func(o drainOpts) drainOpts { o.mode = "cdc"; return o }, nil},
-		{"Watermill SQL forwarder, defaults", nil, &wmTuning{}},
-		{"Watermill SQL forwarder, tuned", nil, &wmTuning{batch: 1000, deleteOnAck: true, ackAsync: true}},
-	} {
+		{"outbox poll, mark (default)", "poll", "mark", nil},
+		{"outbox poll, archive", "poll", "archive", nil},
+		{"outbox poll, delete", "poll", "delete", nil},
+		{"outbox cdc", "cdc", "", nil},
+		{"Watermill SQL forwarder, defaults", "", "", &wmTuning{}},
+		{"Watermill SQL forwarder, tuned", "", "", &wmTuning{batch: 1000, deleteOnAck: true, ackAsync: true}},
+	}
+	machine := fmt.Sprintf("%d CPUs, %s", runtime.NumCPU(), time.Now().UTC().Format("2006-01-02"))
+
+	if *events > 0 {
+		base := drainOpts{events: *events, batch: 1000, perTx: 1000, mode: "poll", write: "rows", storage: "file"}
+		var labels []string
+		var results []drainResult
+		for _, c := range relays {
+			if !strings.Contains(c.label, *only) {
+				continue
+			}
+			fmt.Printf("== backlog: %s\n", c.label)
+			var r drainResult
+			var err error
+			if c.wm != nil {
+				r, err = runWatermill(dbURL, natsURL, base, *c.wm)
+			} else {
+				o := base
+				o.mode, o.completion = c.mode, c.completion
+				r, err = runDrain(dbURL, natsURL, o)
+			}
+			if err != nil {
+				return fmt.Errorf("%s: %w", c.label, err)
+			}
+			labels, results = append(labels, c.label), append(results, r)
+		}
+		wm := results[len(results)-1].rate() // the tuned Watermill forwarder's, when it ran
+		fmt.Printf("\nBacklog: %d events, ~%d-byte payloads, 1,000 aggregates; %s\n", *events, len(payload(0)), machine)
+		fmt.Printf("| relay | events/s | vs Watermill (tuned) | relay CPU µs/event | relay peak RSS |\n|---|---|---|---|---|\n")
+		for i, r := range results {
+			fmt.Printf("| %s | %.0f | %.1fx | %.1f | %.0f MiB |\n", labels[i], r.rate(), r.rate()/wm, r.cpuPerEvent(), r.rssMiB())
+		}
+		if *plotPath != "" {
+			values := make(plotter.Values, len(results))
+			for i, r := range results {
+				values[i] = r.rate()
+			}
+			if err := barChart(*plotPath, fmt.Sprintf("Draining a %d-event backlog, PostgreSQL to NATS JetStream (%d CPUs)", *events, runtime.NumCPU()), labels, values); err != nil {
+				return err
+			}
+		}
+	}
+
+	if live.rate <= 0 {
+		return nil
+	}
+	var labels []string
+	var results []liveResult
+	for _, c := range relays {
 		if !strings.Contains(c.label, *only) {
 			continue
 		}
-		fmt.Printf("== %s\n", c.label)
-		var r drainResult
-		var err error
-		if c.wm != nil {
-			r, err = runWatermill(dbURL, natsURL, base, *c.wm)
-		} else {
-			r, err = runDrain(dbURL, natsURL, c.opts(base))
-		}
+		fmt.Printf("== live load: %s\n", c.label)
+		o := live
+		o.wm = c.wm
+		o.mode, o.completion, o.write = c.mode, c.completion, "rows"
+		r, err := runLive(dbURL, natsURL, o)
 		if err != nil {
 			return fmt.Errorf("%s: %w", c.label, err)
 		}
-		runs = append(runs, run{c.label, r})
+		labels, results = append(labels, c.label), append(results, r)
 	}
-	wm := runs[len(runs)-1].r.rate() // the tuned Watermill forwarder's, when it ran
-	fmt.Printf("\n%d events, ~%d-byte payloads, 1,000 aggregates; %d CPUs, %s\n", *events, len(payload(0)), runtime.NumCPU(), time.Now().UTC().Format("2006-01-02"))
-	fmt.Printf("| relay | events/s | vs Watermill (tuned) | relay CPU µs/event | relay peak RSS |\n|---|---|---|---|---|\n")
-	for _, r := range runs {
-		fmt.Printf("| %s | %.0f | %.1fx | %.1f | %.0f MiB |\n", r.label, r.r.rate(), r.r.rate()/wm, r.r.cpuPerEvent(), r.r.rssMiB())
+	fmt.Printf("\nLive load: %d events/s for %d s, %d per transaction, 8 producer connections; %s\n", live.rate, live.seconds, live.perTx, machine)
+	fmt.Printf("| relay | committed events/s | p50 | p99 | max | most waiting | relay CPU µs/event |\n|---|---|---|---|---|---|---|\n")
+	for i, r := range results {
+		fmt.Printf("| %s | %.0f | %v | %v | %v | %d | %.1f |\n", labels[i], r.achieved, r.q(0.5), r.q(0.99), r.lat[len(r.lat)-1].Round(10*time.Microsecond), r.backlog, r.cpuPerEvent())
 	}
-	if *plotPath == "" {
+	if *latencyPlot == "" {
 		return nil
 	}
+	return latencyChart(*latencyPlot, fmt.Sprintf("Commit to broker under %d events/s, PostgreSQL to NATS JetStream (%d CPUs)", live.rate, runtime.NumCPU()), labels, results)
+}
+
+func shortLabel(s string) string {
+	return strings.NewReplacer("outbox ", "", "SQL forwarder, ", "", " (default)", "").Replace(s)
+}
+
+func barChart(path, title string, labels []string, values plotter.Values) error {
 	p := plot.New()
-	p.Title.Text = fmt.Sprintf("Draining a %d-event backlog, PostgreSQL to NATS JetStream (%d CPUs)", *events, runtime.NumCPU())
+	p.Title.Text = title
 	p.Y.Label.Text = "events/s"
-	values := make(plotter.Values, len(runs))
-	names := make([]string, len(runs))
-	for i, r := range runs {
-		values[i] = r.r.rate()
-		names[i] = strings.NewReplacer("outbox ", "", "SQL forwarder, ", "", " (default)", "").Replace(r.label)
-	}
 	bars, err := plotter.NewBarChart(values, vg.Points(40))
 	if err != nil {
 		return err
 	}
 	bars.LineStyle.Width = vg.Length(0)
 	p.Add(bars)
+	names := make([]string, len(labels))
+	for i, l := range labels {
+		names[i] = shortLabel(l)
+	}
 	p.NominalX(names...)
-	if err := p.Save(9*vg.Inch, 4*vg.Inch, *plotPath); err != nil {
+	if err := p.Save(9*vg.Inch, 4*vg.Inch, path); err != nil {
 		return err
 	}
-	fmt.Fprintln(os.Stderr, "wrote", *plotPath)
+	fmt.Fprintln(os.Stderr, "wrote", path)
+	return nil
+}
+
+// latencyChart draws each relay's latency distribution: the share of events that
+// reached the broker within x ms (log scale), one line per relay.
+func latencyChart(path, title string, labels []string, results []liveResult) error {
+	p := plot.New()
+	p.Title.Text = title
+	p.X.Label.Text = "commit to broker, ms (log)"
+	p.Y.Label.Text = "share of events"
+	p.X.Scale = plot.LogScale{}
+	p.X.Tick.Marker = plot.LogTicks{Prec: -1}
+	p.Legend.Top, p.Legend.Left = false, false
+	var lines []any
+	for i, r := range results {
+		pts := make(plotter.XYs, 0, 200)
+		for k := 0; k <= 200; k++ {
+			q := float64(k) / 200
+			ms := float64(r.lat[int(q*float64(len(r.lat)-1))].Microseconds())/1000 + 0.01
+			pts = append(pts, plotter.XY{X: ms, Y: q})
+		}
+		lines = append(lines, shortLabel(labels[i]), pts)
+	}
+	if err := plotutil.AddLines(p, lines...); err != nil {
+		return err
+	}
+	if err := p.Save(9*vg.Inch, 4.5*vg.Inch, path); err != nil {
+		return err
+	}
+	fmt.Fprintln(os.Stderr, "wrote", path)
 	return nil
 }

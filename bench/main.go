@@ -2,7 +2,7 @@
 // module of its own, so Watermill (compared against) never enters the library's
 // go.mod; run it from the repository's root with go run -C bench . <name>:
 //
-//	go run -C bench . compare [-events 200000] [-plot ../docs/bench-compare.svg]  every relay and Watermill's forwarder, one run
+//	go run -C bench . compare [-events 200000] [-plot ../docs/bench-compare.svg] [-live-rate 5000] [-latency-plot ../docs/bench-latency.svg]  every relay and Watermill's forwarder, backlog and live load, one run
 //	go run -C bench . drain   [-events 200000] [-batch 1000] [-completion mark|delete|archive]   relay throughput and RSS
 //	go run -C bench . produce [-tx 20000] [-conns 8] [-per-tx 1]           writer vs hand-written INSERT
 //	go run -C bench . notify  [-seconds 5] [-conns 16]                     what NOTIFY costs producers
@@ -20,7 +20,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"slices"
-	"sort"
 	"strconv"
 	"strings"
 	"sync"
@@ -489,120 +488,22 @@ func notify(dbURL string, args []string) error {
 // timestamp; the acknowledgement follows at once).
 func latency(dbURL, natsURL string, args []string) error {
 	fs := flag.NewFlagSet("latency", flag.ExitOnError)
-	rate := fs.Int("rate", 5000, "events per second")
-	seconds := fs.Int("seconds", 10, "how long to write")
-	mode := fs.String("mode", "cdc", "relay mode: poll or cdc")
-	write := fs.String("write", "message", "the writer's mode: rows, insert-delete or message")
-	conns := fs.Int("conns", 8, "producer connections")
-	inProcess := fs.Bool("in-process", false, "run the relay inside the benchmark instead of as `outbox relay`")
-	perTx := fs.Int("per-tx", 1, "events per transaction")
+	o := liveOpts{}
+	fs.IntVar(&o.rate, "rate", 5000, "events per second")
+	fs.IntVar(&o.seconds, "seconds", 10, "how long to write")
+	fs.StringVar(&o.mode, "mode", "cdc", "relay mode: poll or cdc")
+	fs.StringVar(&o.write, "write", "message", "the writer's mode: rows, insert-delete or message")
+	fs.StringVar(&o.completion, "completion", "", "poll mode: mark, delete or archive (default: the relay's)")
+	fs.IntVar(&o.conns, "conns", 8, "producer connections")
+	fs.BoolVar(&o.inProcess, "in-process", false, "run the relay inside the benchmark instead of as `outbox relay`")
+	fs.IntVar(&o.perTx, "per-tx", 1, "events per transaction")
 	_ = fs.Parse(args)
-	ctx := context.Background()
-	pool, table, drop, err := scratchFor(ctx, dbURL, int32(*conns+2), *mode, *write)
+	r, err := runLive(dbURL, natsURL, o)
 	if err != nil {
 		return err
 	}
-	defer drop()
-	nc, err := nats.Connect(natsURL)
-	if err != nil {
-		return err
-	}
-	defer nc.Close()
-	js, _ := jetstream.New(nc)
-	prefix := testenv.UniqueName("benchlat")
-	if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: prefix, Subjects: []string{prefix + ".>"}, Storage: jetstream.FileStorage}); err != nil {
-		return err
-	}
-	defer func() { _ = js.DeleteStream(context.Background(), prefix) }()
-	if *inProcess {
-		stop, err := inProcessRelay(ctx, pool, table, js, *mode, prefix)
-		if err != nil {
-			return err
-		}
-		defer stop()
-	} else {
-		bin := filepath.Join(os.TempDir(), "outbox-bench-relay")
-		if out, err := exec.Command("go", "build", "-C", "..", "-o", bin, "./cmd/outbox").CombinedOutput(); err != nil {
-			return fmt.Errorf("build relay: %v\n%s", err, out)
-		}
-		cmd := exec.Command(bin, "relay", "--http=", "--db", dbURL, "--broker", natsURL, "--table", table.Schema+"."+table.Name,
-			"--mode", *mode, "--topic-template", prefix+".${aggregatetype}", "--log-level", env("BENCH_RELAY_LOG", "warn"))
-		cmd.Stderr = os.Stderr
-		if err := cmd.Start(); err != nil {
-			return err
-		}
-		defer stopProcess(cmd)
-	}
-	time.Sleep(time.Second) // the relay is up and streaming
-
-	w, _ := outbox.NewWriter(outboxpgx.New(pool, &table), nil)
-	var committed sync.Map // id -> time
-	total := *rate * *seconds / *perTx * *perTx
-	var wg sync.WaitGroup
-	var werr atomic.Value
-	txs := total / *perTx
-	per := time.Duration(float64(time.Second) * float64(*conns) * float64(*perTx) / float64(*rate))
-	start := time.Now()
-	for c := 0; c < *conns; c++ {
-		wg.Add(1)
-		go func(c int) {
-			defer wg.Done()
-			next := start.Add(time.Duration(c) * per / time.Duration(*conns))
-			for i := c; i < txs; i += *conns {
-				time.Sleep(time.Until(next))
-				next = next.Add(per)
-				evs := make([]outbox.Event, *perTx)
-				for j := range evs {
-					k := i**perTx + j
-					evs[j] = outbox.Event{AggregateType: "order", AggregateID: fmt.Sprintf("customer-%04d", k%1000), Type: "OrderPlaced", Payload: payload(k)}
-				}
-				if err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error { return w.WriteTx(ctx, tx, evs...) }); err != nil {
-					werr.Store(err)
-					return
-				}
-				now := time.Now()
-				for _, ev := range evs {
-					committed.Store(ev.ID, now) // the writer filled in the ids
-				}
-			}
-		}(c)
-	}
-	wg.Wait()
-	if err, _ := werr.Load().(error); err != nil {
-		return err
-	}
-	wrote := time.Since(start)
-	// The broker's own receive time of each message (JetStream's timestamp, on this
-	// machine's clock) minus the producer's COMMIT returning.
-	ctx2, cancel := context.WithTimeout(ctx, 60*time.Second)
-	defer cancel()
-	cons, err := js.OrderedConsumer(ctx2, prefix, jetstream.OrderedConsumerConfig{})
-	if err != nil {
-		return err
-	}
-	var lat []time.Duration
-	for len(lat) < total && ctx2.Err() == nil {
-		batch, err := cons.Fetch(1000, jetstream.FetchMaxWait(time.Second))
-		if err != nil {
-			return err
-		}
-		for m := range batch.Messages() {
-			md, err := m.Metadata()
-			if err != nil {
-				return err
-			}
-			if c, ok := committed.Load(m.Headers().Get("Nats-Msg-Id")); ok {
-				lat = append(lat, max(0, md.Timestamp.Sub(c.(time.Time))))
-			}
-		}
-	}
-	if len(lat) < total {
-		return fmt.Errorf("only %d of %d events arrived", len(lat), total)
-	}
-	sort.Slice(lat, func(i, j int) bool { return lat[i] < lat[j] })
-	q := func(p float64) time.Duration { return lat[int(p*float64(len(lat)-1))].Round(10 * time.Microsecond) }
-	fmt.Printf("%d events at %.0f/s, %d per transaction (mode %s, write %s, relay in process %v): commit-to-broker latency p50 %v, p90 %v, p99 %v, max %v\n",
-		total, float64(total)/wrote.Seconds(), *perTx, *mode, table.Write, *inProcess, q(0.5), q(0.9), q(0.99), lat[len(lat)-1].Round(10*time.Microsecond))
+	fmt.Printf("%d events at %.0f/s, %d per transaction (mode %s, write %s, relay in process %v): commit-to-broker latency p50 %v, p90 %v, p99 %v, max %v; backlog at most %d; relay CPU %.1f µs/event\n",
+		len(r.lat), r.achieved, o.perTx, o.mode, o.write, o.inProcess, r.q(0.5), r.q(0.9), r.q(0.99), r.lat[len(r.lat)-1].Round(10*time.Microsecond), r.backlog, r.cpuPerEvent())
 	return nil
 }
 
