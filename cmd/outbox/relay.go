@@ -82,10 +82,11 @@ func runRelay(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		}
 	}
 	if os.Getenv("GOGC") == "" {
-		// The relay's live heap is small and churns fast (one batch of rows and
-		// messages at a time): collecting less often saves about a quarter of its
-		// CPU at 200k-event backlogs, for ~15 MiB more RSS (docs/benchmarks.md).
-		debug.SetGCPercent(400)
+		// The relay's live heap is small (~10 MiB) and churns fast (one batch of
+		// rows and messages at a time): collecting less often saves about a quarter
+		// of its CPU at 200k-event backlogs. 300, not more: at 400 a CDC relay's
+		// peak RSS passed 100 MiB for no CPU measurably saved (docs/benchmarks.md).
+		debug.SetGCPercent(300)
 	}
 	scheme, err := brokerScheme(*brokerURL, bo)
 	if err != nil {

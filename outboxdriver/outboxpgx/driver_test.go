@@ -116,6 +116,110 @@ func TestPartitionRotation(t *testing.T) {
 	}
 }
 
+// TestArchivePartitionRotation: on a table partitioned by day the archive of published
+// rows is partitioned by day of publication: archived rows land in today's partition,
+// cleanup drops past days whole, and an archive made before it was partitioned (an
+// older migration) becomes the default partition with its rows.
+func TestArchivePartitionRotation(t *testing.T) {
+	url := testenv.DatabaseURL(t)
+	pool := testenv.Pool(t, url)
+	ctx := context.Background()
+	table := outboxdriver.Table{Schema: testenv.Schema(t, url), Name: "events", Partitioned: true}
+	drv := outboxpgx.New(pool, &table)
+	m, _ := drv.Migrator()
+	if _, err := m.Migrate(ctx); err != nil {
+		t.Fatal(err)
+	}
+	qa := pgx.Identifier{table.Schema, "events_published"}.Sanitize()
+	days := func() map[string]int {
+		rows, err := pool.Query(ctx, `SELECT c.relname, (xpath('/row/c/text()', query_to_xml(format('SELECT count(*) AS c FROM %I.%I', $2::text, c.relname), false, true, '')))[1]::text::int
+FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid WHERE i.inhparent = $1::regclass`, qa, table.Schema)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer rows.Close()
+		out := map[string]int{}
+		for rows.Next() {
+			var n string
+			var c int
+			if err := rows.Scan(&n, &c); err != nil {
+				t.Fatal(err)
+			}
+			out[n] = c
+		}
+		return out
+	}
+	today := time.Now().UTC().Truncate(24 * time.Hour)
+	todayName := "events_published_p" + today.Format("20060102")
+	for i := 0; i <= 3; i++ {
+		if name := "events_published_p" + today.AddDate(0, 0, i).Format("20060102"); !hasKey(days(), name) {
+			t.Fatalf("migration did not create %s: %v", name, days())
+		}
+	}
+	// Archived rows land in today's partition.
+	w, _ := outbox.NewWriter(drv, nil)
+	if err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+		return w.WriteTx(ctx, tx, outbox.Event{AggregateType: "order", AggregateID: "1", Type: "T", Payload: []byte(`{}`)},
+			outbox.Event{AggregateType: "order", AggregateID: "2", Type: "T", Payload: []byte(`{}`)})
+	}); err != nil {
+		t.Fatal(err)
+	}
+	store, _ := drv.Store()
+	c, err := store.Claim(ctx, &outboxdriver.ClaimParams{Limit: 10})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ids []string
+	for _, r := range c.Rows() {
+		ids = append(ids, r.ID)
+	}
+	if err := c.Complete(ctx, &outboxdriver.CompleteParams{Published: ids, Completion: outboxdriver.CompleteArchive}); err != nil {
+		t.Fatal(err)
+	}
+	if got := days()[todayName]; got != 2 {
+		t.Fatalf("today's archive partition holds %d rows, want the 2 archived: %v", got, days())
+	}
+	// A day of the archive ten days ago is dropped whole by cleanup; today's stays.
+	old := today.AddDate(0, 0, -10)
+	oldName := "events_published_p" + old.Format("20060102")
+	if _, err := pool.Exec(ctx, "CREATE TABLE "+pgx.Identifier{table.Schema, oldName}.Sanitize()+" PARTITION OF "+qa+
+		" FOR VALUES FROM ('"+old.Format(time.RFC3339)+"') TO ('"+old.AddDate(0, 0, 1).Format(time.RFC3339)+"')"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := pool.Exec(ctx, "INSERT INTO "+qa+` (id, seq, aggregatetype, aggregateid, type, payload, created_at, published_at)
+		SELECT gen_random_uuid(), g, 'order', '1', 'T', '{}', $1, $1 FROM generate_series(1, 3) AS g`, old.Add(time.Hour)); err != nil {
+		t.Fatal(err)
+	}
+	n, err := store.Cleanup(ctx, &outboxdriver.CleanupParams{Before: today.AddDate(0, 0, -7), Limit: 1000})
+	if err != nil || n != 3 {
+		t.Fatalf("cleanup: %d, %v; want the old archive day dropped with its 3 rows", n, err)
+	}
+	if d := days(); hasKey(d, oldName) || d[todayName] != 2 {
+		t.Fatalf("after cleanup: %v; want the old day gone and today's 2 rows kept", d)
+	}
+	st, err := store.Status(ctx)
+	if err != nil || st.Published != 2 {
+		t.Fatalf("status: %+v, %v; want the 2 archived rows counted as published", st, err)
+	}
+
+	// An archive made before this migration (a plain table, with rows) is adopted as
+	// the default partition.
+	if _, err := pool.Exec(ctx, "DROP TABLE "+qa+"; CREATE TABLE "+qa+" (LIKE "+pgx.Identifier{table.Schema, table.Name}.Sanitize()+
+		" INCLUDING DEFAULTS); INSERT INTO "+qa+` (id, seq, aggregatetype, aggregateid, type, payload, created_at, published_at)
+		VALUES (gen_random_uuid(), 1, 'order', '1', 'T', '{}', now() - interval '2 days', now() - interval '2 days');
+		DELETE FROM `+pgx.Identifier{table.Schema, "events_migrations"}.Sanitize()+" WHERE version = 7"); err != nil {
+		t.Fatal(err)
+	}
+	if applied, err := m.Migrate(ctx); err != nil || len(applied) != 1 {
+		t.Fatalf("migrate an older archive: %v, %v", applied, err)
+	}
+	if d := days(); d["events_published_default"] != 1 || !hasKey(d, todayName) {
+		t.Fatalf("after adopting the older archive: %v; want its row in the default partition and today's partition made", d)
+	}
+}
+
+func hasKey(m map[string]int, k string) bool { _, ok := m[k]; return ok }
+
 // TestAdoptDebeziumTable: migrating an existing Debezium outbox table (its five
 // columns, rows already in it) adds what the relay needs and keeps the rows.
 func TestAdoptDebeziumTable(t *testing.T) {

@@ -2,12 +2,10 @@ package pgsql
 
 import (
 	"context"
-	"errors"
 	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
 )
 
 // PartitionsAhead is how many days of partitions exist ahead of today.
@@ -15,52 +13,80 @@ const PartitionsAhead = 3
 
 const partitionDay = "20060102"
 
-func (s *Statements) partitionName(day time.Time) string {
-	return s.partitionPrefix() + day.UTC().Format(partitionDay)
+// dailyPartitions is a table partitioned by day: the outbox (by created_at) or, on a
+// partitioned outbox, its archive of published rows (by published_at).
+type dailyPartitions struct {
+	parent string // quoted
+	prefix string // what every day's partition name starts with
+	// unpublishedRows: a day may hold unpublished rows, and is dropped only when it
+	// holds none (the outbox; every archived row is published).
+	unpublishedRows bool
 }
 
-// partitionPrefix is what every daily partition's name starts with (a derived name,
-// so a long table name is cut and hashed the same way for every day).
-func (s *Statements) partitionPrefix() string {
-	n := s.table.Derived("_p" + partitionDay)
+// daily returns the table's partitioned tables: the outbox, and its archive.
+func (s *Statements) daily() []dailyPartitions {
+	return []dailyPartitions{
+		{parent: s.qualified, prefix: s.dayPrefix("_p"), unpublishedRows: true},
+		{parent: s.published, prefix: s.dayPrefix("_published_p")},
+	}
+}
+
+// dayPrefix is what every daily partition's name starts with (a derived name, so a
+// long table name is cut and hashed the same way for every day).
+func (s *Statements) dayPrefix(suffix string) string {
+	n := s.table.Derived(suffix + partitionDay)
 	return n[:len(n)-len(partitionDay)]
 }
 
-// partitionDDL returns the statements creating the daily partitions from now's day
-// to PartitionsAhead days later, if they do not exist.
+// partitionDDL returns the statements creating the daily partitions of the outbox and
+// its archive from now's day to PartitionsAhead days later, if they do not exist.
 func (s *Statements) partitionDDL(now time.Time) []string {
 	day := now.UTC().Truncate(24 * time.Hour)
 	var out []string
-	for i := 0; i <= PartitionsAhead; i++ {
-		from := day.AddDate(0, 0, i)
-		to := from.AddDate(0, 0, 1)
-		out = append(out, "CREATE TABLE IF NOT EXISTS "+pgx.Identifier{s.table.Schema, s.partitionName(from)}.Sanitize()+
-			" PARTITION OF "+s.qualified+" FOR VALUES FROM ('"+from.Format(time.RFC3339)+"') TO ('"+to.Format(time.RFC3339)+"')")
+	for _, d := range s.daily() {
+		for i := 0; i <= PartitionsAhead; i++ {
+			from := day.AddDate(0, 0, i)
+			to := from.AddDate(0, 0, 1)
+			// A day whose rows already sit in the default partition cannot get its own
+			// (check_violation): it is skipped, inside a block of its own, so a
+			// migration's transaction goes on; its rows are cleaned up row by row.
+			out = append(out, "DO $$ BEGIN CREATE TABLE IF NOT EXISTS "+pgx.Identifier{s.table.Schema, d.prefix + from.Format(partitionDay)}.Sanitize()+
+				" PARTITION OF "+d.parent+" FOR VALUES FROM ('"+from.Format(time.RFC3339)+"') TO ('"+to.Format(time.RFC3339)+"');"+
+				" EXCEPTION WHEN check_violation THEN NULL; END $$")
+		}
 	}
 	return out
 }
 
-// ensurePartitions creates the coming days' partitions. A day whose rows already sit
-// in the default partition cannot get its own (PostgreSQL refuses, 23514); it is
-// skipped, and its rows are cleaned up row by row.
+// ensurePartitions creates the coming days' partitions (partitionDDL says which are
+// skipped).
 func (s *Statements) ensurePartitions(ctx context.Context, q Querier, now time.Time) error {
 	for _, stmt := range s.partitionDDL(now) {
 		if err := q.Exec(ctx, stmt); err != nil {
-			var pgErr *pgconn.PgError
-			if errors.As(err, &pgErr) && pgErr.Code == "23514" {
-				continue
-			}
 			return InterpretError(err)
 		}
 	}
 	return nil
 }
 
-// dropPublishedPartitions detaches and drops the daily partitions that end before
-// `before` and hold no unpublished row, and returns how many rows went with them.
+// dropPublishedPartitions detaches and drops the daily partitions of the outbox and
+// its archive that end before `before` and hold no unpublished row, and returns how
+// many rows went with them.
 func (s *Store) dropPublishedPartitions(ctx context.Context, before time.Time) (int64, error) {
+	var dropped int64
+	for _, d := range s.Statements.daily() {
+		n, err := s.dropDays(ctx, d, before)
+		dropped += n
+		if err != nil {
+			return dropped, err
+		}
+	}
+	return dropped, nil
+}
+
+func (s *Store) dropDays(ctx context.Context, d dailyPartitions, before time.Time) (int64, error) {
 	rows, err := s.DB.Query(ctx, `SELECT c.relname FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid
-WHERE i.inhparent = $1::regclass`, s.Statements.qualified)
+WHERE i.inhparent = $1::regclass`, d.parent)
 	if err != nil {
 		return 0, InterpretError(err)
 	}
@@ -74,11 +100,10 @@ WHERE i.inhparent = $1::regclass`, s.Statements.qualified)
 		names = append(names, n)
 	}
 	rows.Close()
-	prefix := s.Statements.partitionPrefix()
 	var dropped int64
 	for _, n := range names {
-		day, err := time.Parse(partitionDay, strings.TrimPrefix(n, prefix))
-		if !strings.HasPrefix(n, prefix) || err != nil || !day.AddDate(0, 0, 1).Before(before) && !day.AddDate(0, 0, 1).Equal(before) {
+		day, err := time.Parse(partitionDay, strings.TrimPrefix(n, d.prefix))
+		if !strings.HasPrefix(n, d.prefix) || err != nil || !day.AddDate(0, 0, 1).Before(before) && !day.AddDate(0, 0, 1).Equal(before) {
 			continue
 		}
 		part := pgx.Identifier{s.Statements.table.Schema, n}.Sanitize()
@@ -91,11 +116,14 @@ WHERE i.inhparent = $1::regclass`, s.Statements.qualified)
 		var count int64
 		err = tx.Exec(ctx, "LOCK TABLE "+part+" IN ACCESS EXCLUSIVE MODE")
 		if err == nil {
-			err = QueryRow(ctx, tx, "SELECT EXISTS (SELECT 1 FROM "+part+" WHERE published_at IS NULL), (SELECT count(*) FROM "+part+")",
-				nil, &unpublished, &count)
+			unpublishedSQL := "false"
+			if d.unpublishedRows {
+				unpublishedSQL = "EXISTS (SELECT 1 FROM " + part + " WHERE published_at IS NULL)"
+			}
+			err = QueryRow(ctx, tx, "SELECT "+unpublishedSQL+", (SELECT count(*) FROM "+part+")", nil, &unpublished, &count)
 		}
 		if err == nil && !unpublished {
-			err = tx.Exec(ctx, "ALTER TABLE "+s.Statements.qualified+" DETACH PARTITION "+part)
+			err = tx.Exec(ctx, "ALTER TABLE "+d.parent+" DETACH PARTITION "+part)
 			if err == nil {
 				err = tx.Exec(ctx, "DROP TABLE "+part)
 			}

@@ -716,10 +716,10 @@ SELECT count(*) FROM del`, []any{p.Before, p.Limit}, &n)
 		return dropped + n, InterpretError(err)
 	}
 	// The archive (completion "archive"), in publication order: its BRIN index
-	// finds the old end.
+	// finds the old end (on a partitioned table, what its default partition holds).
 	var archived int64
-	err = QueryRow(ctx, s.DB, `WITH del AS (DELETE FROM `+s.Statements.published+` WHERE ctid IN (
-    SELECT ctid FROM `+s.Statements.published+` WHERE published_at < $1 LIMIT $2)
+	err = QueryRow(ctx, s.DB, `WITH del AS (DELETE FROM `+s.Statements.published+` WHERE (tableoid, ctid) IN (
+    SELECT tableoid, ctid FROM `+s.Statements.published+` WHERE published_at < $1 LIMIT $2)
   RETURNING 1)
 SELECT count(*) FROM del`, []any{p.Before, p.Limit}, &archived)
 	return dropped + n + archived, InterpretError(err)
