@@ -92,6 +92,7 @@ func wmBacklog(ctx context.Context, pool *pgxpool.Pool, events, perTx int, topic
 		drop()
 		return "", nil, err
 	}
+	settle(ctx, pool)
 	return schema, drop, nil
 }
 

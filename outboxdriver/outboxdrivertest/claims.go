@@ -57,16 +57,23 @@ func testClaimMaxBytes[TTx any](t *testing.T, h *Harness[TTx]) {
 }
 
 // testLargeWrite writes more events in one call than a small-write statement holds,
-// with headers on some, and reads them all back in order.
+// and then a few (a small write's statements), with headers on some, and reads them
+// all back in order.
 func testLargeWrite[TTx any](t *testing.T, h *Harness[TTx]) {
-	evs := make([]outbox.Event, 1200)
+	s := source(t, h)
+	for _, n := range []int{1200, 7} {
+		writeAndRead(t, h, s, n)
+	}
+}
+
+func writeAndRead[TTx any](t *testing.T, h *Harness[TTx], s side, n int) {
+	evs := make([]outbox.Event, n)
 	for i := range evs {
 		evs[i] = event(fmt.Sprint(i%7), i)
 		if i%3 == 0 {
 			evs[i].Headers = map[string]string{"correlationId": fmt.Sprint("c-", i)}
 		}
 	}
-	s := source(t, h)
 	want := writeCommitted(t, h, evs...)
 	rows := drainN(t, s, len(want))
 	if fmt.Sprint(ids(rows)) != fmt.Sprint(want) {
