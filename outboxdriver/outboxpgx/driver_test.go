@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"go.uber.org/goleak"
 
 	"github.com/outboxd/outbox"
@@ -51,18 +52,25 @@ func conformance(t *testing.T, partitioned bool) {
 	})
 }
 
-// TestPartitionRotation: cleanup creates the coming days' partitions and drops a past
-// day only once every row of it is published.
-func TestPartitionRotation(t *testing.T) {
+// partitionedEvents migrates a table "events" partitioned by day in a schema of the
+// test's own.
+func partitionedEvents(t *testing.T) (*pgxpool.Pool, outboxdriver.Table, *outboxpgx.Driver, outboxdriver.Migrator) {
 	url := testenv.DatabaseURL(t)
 	pool := testenv.Pool(t, url)
-	ctx := context.Background()
 	table := outboxdriver.Table{Schema: testenv.Schema(t, url), Name: "events", Partitioned: true}
 	drv := outboxpgx.New(pool, &table)
 	m, _ := drv.Migrator()
-	if _, err := m.Migrate(ctx); err != nil {
+	if _, err := m.Migrate(context.Background()); err != nil {
 		t.Fatal(err)
 	}
+	return pool, table, drv, m
+}
+
+// TestPartitionRotation: cleanup creates the coming days' partitions and drops a past
+// day only once every row of it is published.
+func TestPartitionRotation(t *testing.T) {
+	pool, table, drv, _ := partitionedEvents(t)
+	ctx := context.Background()
 	partitions := func() map[string]bool {
 		rows, err := pool.Query(ctx, `SELECT c.relname FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid WHERE i.inhparent = $1::regclass`,
 			pgx.Identifier{table.Schema, table.Name}.Sanitize())
@@ -121,15 +129,8 @@ func TestPartitionRotation(t *testing.T) {
 // cleanup drops past days whole, and an archive made before it was partitioned (an
 // older migration) becomes the default partition with its rows.
 func TestArchivePartitionRotation(t *testing.T) {
-	url := testenv.DatabaseURL(t)
-	pool := testenv.Pool(t, url)
+	pool, table, drv, m := partitionedEvents(t)
 	ctx := context.Background()
-	table := outboxdriver.Table{Schema: testenv.Schema(t, url), Name: "events", Partitioned: true}
-	drv := outboxpgx.New(pool, &table)
-	m, _ := drv.Migrator()
-	if _, err := m.Migrate(ctx); err != nil {
-		t.Fatal(err)
-	}
 	qa := pgx.Identifier{table.Schema, "events_published"}.Sanitize()
 	days := func() map[string]int {
 		rows, err := pool.Query(ctx, `SELECT c.relname, (xpath('/row/c/text()', query_to_xml(format('SELECT count(*) AS c FROM %I.%I', $2::text, c.relname), false, true, '')))[1]::text::int
