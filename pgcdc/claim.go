@@ -32,7 +32,7 @@ func (s *Source) Claim(ctx context.Context, p *outboxdriver.ClaimParams) (outbox
 	}
 	for lingered := false; ; {
 		out, held := ss.q.take(p.Limit, p.MaxBytes, time.Now(), ss.holds)
-		if len(held) == 0 && len(out) > 0 && len(out) < p.Limit && !lingered && s.cfg.ClaimLinger > 0 {
+		if len(held) == 0 && len(out) > 0 && len(out) < p.Limit && !p.Enough(payloadBytes(out)) && !lingered && s.cfg.ClaimLinger > 0 {
 			// A trickle: wait a moment for the rest of the transaction and its
 			// neighbours, so a batch is not one event (per-event batches cost a
 			// round of wake-ups in the relay, the broker and the walsender each).
@@ -103,6 +103,14 @@ func (ss *session) holds(key string) bool {
 	ss.heldMu.Lock()
 	defer ss.heldMu.Unlock()
 	return ss.held[key]
+}
+
+func payloadBytes(es []*entry) int {
+	n := 0
+	for _, e := range es {
+		n += len(e.row.Payload)
+	}
+	return n
 }
 
 // claim is a batch of events handed to the relay.
