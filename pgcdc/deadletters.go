@@ -53,7 +53,7 @@ func (ss *session) deadLetter(ctx context.Context, es []*entry, flowPast bool) e
 			back = append(back, e)
 			continue
 		}
-		dead = append(dead, deadEntry{e, "waiting behind a dead letter of its aggregate (replay the aggregate to publish it)", false})
+		dead = append(dead, deadEntry{e, outboxdriver.WaitingBehindDeadLetter, false})
 		done = append(done, e)
 	}
 	if err := ss.src.insertDead(ctx, dead); err != nil {

@@ -65,7 +65,6 @@ func Run[TTx any](t *testing.T, newHarness NewFunc[TTx]) {
 		{"Leadership", testLeadership[TTx]},
 		{"LeadershipRevokedWhenSilent", testLeadershipRevoked[TTx]},
 		{"Status", testStatus[TTx]},
-		{"DeadLetterFlowPurge", testDeadLetterFlowPurge[TTx]},
 		{"EventStory", testEventStory[TTx]},
 		{"CleanupNeverDeletesUnpublished", testCleanup[TTx]},
 	}, sourceCases[TTx]()...)

@@ -21,6 +21,7 @@ func sourceCases[TTx any]() []suiteCase[TTx] {
 		{"FailuresCounted", testFailures[TTx]},
 		{"FailingEventBlocksItsAggregate", testFailingBlocks[TTx]},
 		{"DeadLetterHoldReplay", testDeadLetterReplay[TTx]},
+		{"DeadLetterFlowPurge", testDeadLetterFlowPurge[TTx]},
 		{"DelayedEvents", testDelayed[TTx]},
 		{"Listen", testListen[TTx]},
 		{"TraceContextStored", testTraceContext[TTx]},

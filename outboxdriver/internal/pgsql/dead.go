@@ -68,31 +68,53 @@ FROM `+s.Statements.dead+where+` ORDER BY dead_at, seq`+limit(f), args...)
 	return out, InterpretError(rows.Err())
 }
 
-// ReplayDead implements outboxdriver.Store: one statement moves the rows back with
-// their original seq (OVERRIDING SYSTEM VALUE), so they precede the later events of
-// their aggregate. They are due at once (available_at = their write time, never the
-// replay's now(): a claim that began before the replay committed would otherwise see
-// the aggregate released but the replayed event not yet due, and send the next event
-// first).
+// behindSQL is a CTE, "behind", of the dead letters waiting behind a holding dead
+// letter of "sel" (outboxdriver.WaitingBehindDeadLetter, the CDC source's): they did
+// not fail, and go back to the outbox when the one they wait behind is replayed or
+// purged. $6 is the waiting error.
+func (s *Statements) behindSQL() string {
+	return `behind AS (SELECT w.id FROM ` + s.dead + ` AS w JOIN sel AS h ON h.holds_key
+    AND w.aggregatetype = h.aggregatetype AND w.aggregateid = h.aggregateid AND w.seq > h.seq
+  WHERE NOT w.holds_key AND w.error = $6)`
+}
+
+// backToOutbox is the CTEs "moved" and "ins" moving the dead letters whose ids the CTE
+// named from lists back into the outbox, with their original seq (OVERRIDING SYSTEM
+// VALUE), so they precede the later events of their aggregate. They are due at once
+// (available_at = their write time, never the replay's now(): a claim that began
+// before the replay committed would otherwise see the aggregate released but the
+// replayed event not yet due, and send the next event first).
+func (s *Statements) backToOutbox(from string) string {
+	return `moved AS (DELETE FROM ` + s.dead + ` AS d USING ` + from + ` WHERE d.id = ` + from + `.id
+          RETURNING d.id, d.aggregatetype, d.aggregateid, d.type, d.payload, d.headers, d.tracingspancontext, d.seq, d.created_at),
+ins AS (INSERT INTO ` + s.qualified + ` (id, aggregatetype, aggregateid, type, payload, headers, tracingspancontext, seq, created_at, available_at)
+        OVERRIDING SYSTEM VALUE SELECT *, moved.created_at FROM moved ORDER BY seq RETURNING 1)`
+}
+
+// ReplayDead implements outboxdriver.Store: one statement moves the selected rows,
+// and those waiting behind them, back into the outbox.
 func (s *Store) ReplayDead(ctx context.Context, f *outboxdriver.DeadFilter) (int, error) {
 	where, args := deadWhere(f)
 	var n int
-	err := QueryRow(ctx, s.DB, `WITH picked AS (SELECT id FROM `+s.Statements.dead+where+` ORDER BY seq`+limit(f)+`),
-moved AS (DELETE FROM `+s.Statements.dead+` AS d USING picked WHERE d.id = picked.id
-          RETURNING d.id, d.aggregatetype, d.aggregateid, d.type, d.payload, d.headers, d.tracingspancontext, d.seq, d.created_at),
-ins AS (INSERT INTO `+s.Statements.qualified+` (id, aggregatetype, aggregateid, type, payload, headers, tracingspancontext, seq, created_at, available_at)
-        OVERRIDING SYSTEM VALUE SELECT *, moved.created_at FROM moved ORDER BY seq RETURNING 1)
-SELECT count(*) FROM ins`, args, &n)
+	err := QueryRow(ctx, s.DB, `WITH sel AS (SELECT id, aggregatetype, aggregateid, seq, holds_key FROM `+s.Statements.dead+where+` ORDER BY seq`+limit(f)+`),
+`+s.Statements.behindSQL()+`,
+picked AS (SELECT id FROM sel UNION SELECT id FROM behind),
+`+s.Statements.backToOutbox("picked")+`
+SELECT count(*) FROM ins`, append(args, outboxdriver.WaitingBehindDeadLetter), &n)
 	return n, InterpretError(err)
 }
 
-// PurgeDead implements outboxdriver.Store.
+// PurgeDead implements outboxdriver.Store: the selected rows are deleted, and those
+// waiting behind them go back to the outbox, in the same statement (selected or not:
+// they did not fail, as in poll mode, where they wait in the table).
 func (s *Store) PurgeDead(ctx context.Context, f *outboxdriver.DeadFilter) (int, error) {
 	where, args := deadWhere(f)
 	var n int
-	err := QueryRow(ctx, s.DB, `WITH picked AS (SELECT id FROM `+s.Statements.dead+where+` ORDER BY seq`+limit(f)+`),
-del AS (DELETE FROM `+s.Statements.dead+` AS d USING picked WHERE d.id = picked.id RETURNING 1)
-SELECT count(*) FROM del`, args, &n)
+	err := QueryRow(ctx, s.DB, `WITH sel AS (SELECT id, aggregatetype, aggregateid, seq, holds_key FROM `+s.Statements.dead+where+` ORDER BY seq`+limit(f)+`),
+`+s.Statements.behindSQL()+`,
+del AS (DELETE FROM `+s.Statements.dead+` AS d USING sel WHERE d.id = sel.id AND d.id NOT IN (SELECT id FROM behind) RETURNING 1),
+`+s.Statements.backToOutbox("behind")+`
+SELECT count(*) FROM del`, append(args, outboxdriver.WaitingBehindDeadLetter), &n)
 	return n, InterpretError(err)
 }
 
