@@ -76,11 +76,17 @@ func (q *queue) waitSpace(deadline time.Time) bool {
 	return q.hasSpace()
 }
 
+// minOpenEvents is how many events may always be open, whatever their bytes: a few
+// huge events waiting for a retry must not stop the stream, and so every other
+// aggregate (a failure belongs to its message). Memory stays under maxBytes plus this
+// many events.
+const minOpenEvents = 100
+
 // hasSpace reports whether another event may be read: fewer than capacity events and
-// maxBytes of payload wait (an event larger than maxBytes is read once the queue is
-// empty). Called with mu held.
+// maxBytes of payload wait, or fewer than minOpenEvents whatever their size. Called
+// with mu held.
 func (q *queue) hasSpace() bool {
-	if q.closed || q.open == 0 {
+	if q.closed || q.open < min(minOpenEvents, q.capacity) {
 		return true
 	}
 	return q.open < q.capacity && (q.maxBytes <= 0 || q.openBytes < q.maxBytes)

@@ -1,6 +1,7 @@
 package pgcdc
 
 import (
+	"fmt"
 	"testing"
 	"time"
 
@@ -87,39 +88,40 @@ func idxs(es []*entry) []uint64 {
 	return out
 }
 
-// TestQueueBoundsPendingBytes: the payload bytes waiting are bounded too (an event
-// larger than the bound still fits an empty queue), and a take stops at maxBytes.
+// TestQueueBoundsPendingBytes: the payload bytes waiting are bounded too, once more
+// than minOpenEvents events are open (so a few huge events waiting for a retry never
+// stop the stream), and a take stops at maxBytes.
 func TestQueueBoundsPendingBytes(t *testing.T) {
-	q := newQueue(100, 1000)
+	q := newQueue(10_000, 1000)
 	big := func(key string, n int) outboxdriver.Row {
 		r := row(key)
 		r.Payload = make([]byte, n)
 		return r
 	}
-	if !q.waitSpace(time.Now()) {
-		t.Fatal("no space in an empty queue")
+	q.push(big("huge", 50_000), time.Time{}, nil) // far over the bound, stuck (never done here)
+	for i := 1; i < minOpenEvents; i++ {
+		if !q.waitSpace(time.Now()) {
+			t.Fatalf("no space with %d events open behind one huge event: the stream would stall every aggregate", i)
+		}
+		q.push(big(fmt.Sprint("k", i), 10), time.Time{}, nil)
 	}
-	q.push(big("a", 600), time.Time{}, nil)
-	if !q.waitSpace(time.Now()) {
-		t.Fatal("no space with 600 of 1000 bytes pending")
-	}
-	q.push(big("b", 600), time.Time{}, nil)
 	if q.waitSpace(time.Now().Add(20 * time.Millisecond)) {
-		t.Fatal("space reported with 1200 of 1000 bytes pending")
+		t.Fatal("space reported with 100 events and 50,990 of 1,000 bytes open")
 	}
-	out, _ := q.take(10, 500, time.Now(), nil)
-	if len(out) != 1 {
-		t.Fatalf("a take bounded to 500 bytes took %d events of 600, want the first alone", len(out))
+	out, held := q.take(10, 0, time.Now(), func(key string) bool { return key == outboxdriver.AggregateKey("t", "huge") })
+	if len(held) != 1 || len(out) != 9 {
+		t.Fatalf("took %d and held %d; want the huge event held and 9 others", len(out), len(held))
 	}
+	q.giveBack(held) // still waiting
 	go q.done(out)
 	if !q.waitSpace(time.Now().Add(5 * time.Second)) {
-		t.Fatal("no space after 600 bytes were done")
+		t.Fatal("no space after others' events were done")
 	}
-	rest, _ := q.take(10, 0, time.Now(), nil)
-	q.done(rest)
-	q.push(big("c", 5000), time.Time{}, nil) // larger than the bound, into an empty queue
-	if q.waitSpace(time.Now().Add(20 * time.Millisecond)) {
-		t.Fatal("space reported behind an event larger than the bound")
+	q2 := newQueue(10_000, 500)
+	q2.push(big("a", 600), time.Time{}, nil)
+	q2.push(big("b", 600), time.Time{}, nil)
+	if got, _ := q2.take(10, 500, time.Now(), nil); len(got) != 1 {
+		t.Fatalf("a take bounded to 500 bytes took %d events of 600, want the first alone", len(got))
 	}
 }
 

@@ -70,8 +70,9 @@ type Config struct {
 	// stays bounded whatever the size of a transaction). Default MaxPendingDefault.
 	MaxPending int
 	// MaxPendingBytes bounds those events' payload bytes as well (10,000 events of a
-	// megabyte each would be 10 GB). Default MaxPendingBytesDefault; negative: no
-	// bound. An event larger than the bound is read once nothing else is pending.
+	// megabyte each would be 10 GB), once more than 100 are pending (a few huge events
+	// waiting for a retry must not stop the stream for every other aggregate).
+	// Default MaxPendingBytesDefault; negative: no bound.
 	MaxPendingBytes int
 	// StatusInterval is how often the confirmed position is reported to PostgreSQL.
 	StatusInterval time.Duration

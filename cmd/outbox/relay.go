@@ -37,7 +37,7 @@ func runRelay(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	fs.StringVar(&cdcCfg.Publication, "publication", "", "cdc: the publication (default: the slot's name)")
 	fs.BoolVar(&cdcCfg.RecreateSlot, "recreate-slot", false, "cdc: replace a lost slot and publish every unpublished row still in the table again (docs/cdc.md)")
 	fs.IntVar(&cdcCfg.MaxPending, "max-pending", pgcdc.MaxPendingDefault, "cdc: most events read from the WAL and not yet acknowledged (bounds memory)")
-	fs.IntVar(&cdcCfg.MaxPendingBytes, "max-pending-bytes", pgcdc.MaxPendingBytesDefault, "cdc: most payload bytes of those events (a larger event still goes, alone); -1: no bound")
+	fs.IntVar(&cdcCfg.MaxPendingBytes, "max-pending-bytes", pgcdc.MaxPendingBytesDefault, "cdc: most payload bytes of those events, past the first 100; -1: no bound")
 	batch := fs.Int("batch-size", relay.BatchSizeDefault, "most events claimed and published at once")
 	leaderTimeout := fs.Duration("leader-timeout", relay.LeaderTimeoutDefault, "how long the database keeps the leadership of an active relay that stopped proving it is alive (paused, cut off); a standby takes over after it")
 	batchBytes := fs.Int("max-batch-bytes", relay.BatchBytesDefault, "most payload bytes claimed at once (a larger event still goes, alone); -1: no bound")
