@@ -152,12 +152,12 @@ func runLive(dbURL, natsURL string, o liveOpts) (liveResult, error) {
 		return liveResult{}, err
 	}
 	var lat []time.Duration
-	var late []jetstream.Msg // matched with their commit times once all arrived
+	var received []jetstream.Msg // matched with their commit times once all arrived
 	var mu sync.Mutex
 	total := o.rate * o.seconds / o.perTx * o.perTx
 	cc, err := cons.Consume(func(m jetstream.Msg) {
 		mu.Lock()
-		late = append(late, m)
+		received = append(received, m)
 		mu.Unlock()
 		arrived.Add(1)
 	})
@@ -220,7 +220,7 @@ func runLive(dbURL, natsURL string, o liveOpts) (liveResult, error) {
 	}
 	mu.Lock()
 	defer mu.Unlock()
-	for _, m := range late {
+	for _, m := range received {
 		md, err := m.Metadata()
 		if err != nil {
 			return r, err

@@ -133,7 +133,7 @@ func quiet(t *testing.T, s side) {
 	}
 }
 
-// listenable reports whether the source wakes a relay up, skipping the case if not.
+// listenable skips the case when the source declares no wake-ups, and fails it on any other error from Listen.
 func listenable(t *testing.T, err error) {
 	if errors.Is(err, outboxdriver.ErrNotSupported) {
 		t.Skip("driver declares no LISTEN/NOTIFY")
