@@ -89,6 +89,14 @@ func (s *Source) insertDead(ctx context.Context, ds []deadEntry) error {
 	if n == 0 {
 		return nil
 	}
+	// The statement deletes the events' rows: it must see them.
+	xids := make([]uint32, n)
+	for i, d := range ds {
+		xids[i] = d.e.xid
+	}
+	if err := s.waitVisible(ctx, xids); err != nil {
+		return err
+	}
 	ids, ats, aids, types, tcs, errs := make([]string, n), make([]string, n), make([]string, n), make([]string, n), make([]*string, n), make([]string, n)
 	headers := make([]*string, n)
 	seqs, attempts, holds := make([]int64, n), make([]int32, n), make([]bool, n)

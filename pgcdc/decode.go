@@ -34,7 +34,10 @@ type Change struct {
 	Kind      ChangeKind
 	Row       outboxdriver.Row
 	CommitLSN uint64 // ChangeBegin, ChangeCommit: the commit record's position
-	EndLSN    uint64 // ChangeCommit: the end of the commit record, the position to confirm
+	// Xid, for ChangeBegin and ChangeEvent, is the transaction's id (0 for a message
+	// written outside a transaction).
+	Xid    uint32
+	EndLSN uint64 // ChangeCommit: the end of the commit record, the position to confirm
 	// Reject, for ChangeEvent, is why the event must not be published as it is (a
 	// message written outside a transaction): it goes to the dead letters.
 	Reject error
@@ -68,6 +71,7 @@ type Decoder struct {
 	inTx                  bool
 	commitLSN             uint64
 	commitTime            time.Time
+	xid                   uint32
 }
 
 // relation is the column layout of a table as the stream last described it.
@@ -121,19 +125,19 @@ func (d *Decoder) Decode(msg []byte) (Change, error) {
 	r := reader{b: msg[1:]}
 	switch msg[0] {
 	case 'B':
-		final, ts, _ := r.u64(), r.u64(), r.u32()
+		final, ts, xid := r.u64(), r.u64(), r.u32()
 		if r.err != nil {
 			return Change{}, r.fail("begin")
 		}
-		d.inTx, d.commitLSN = true, final
+		d.inTx, d.commitLSN, d.xid = true, final, xid
 		d.commitTime = pgEpoch.Add(time.Duration(int64(ts)) * time.Microsecond)
-		return Change{Kind: ChangeBegin, CommitLSN: final}, nil
+		return Change{Kind: ChangeBegin, CommitLSN: final, Xid: xid}, nil
 	case 'C':
 		_, commit, end, _ := r.u8(), r.u64(), r.u64(), r.u64()
 		if r.err != nil {
 			return Change{}, r.fail("commit")
 		}
-		d.inTx = false
+		d.inTx, d.xid = false, 0
 		return Change{Kind: ChangeCommit, CommitLSN: commit, EndLSN: end}, nil
 	case 'R':
 		return Change{}, d.relation(&r)
@@ -197,7 +201,7 @@ func (d *Decoder) insert(r *reader) (Change, error) {
 	if n != len(rel.cols) {
 		return Change{}, fmt.Errorf("%w: insert: %d columns, relation has %d", ErrMalformed, n, len(rel.cols))
 	}
-	ch := Change{Kind: ChangeEvent}
+	ch := Change{Kind: ChangeEvent, Xid: d.xid}
 	row := &ch.Row
 	seen := 0
 	for _, c := range rel.cols {
@@ -362,6 +366,9 @@ func (d *Decoder) message(r *reader) (Change, error) {
 		return Change{}, nil
 	}
 	ch := Change{Kind: ChangeEvent}
+	if flags&1 != 0 {
+		ch.Xid = d.xid
+	}
 	row, at, err := pgmessage.Decode(content)
 	ch.AvailableAt = at
 	if err != nil {

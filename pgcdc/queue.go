@@ -38,7 +38,8 @@ type entry struct {
 	idx         uint64
 	row         outboxdriver.Row
 	availableAt time.Time
-	reject      error // goes to the dead letters instead of the broker
+	reject      error  // goes to the dead letters instead of the broker
+	xid         uint32 // the transaction that wrote it (0: none), see waitVisible
 	// failed: the broker did not take it; until its retry time its aggregate's later
 	// events wait behind it. An event only delayed (NotBefore) holds nothing back.
 	failed bool
@@ -92,10 +93,10 @@ func (q *queue) hasSpace() bool {
 	return q.open < q.capacity && (q.maxBytes <= 0 || q.openBytes < q.maxBytes)
 }
 
-// push adds an event read from the stream.
-func (q *queue) push(row outboxdriver.Row, availableAt time.Time, reject error) {
+// push adds an event read from the stream, written by transaction xid.
+func (q *queue) push(row outboxdriver.Row, availableAt time.Time, reject error, xid uint32) {
 	q.mu.Lock()
-	q.pending = append(q.pending, &entry{idx: q.nextIdx, row: row, availableAt: availableAt, reject: reject})
+	q.pending = append(q.pending, &entry{idx: q.nextIdx, row: row, availableAt: availableAt, reject: reject, xid: xid})
 	q.nextIdx++
 	q.open++
 	q.openBytes += len(row.Payload)

@@ -81,8 +81,12 @@ func (s *Source) checkServer(ctx context.Context) error {
 	}
 	s.bytesPayload = payloadType == "bytea"
 	s.deadLetterStmt = deadLetterStatement(s.qTable, s.qDead, s.bytesPayload)
-	// The claim's own hold rule, asked of one aggregate.
-	s.heldStmt = `SELECT NOT ` + outboxdriver.NotHeldSQL(s.qDead) + ` FROM (SELECT $1::text AS aggregatetype, $2::text AS aggregateid) AS o`
+	// The claim's hold rule (outboxdriver.NotHeldSQL), asked of one aggregate. The lock
+	// waits for a replay or purge of the holding dead letter whose commit reached the
+	// stream before it became visible (see visible.go): unlocked, the check would
+	// still see the holder and bury the replayed events behind it.
+	s.heldStmt = `SELECT EXISTS (SELECT FROM ` + s.qDead + ` AS d WHERE d.holds_key
+  AND d.aggregatetype = $1 AND d.aggregateid = $2 FOR KEY SHARE)`
 	return nil
 }
 
