@@ -34,10 +34,10 @@ type Change struct {
 	Kind      ChangeKind
 	Row       outboxdriver.Row
 	CommitLSN uint64 // ChangeBegin, ChangeCommit: the commit record's position
+	EndLSN    uint64 // ChangeCommit: the end of the commit record, the position to confirm
 	// Xid, for ChangeBegin and ChangeEvent, is the transaction's id (0 for a message
 	// written outside a transaction).
-	Xid    uint32
-	EndLSN uint64 // ChangeCommit: the end of the commit record, the position to confirm
+	Xid uint32
 	// Reject, for ChangeEvent, is why the event must not be published as it is (a
 	// message written outside a transaction): it goes to the dead letters.
 	Reject error
