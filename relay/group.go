@@ -166,9 +166,8 @@ func (r *Relay) runGroup(ctx context.Context) error {
 		r.hook("LeaderChanged", func(h Hooks) { h.LeaderChanged(true) })
 		err = r.lead(ctx, g)
 		r.releaseLock(ctx, member)
-		r.stats.leader.Store(false)
 		r.setPartitions(0)
-		r.hook("LeaderChanged", func(h Hooks) { h.LeaderChanged(false) })
+		r.notLeader()
 		if err != nil && ctx.Err() == nil {
 			r.log.Warn("relay: group term ended", "err", err)
 			sleep(ctx, bo.next())

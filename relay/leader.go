@@ -35,29 +35,39 @@ func newSingleTerm(lead outboxdriver.Leadership, bound, every time.Duration, acq
 }
 
 // heartbeat proves the relay alive every period until ctx ends or the leadership is
-// lost (then lost is called). Each proof has a deadline: a dead socket is an error
-// within the bound, never a hang.
+// lost (then lost is called). No proof may outlast the term: a check still waiting
+// when the last proof's validity ends (a dead socket, a blackholed network) is given
+// up, and the relay steps down then, before the database lets a standby in, rather
+// than at the next failed check, up to a period later.
 func (t *singleTerm) heartbeat(ctx context.Context, log *slog.Logger, lost func()) {
-	tick := time.NewTicker(t.every)
-	defer tick.Stop()
+	next := time.Now().Add(t.every)
 	for {
+		t.mu.Lock()
+		expiry := t.validUntil
+		t.mu.Unlock()
+		wake := time.NewTimer(time.Until(earliest(next, expiry)))
 		select {
 		case <-ctx.Done():
+			wake.Stop()
 			return
-		case <-tick.C:
+		case <-wake.C:
 		}
 		sent := time.Now()
-		hctx, cancel := context.WithTimeout(ctx, t.bound/4)
+		next = sent.Add(t.every)
+		hctx, cancel := context.WithDeadline(ctx, earliest(sent.Add(t.bound/4), expiry))
 		err := t.lead.Check(hctx)
 		cancel()
 		if ctx.Err() != nil {
 			return
 		}
 		t.mu.Lock()
-		if err == nil {
+		switch {
+		case err == nil && sent.Before(t.validUntil):
 			t.validUntil = sent.Add(t.bound * 3 / 4)
-		} else if !time.Now().Before(t.validUntil) || errors.Is(err, outboxdriver.ErrLeadershipLost) {
-			t.err = fmt.Errorf("%w: no heartbeat within %v: %v", outboxdriver.ErrLeadershipLost, t.bound*3/4, err)
+		case errors.Is(err, outboxdriver.ErrLeadershipLost):
+			t.err = err
+		case !time.Now().Before(t.validUntil):
+			t.err = fmt.Errorf("%w: no heartbeat within %v (last check: %v)", outboxdriver.ErrLeadershipLost, t.bound*3/4, err)
 		}
 		done := t.err != nil
 		t.mu.Unlock()
@@ -69,6 +79,13 @@ func (t *singleTerm) heartbeat(ctx context.Context, log *slog.Logger, lost func(
 			return
 		}
 	}
+}
+
+func earliest(a, b time.Time) time.Time {
+	if b.Before(a) {
+		return b
+	}
+	return a
 }
 
 func (t *singleTerm) check(context.Context) error {

@@ -190,15 +190,17 @@ func (r *Relay) Run(ctx context.Context) error {
 		t := newSingleTerm(lead, r.cfg.LeaderTimeout, r.cfg.LeaderCheck, acquired)
 		termCtx, endTerm := context.WithCancel(ctx)
 		hbDone := make(chan struct{})
-		go func() { defer close(hbDone); t.heartbeat(termCtx, r.log, endTerm) }()
+		// A lost term is said at once (stats, hooks), though the pipeline may still
+		// be unwinding from a call on a dead connection: it publishes nothing more.
+		lost := func() { endTerm(); r.notLeader() }
+		go func() { defer close(hbDone); t.heartbeat(termCtx, r.log, lost) }()
 		err = r.lead(termCtx, t)
 		endTerm()
 		<-hbDone
 		if err == nil && ctx.Err() == nil {
 			err = t.check(ctx) // the heartbeat ended the term
 		}
-		r.stats.leader.Store(false)
-		r.hook("LeaderChanged", func(h Hooks) { h.LeaderChanged(false) })
+		r.notLeader()
 		r.releaseLock(ctx, lead)
 		if err != nil && ctx.Err() == nil {
 			r.log.Warn("relay: stepped down", "err", err)
@@ -206,6 +208,13 @@ func (r *Relay) Run(ctx context.Context) error {
 		}
 	}
 	return nil
+}
+
+// notLeader records that this relay no longer leads, once per term.
+func (r *Relay) notLeader() {
+	if r.stats.leader.CompareAndSwap(true, false) {
+		r.hook("LeaderChanged", func(h Hooks) { h.LeaderChanged(false) })
+	}
 }
 
 // hook calls fn with the configured hooks, if any. A panicking hook (a metrics
