@@ -85,7 +85,19 @@ func internalSource(t *testing.T) *Source {
 	return s
 }
 
-// returnsAfter runs f and checks it is still running while hold has not returned,
+// openTx begins a transaction that the test's end rolls back if it is still open
+// (a failed check must not leave it holding its locks).
+func openTx(t *testing.T, s *Source) pgx.Tx {
+	t.Helper()
+	tx, err := s.pool.Begin(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = tx.Rollback(context.Background()) })
+	return tx
+}
+
+// returnsAfter runs f and checks it is still running until release is called,
 // and ends once it has.
 func returnsAfter(t *testing.T, f func() error, release func()) {
 	t.Helper()
@@ -112,11 +124,7 @@ func returnsAfter(t *testing.T, f func() error, release func()) {
 func TestWaitVisibleWaitsForARunningTransaction(t *testing.T) {
 	s := internalSource(t)
 	ctx := context.Background()
-	tx, err := s.pool.Begin(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = tx.Rollback(ctx) })
+	tx := openTx(t, s)
 	var full uint64
 	if err := tx.QueryRow(ctx, `SELECT pg_current_xact_id()::text::bigint`).Scan(&full); err != nil {
 		t.Fatal(err)
@@ -159,11 +167,7 @@ VALUES (gen_random_uuid(), 'order', 'o-1', 'T', '{}', NULL, NULL, 1, now(), 1, '
 		}
 	}
 	del := func() pgx.Tx {
-		tx, err := s.pool.Begin(ctx)
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { _ = tx.Rollback(ctx) }) // a failed check must not leave it open
+		tx := openTx(t, s)
 		if _, err := tx.Exec(ctx, `DELETE FROM `+s.qDead+` WHERE aggregateid = 'o-1'`); err != nil {
 			t.Fatal(err)
 		}
@@ -185,13 +189,9 @@ VALUES (gen_random_uuid(), 'order', 'o-1', 'T', '{}', NULL, NULL, 1, now(), 1, '
 func TestDeadLetterWaitsForTheEventsTransaction(t *testing.T) {
 	s := internalSource(t)
 	ctx := context.Background()
-	tx, err := s.pool.Begin(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = tx.Rollback(ctx) })
+	tx := openTx(t, s)
 	var e entry
-	err = tx.QueryRow(ctx, `INSERT INTO `+s.qTable+` (id, aggregatetype, aggregateid, type, payload)
+	err := tx.QueryRow(ctx, `INSERT INTO `+s.qTable+` (id, aggregatetype, aggregateid, type, payload)
 VALUES (gen_random_uuid(), 'order', 'o-1', 'T', '{}') RETURNING id::text, seq, pg_current_xact_id()::text::bigint % 4294967296`).
 		Scan(&e.row.ID, &e.row.Seq, &e.xid)
 	if err != nil {
