@@ -439,9 +439,9 @@ func TestLeaderSessionKilled(t *testing.T) {
 	if !r.Stats().Leader {
 		t.Fatal("relay does not report leadership")
 	}
-	var n int
+	var n int // the leadership lock is the exclusive one (claims hold a shared fence)
 	if err := e.pool.QueryRow(ctx, `SELECT count(pg_terminate_backend(l.pid)) FROM pg_locks l
-		JOIN pg_stat_activity a ON a.pid = l.pid WHERE l.locktype = 'advisory' AND a.application_name = $1`,
+		JOIN pg_stat_activity a ON a.pid = l.pid WHERE l.locktype = 'advisory' AND l.mode = 'ExclusiveLock' AND a.application_name = $1`,
 		e.table.Schema).Scan(&n); err != nil {
 		t.Fatal(err)
 	}

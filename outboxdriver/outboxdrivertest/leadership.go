@@ -120,3 +120,58 @@ func testStatus[TTx any](t *testing.T, h *Harness[TTx]) {
 		t.Fatalf("status = %+v, want 2 unpublished with a small positive age", st)
 	}
 }
+
+// testLeaderWaitsForOldClaims: a relay's claim can outlive its leadership (the lock's
+// session ended first: the server counts each session's silence from its own last
+// call). The next leader must not claim past the rows that claim still locks, or it
+// publishes an aggregate's later events first: taking the leadership waits for it.
+func testLeaderWaitsForOldClaims[TTx any](t *testing.T, h *Harness[TTx]) {
+	ctx := ctxT(t)
+	s := store(t, h)
+	want := writeCommitted(t, h, event("a", 1), event("a", 2))
+	params := &outboxdriver.LeadershipParams{Timeout: 5 * time.Second}
+	l1, err := s.AcquireLeadership(ctx, params)
+	if err != nil || l1 == nil {
+		t.Fatalf("acquire: %v, %v", l1, err)
+	}
+	old, err := s.Claim(ctx, &outboxdriver.ClaimParams{Limit: 1, HoldTimeout: time.Minute})
+	if err != nil || len(old.Rows()) != 1 {
+		t.Fatalf("the old leader's claim: %v", err)
+	}
+	if err := l1.Release(ctx); err != nil { // its lock session ends; its claim does not
+		t.Fatal(err)
+	}
+	acquired := make(chan outboxdriver.Leadership, 1)
+	go func() {
+		l2, err := s.AcquireLeadership(ctx, params)
+		if err != nil {
+			t.Error(err)
+		}
+		acquired <- l2
+	}()
+	var l2 outboxdriver.Leadership
+	select {
+	case l2 = <-acquired:
+		if l2 != nil {
+			_ = l2.Release(ctx)
+		}
+		_ = old.Release(ctx)
+		t.Fatal("a new leader took over while the old leader's claim still held its rows")
+	case <-time.After(300 * time.Millisecond):
+	}
+	if err := old.Release(ctx); err != nil { // the server ends the silent claim
+		t.Fatal(err)
+	}
+	if l2 = <-acquired; l2 == nil {
+		t.Fatal("no leadership once the old claim ended")
+	}
+	defer func() { _ = l2.Release(context.WithoutCancel(ctx)) }()
+	c, err := s.Claim(ctx, &outboxdriver.ClaimParams{Limit: 10, HoldTimeout: time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = c.Release(context.WithoutCancel(ctx)) }()
+	if got := ids(c.Rows()); len(got) != 2 || got[0] != want[0] {
+		t.Fatalf("the new leader claimed %v, want %v in order", got, want)
+	}
+}

@@ -64,6 +64,7 @@ func Run[TTx any](t *testing.T, newHarness NewFunc[TTx]) {
 		{"WriteModes", testWriteModes[TTx]},
 		{"Leadership", testLeadership[TTx]},
 		{"LeadershipRevokedWhenSilent", testLeadershipRevoked[TTx]},
+		{"LeaderWaitsForOldClaims", testLeaderWaitsForOldClaims[TTx]},
 		{"Status", testStatus[TTx]},
 		{"EventStory", testEventStory[TTx]},
 		{"CleanupNeverDeletesUnpublished", testCleanup[TTx]},

@@ -25,6 +25,7 @@ type Statements struct {
 	channel    string // LISTEN/NOTIFY channel, quoted
 	channelRaw string
 	lockKey    int64
+	claimFence int64
 
 	insertValues []string // insertValues[n] inserts n rows with VALUES, for small n
 	insertPlain  []string // the same for rows of the five Debezium columns only
@@ -57,6 +58,8 @@ func NewStatements(t outboxdriver.Table) (*Statements, error) {
 	h := fnv.New64a()
 	h.Write([]byte("outbox relay leadership " + t.String()))
 	s.lockKey = int64(h.Sum64())
+	// lockKey+1 serialises migrations; lockKey+2 fences claims (see claimFence).
+	s.claimFence = s.lockKey + 2
 
 	payloadArg, payloadExpr := "$5::text[]", "u.p::jsonb"
 	if t.Payload == outboxdriver.PayloadBytes {
@@ -348,14 +351,18 @@ func (s *Store) Claim(ctx context.Context, p *outboxdriver.ClaimParams) (outboxd
 			parts = append(parts, int16(l.Partition))
 		}
 	}
+	// A paused or cut-off relay's claim must not hold its rows long past its
+	// leadership: the server ends the session (and its locks) when the transaction
+	// idles for HoldTimeout. It holds the claim fence, shared, until then: the next
+	// leader waits for it (AcquireLeadership) rather than claim past its rows.
+	hold := ""
 	if p.HoldTimeout > 0 {
-		// A paused or cut-off relay's claim must not hold its rows past its
-		// leadership: the server ends the session (and its locks) when the
-		// transaction idles that long.
-		if err := tx.Exec(ctx, "SELECT set_config('idle_in_transaction_session_timeout', $1, true)", strconv.FormatInt(p.HoldTimeout.Milliseconds(), 10)); err != nil {
-			_ = tx.Rollback(context.WithoutCancel(ctx))
-			return nil, InterpretError(err)
-		}
+		hold = strconv.FormatInt(p.HoldTimeout.Milliseconds(), 10)
+	}
+	if err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock_shared($1),
+  CASE WHEN $2 <> '' THEN set_config('idle_in_transaction_session_timeout', $2, true) END`, s.Statements.claimFence, hold); err != nil {
+		_ = tx.Rollback(context.WithoutCancel(ctx))
+		return nil, InterpretError(err)
 	}
 	if len(p.Columns) > 0 {
 		if err := tx.Exec(ctx, "SELECT set_config('DateStyle', 'ISO', true)"); err != nil {
@@ -574,6 +581,16 @@ func (s *Store) advisoryLock(ctx context.Context, try, unlock string, timeout ti
 	}
 	if !got {
 		return nil, conn.Close()
+	}
+	if try == "pg_try_advisory_lock" {
+		// The previous leader's claims can outlive its lock's session (each session's
+		// silence counts from its own last call): wait until none holds the claim
+		// fence, or this relay would claim past the rows they lock and publish an
+		// aggregate's later events first. They end by their HoldTimeout.
+		if err := conn.Exec(ctx, "SELECT pg_advisory_lock($1), pg_advisory_unlock($1)", s.Statements.claimFence); err != nil {
+			_ = conn.Close()
+			return nil, InterpretError(err)
+		}
 	}
 	return &leadership{conn: conn, key: s.Statements.lockKey, unlock: unlock}, nil
 }
