@@ -41,6 +41,9 @@ type Driver struct {
 	q     string // `table`
 	qDead string
 	lock  string // GET_LOCK name
+	// versions is the migrations table; its first row is the claim fence (MySQL has
+	// no shared advisory lock): claims share-lock it, a new leader waits to lock it.
+	versions string
 }
 
 // New returns a driver on db (nil is allowed for a writer that only uses WriteTx).
@@ -60,6 +63,7 @@ func New(db *sql.DB, table *outboxdriver.Table) *Driver {
 		prefix = quote(t.Schema) + "."
 	}
 	d.q, d.qDead = prefix+quote(t.Name), prefix+quote(t.Derived("_dead"))
+	d.versions = prefix + quote(t.Name+"_migrations")
 	sum := sha256.Sum256([]byte("outbox relay " + t.String()))
 	d.lock = "outbox:" + hex.EncodeToString(sum[:16])
 	return d
@@ -224,9 +228,31 @@ func (d *Driver) Claim(ctx context.Context, p *outboxdriver.ClaimParams) (outbox
 		return nil, fmt.Errorf("claim with extra columns %v: %w", p.Columns, outboxdriver.ErrNotSupported)
 	}
 	// The claim's transaction outlives this call (database/sql would roll it back
-	// when ctx ends): its life is Complete or Release.
-	tx, err := d.db.BeginTx(context.WithoutCancel(ctx), &sql.TxOptions{Isolation: sql.LevelReadCommitted})
+	// when ctx ends): its life is Complete or Release. It runs on a session of its
+	// own whose wait_timeout is HoldTimeout: a paused or cut-off relay's claim must
+	// not hold its rows for the server's default eight hours.
+	conn, err := d.db.Conn(context.WithoutCancel(ctx))
 	if err != nil {
+		return nil, interpretError(err)
+	}
+	c := &claim{d: d, conn: conn, bounded: p.HoldTimeout > 0}
+	if c.bounded {
+		if _, err := conn.ExecContext(ctx, "SET SESSION wait_timeout = ?", seconds(p.HoldTimeout)); err != nil {
+			c.end()
+			return nil, interpretError(err)
+		}
+	}
+	tx, err := conn.BeginTx(context.WithoutCancel(ctx), &sql.TxOptions{Isolation: sql.LevelReadCommitted})
+	if err != nil {
+		c.end()
+		return nil, interpretError(err)
+	}
+	c.tx = tx
+	// The claim fence, shared, for the transaction's life: the next leader waits for
+	// it (AcquireLeadership) rather than claim past the rows this claim locks.
+	var v int64
+	if err := tx.QueryRowContext(ctx, `SELECT version FROM `+d.versions+` ORDER BY version LIMIT 1 LOCK IN SHARE MODE`).Scan(&v); err != nil {
+		_ = c.Release(ctx)
 		return nil, interpretError(err)
 	}
 	rows, err := tx.QueryContext(ctx, `SELECT `+rowColumns+` FROM `+d.q+` AS o
@@ -235,16 +261,15 @@ WHERE o.published_at IS NULL AND (o.available_at IS NULL OR o.available_at <= UT
   AND `+outboxdriver.NotHeldSQL(d.qDead)+`
 ORDER BY o.seq LIMIT ? FOR UPDATE SKIP LOCKED`, p.Limit)
 	if err != nil {
-		_ = tx.Rollback()
+		_ = c.Release(ctx)
 		return nil, interpretError(err)
 	}
-	c := &claim{d: d, tx: tx}
 	bytes := 0
 	for !p.Enough(bytes) && rows.Next() {
 		r, err := scanRow(rows)
 		if err != nil {
 			rows.Close()
-			_ = tx.Rollback()
+			_ = c.Release(ctx)
 			return nil, interpretError(err)
 		}
 		c.rows = append(c.rows, r)
@@ -252,22 +277,37 @@ ORDER BY o.seq LIMIT ? FOR UPDATE SKIP LOCKED`, p.Limit)
 	}
 	rows.Close()
 	if err := rows.Err(); err != nil {
-		_ = tx.Rollback()
+		_ = c.Release(ctx)
 		return nil, interpretError(err)
 	}
 	if len(c.rows) == 0 {
-		c.tx = nil
-		if err := tx.Rollback(); err != nil {
-			return nil, interpretError(err)
+		if err := c.Release(ctx); err != nil {
+			return nil, err
 		}
 	}
 	return c, nil
 }
 
+func seconds(d time.Duration) int64 { return int64((d + time.Second - 1) / time.Second) }
+
 type claim struct {
-	d    *Driver
-	tx   *sql.Tx
-	rows []outboxdriver.Row
+	d       *Driver
+	conn    *sql.Conn
+	bounded bool // the session's wait_timeout was set: reset it before the pool has it back
+	tx      *sql.Tx
+	rows    []outboxdriver.Row
+}
+
+// end gives the claim's session back to the pool, with the server's wait_timeout.
+func (c *claim) end() {
+	if c.conn == nil {
+		return
+	}
+	if c.bounded {
+		_, _ = c.conn.ExecContext(context.Background(), "SET SESSION wait_timeout = DEFAULT")
+	}
+	_ = c.conn.Close()
+	c.conn = nil
 }
 
 func (c *claim) Rows() []outboxdriver.Row { return c.rows }
@@ -282,6 +322,7 @@ func (c *claim) Complete(ctx context.Context, p *outboxdriver.CompleteParams) (e
 		if err != nil {
 			_ = tx.Rollback()
 		}
+		c.end()
 	}()
 	if len(p.Published) > 0 {
 		stmt := `UPDATE ` + c.d.q + ` SET published_at = UTC_TIMESTAMP(6), last_error = NULL WHERE id IN (` + sqldead.Placeholders(len(p.Published)) + `)`
@@ -325,6 +366,7 @@ FROM `+c.d.q+` WHERE id = ?`, n, f.Error, f.HoldKey, f.ID); err != nil {
 }
 
 func (c *claim) Release(context.Context) error {
+	defer c.end()
 	if c.tx == nil {
 		return nil
 	}
@@ -357,7 +399,29 @@ func (d *Driver) AcquireLeadership(ctx context.Context, params *outboxdriver.Lea
 	if !got.Valid || got.Int64 != 1 {
 		return nil, conn.Close()
 	}
+	// The previous leader's claims can outlive its lock's session: wait until none
+	// holds the claim fence, or this relay would claim past the rows they lock and
+	// publish an aggregate's later events first. They end by their HoldTimeout.
+	if err := d.waitForClaims(ctx, conn); err != nil {
+		_ = conn.Close()
+		return nil, interpretError(err)
+	}
 	return &leadership{d: d, conn: conn}, nil
+}
+
+// waitForClaims takes the claim fence exclusively, once every claim holding it has
+// ended, and gives it back.
+func (d *Driver) waitForClaims(ctx context.Context, conn *sql.Conn) error {
+	tx, err := conn.BeginTx(ctx, nil)
+	if err != nil {
+		return err
+	}
+	var v int64
+	if err := tx.QueryRowContext(ctx, `SELECT version FROM `+d.versions+` ORDER BY version LIMIT 1 FOR UPDATE`).Scan(&v); err != nil {
+		_ = tx.Rollback()
+		return err
+	}
+	return tx.Commit()
 }
 
 type leadership struct {
@@ -493,9 +557,7 @@ func (m migrator) migrations() ([]migrations.Migration, error) {
 	})
 }
 
-func (m migrator) versionTable() string {
-	return strings.TrimSuffix(m.d.q, quote(m.d.table.Name)) + quote(m.d.table.Name+"_migrations")
-}
+func (m migrator) versionTable() string { return m.d.versions }
 
 func (m migrator) createVersions() string {
 	return "CREATE TABLE IF NOT EXISTS " + m.versionTable() + " (version INT PRIMARY KEY, applied_at DATETIME(6) NOT NULL)"
