@@ -401,7 +401,23 @@ ON CONFLICT (name) DO UPDATE SET holder = excluded.holder, expires_at = excluded
 	if n, _ := res.RowsAffected(); n != 1 {
 		return nil, nil
 	}
-	return l, nil
+	// Claims exclude each other in this process only (SQLite has no row locks): a
+	// claim of this process's previous term still in flight would make this one
+	// claim past its rows, so wait for it to end.
+	for {
+		d.claimMu.Lock()
+		n := len(d.inFlight)
+		d.claimMu.Unlock()
+		if n == 0 {
+			return l, nil
+		}
+		select {
+		case <-ctx.Done():
+			_ = l.Release(context.WithoutCancel(ctx))
+			return nil, ctx.Err()
+		case <-time.After(10 * time.Millisecond):
+		}
+	}
 }
 
 type lease struct {
