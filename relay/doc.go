@@ -18,9 +18,15 @@
 // It fences itself by its own clock: a batch goes to the broker only while its last
 // heartbeat, counted from when it was sent, is younger than 3/4·LeaderTimeout; the
 // database cannot end the session (and let a standby in) before the full bound. Its
-// claims run with idle_in_transaction_session_timeout = LeaderTimeout, so a paused
-// relay's row locks go with its leadership. Every database call has LeaderTimeout as
-// its deadline; a LISTEN session silent that long is opened again.
+// claims run with idle_in_transaction_session_timeout = LeaderTimeout (MySQL: the
+// claim's session with that wait_timeout), so a paused relay's row locks go too. Not
+// at the same moment: each session's silence counts from its own last call, and a
+// claim can outlive the lock's session. A claim holds a claim fence, shared, for its
+// life (an advisory lock; MySQL: the migrations table's first row), and a new leader
+// waits to take it before it claims; without it, its SKIP LOCKED claim would pass
+// the rows still locked and publish an aggregate's later events first (the driver
+// suite's LeaderWaitsForOldClaims). Every database call has LeaderTimeout as its
+// deadline; a LISTEN session silent that long is opened again.
 //
 // What happens, with the default LeaderTimeout of 10 s:
 //
