@@ -404,7 +404,7 @@ func (d *Driver) AcquireLeadership(ctx context.Context, params *outboxdriver.Lea
 	// publish an aggregate's later events first. They end by their HoldTimeout.
 	if err := d.waitForClaims(ctx, conn); err != nil {
 		_ = conn.Close()
-		return nil, interpretError(err)
+		return nil, fmt.Errorf("waiting for the previous leader's claims to end: %w", interpretError(err))
 	}
 	return &leadership{d: d, conn: conn}, nil
 }

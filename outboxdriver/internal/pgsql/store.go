@@ -589,7 +589,7 @@ func (s *Store) advisoryLock(ctx context.Context, try, unlock string, timeout ti
 		// aggregate's later events first. They end by their HoldTimeout.
 		if err := conn.Exec(ctx, "SELECT pg_advisory_lock($1), pg_advisory_unlock($1)", s.Statements.claimFence); err != nil {
 			_ = conn.Close()
-			return nil, InterpretError(err)
+			return nil, fmt.Errorf("waiting for the previous leader's claims to end: %w", InterpretError(err))
 		}
 	}
 	return &leadership{conn: conn, key: s.Statements.lockKey, unlock: unlock}, nil
