@@ -250,8 +250,7 @@ func (d *Driver) Claim(ctx context.Context, p *outboxdriver.ClaimParams) (outbox
 	c.tx = tx
 	// The claim fence, shared, for the transaction's life: the next leader waits for
 	// it (AcquireLeadership) rather than claim past the rows this claim locks.
-	var v int64
-	if err := tx.QueryRowContext(ctx, `SELECT version FROM `+d.versions+` ORDER BY version LIMIT 1 LOCK IN SHARE MODE`).Scan(&v); err != nil {
+	if err := d.fence(ctx, tx, "LOCK IN SHARE MODE"); err != nil {
 		_ = c.Release(ctx)
 		return nil, interpretError(err)
 	}
@@ -416,12 +415,23 @@ func (d *Driver) waitForClaims(ctx context.Context, conn *sql.Conn) error {
 	if err != nil {
 		return err
 	}
-	var v int64
-	if err := tx.QueryRowContext(ctx, `SELECT version FROM `+d.versions+` ORDER BY version LIMIT 1 FOR UPDATE`).Scan(&v); err != nil {
+	if err := d.fence(ctx, tx, "FOR UPDATE"); err != nil {
 		_ = tx.Rollback()
 		return err
 	}
 	return tx.Commit()
+}
+
+// fence locks the claim fence in mode. A table made before the migrations table (or
+// by hand, without it) has no fence: it relays as before rather than not at all.
+func (d *Driver) fence(ctx context.Context, tx *sql.Tx, mode string) error {
+	var v int64
+	err := tx.QueryRowContext(ctx, `SELECT version FROM `+d.versions+` ORDER BY version LIMIT 1 `+mode).Scan(&v)
+	var me *mysql.MySQLError
+	if errors.Is(err, sql.ErrNoRows) || errors.As(err, &me) && me.Number == 1146 {
+		return nil
+	}
+	return err
 }
 
 type leadership struct {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"database/sql"
 	"testing"
+	"time"
 
 	_ "github.com/go-sql-driver/mysql"
 	"go.uber.org/goleak"
@@ -45,4 +46,47 @@ func TestConformance(t *testing.T) {
 			ConcurrentWriters: true,
 		}
 	})
+}
+
+// A table made without the migrations table (by hand, or before it existed) has no
+// claim fence: the relay still claims and leads, as before.
+func TestRelaysWithoutMigrationsTable(t *testing.T) {
+	dsn := testenv.ServiceURL(t, "TEST_MYSQL_DSN", "root@tcp(127.0.0.1:3306)/test?parseTime=true", "127.0.0.1:3306", "MariaDB")
+	db, err := sql.Open("mysql", dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	name := testenv.UniqueName("outbox_")
+	t.Cleanup(func() {
+		for _, tbl := range []string{name, name + "_dead", name + "_migrations"} {
+			_, _ = db.ExecContext(ctx, "DROP TABLE IF EXISTS `"+tbl+"`")
+		}
+		_ = db.Close()
+	})
+	d := outboxmysql.New(db, &outboxdriver.Table{Name: name})
+	m, _ := d.Migrator()
+	if _, err := m.Migrate(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := db.ExecContext(ctx, "DROP TABLE `"+name+"_migrations`"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := db.ExecContext(ctx, "INSERT INTO `"+name+"` (id, aggregatetype, aggregateid, type, payload) VALUES (UUID(), 'order', 'o-1', 'T', '{}')"); err != nil {
+		t.Fatal(err)
+	}
+	s, _ := d.Store()
+	l, err := s.AcquireLeadership(ctx, &outboxdriver.LeadershipParams{Timeout: 5 * time.Second})
+	if err != nil || l == nil {
+		t.Fatalf("leadership: %v, %v", l, err)
+	}
+	defer l.Release(ctx)
+	c, err := s.Claim(ctx, &outboxdriver.ClaimParams{Limit: 10, HoldTimeout: 5 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Release(ctx)
+	if n := len(c.Rows()); n != 1 {
+		t.Fatalf("claimed %d rows, want 1", n)
+	}
 }
