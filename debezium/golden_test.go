@@ -235,6 +235,28 @@ func migratedSource(ctx context.Context, t *testing.T, pool *pgxpool.Pool, table
 		if err != nil {
 			t.Fatal(err)
 		}
+		// The next case starts from the WAL's present, as poll mode's next case starts
+		// from an empty table: an event of this case the relay published but did not
+		// confirm (a produce that failed after its record landed goes out again: at
+		// least once) must not be read as the next case's record. That a stopped relay
+		// confirms what it published is pgcdc's TestCleanStopRepublishesNothing.
+		t.Cleanup(func() { advanceSlot(t, pool, slot) })
 		return s
+	}
+}
+
+// advanceSlot moves slot to the current WAL position once no relay streams from it.
+func advanceSlot(t *testing.T, pool *pgxpool.Pool, slot string) {
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		_, err := pool.Exec(context.Background(), `SELECT pg_replication_slot_advance($1, pg_current_wal_lsn())`, slot)
+		if err == nil {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Errorf("advance slot %s: %v", slot, err)
+			return
+		}
+		time.Sleep(20 * time.Millisecond) // the stopped relay's walsender is still leaving
 	}
 }
