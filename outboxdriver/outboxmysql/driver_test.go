@@ -17,21 +17,29 @@ import (
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
+// tableName opens the machine's MariaDB and names a table the test's end drops, with
+// the tables made beside it.
+func tableName(t *testing.T) (*sql.DB, string) {
+	t.Helper()
+	dsn := testenv.ServiceURL(t, "TEST_MYSQL_DSN", "root@tcp(127.0.0.1:3306)/test?parseTime=true", "127.0.0.1:3306", "MariaDB")
+	db, err := sql.Open("mysql", dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	name := testenv.UniqueName("outbox_")
+	t.Cleanup(func() {
+		for _, tbl := range []string{name, name + "_dead", name + "_migrations"} {
+			_, _ = db.ExecContext(context.Background(), "DROP TABLE IF EXISTS `"+tbl+"`")
+		}
+		_ = db.Close()
+	})
+	return db, name
+}
+
 // TestConformance runs the driver suite on the machine's MariaDB.
 func TestConformance(t *testing.T) {
-	dsn := testenv.ServiceURL(t, "TEST_MYSQL_DSN", "root@tcp(127.0.0.1:3306)/test?parseTime=true", "127.0.0.1:3306", "MariaDB")
 	outboxdrivertest.Run(t, func(t *testing.T, payload outboxdriver.PayloadType) *outboxdrivertest.Harness[*sql.Tx] {
-		db, err := sql.Open("mysql", dsn)
-		if err != nil {
-			t.Fatal(err)
-		}
-		name := testenv.UniqueName("outbox_")
-		t.Cleanup(func() {
-			for _, tbl := range []string{name, name + "_dead", name + "_migrations"} {
-				_, _ = db.ExecContext(context.Background(), "DROP TABLE IF EXISTS `"+tbl+"`")
-			}
-			_ = db.Close()
-		})
+		db, name := tableName(t)
 		return &outboxdrivertest.Harness[*sql.Tx]{
 			Driver:   outboxmysql.New(db, &outboxdriver.Table{Name: name, Payload: payload}),
 			Begin:    func(ctx context.Context) (*sql.Tx, error) { return db.BeginTx(ctx, nil) },
@@ -51,19 +59,8 @@ func TestConformance(t *testing.T) {
 // A table made without the migrations table (by hand, or before it existed) has no
 // claim fence: the relay still claims and leads, as before.
 func TestRelaysWithoutMigrationsTable(t *testing.T) {
-	dsn := testenv.ServiceURL(t, "TEST_MYSQL_DSN", "root@tcp(127.0.0.1:3306)/test?parseTime=true", "127.0.0.1:3306", "MariaDB")
-	db, err := sql.Open("mysql", dsn)
-	if err != nil {
-		t.Fatal(err)
-	}
+	db, name := tableName(t)
 	ctx := context.Background()
-	name := testenv.UniqueName("outbox_")
-	t.Cleanup(func() {
-		for _, tbl := range []string{name, name + "_dead", name + "_migrations"} {
-			_, _ = db.ExecContext(ctx, "DROP TABLE IF EXISTS `"+tbl+"`")
-		}
-		_ = db.Close()
-	})
 	d := outboxmysql.New(db, &outboxdriver.Table{Name: name})
 	m, _ := d.Migrator()
 	if _, err := m.Migrate(ctx); err != nil {
