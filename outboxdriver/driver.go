@@ -16,7 +16,9 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
+	"unicode/utf8"
 )
 
 // Sentinel errors shared by all drivers.
@@ -324,10 +326,20 @@ type Lease struct {
 type Claim interface {
 	Rows() []Row
 	// Complete marks (or deletes) the published rows, records failures, and
-	// releases the lock, atomically.
+	// releases the lock, atomically. If the claim ended before (its HoldTimeout, a
+	// cut connection), what the broker acknowledged is still marked where the
+	// driver can fence it against newer work (PostgreSQL: see docs/architecture.md).
 	Complete(ctx context.Context, params *CompleteParams) error
 	// Release gives the rows back without changing them. Safe to call after Complete.
 	Release(ctx context.Context) error
+}
+
+// ClaimKeeper is implemented by a Claim whose hold lapses when it idles for
+// ClaimParams.HoldTimeout: KeepAlive proves, while the claim's batch is out, that its
+// relay still runs, so a slow publish does not end the claim. It is never called
+// concurrently with Complete or Release.
+type ClaimKeeper interface {
+	KeepAlive(ctx context.Context) error
 }
 
 // CompleteParams say what happened to a claim's rows.
@@ -378,6 +390,95 @@ type Failure struct {
 	Dead bool
 	// HoldKey makes a dead letter hold back the later events of its aggregate.
 	HoldKey bool
+}
+
+// DeadLetterRefusedRetry is how long an event waits for its next attempt when the
+// dead-letter table refused it (a driver's fallback in Complete): long enough not to
+// spin, short enough that a fixed table is soon noticed.
+const DeadLetterRefusedRetry = time.Minute
+
+// DeadLetterRefused is the error recorded on an event that should have moved to the
+// dead letters but the dead-letter table refused: the refusal first, then why it was
+// dying, bounded as every stored error is.
+func DeadLetterRefused(reason string, refusal error) string {
+	s := "the dead-letter table refused it (" + refusal.Error() + "); it was to die for: " + reason
+	s = strings.ToValidUTF8(strings.ReplaceAll(s, "\x00", ""), "\uFFFD")
+	for len(s) > 1000 {
+		_, size := utf8.DecodeLastRuneInString(s)
+		s = s[:len(s)-size]
+	}
+	return s
+}
+
+// Settle writes p back after a claim's own transaction could not (it ended: the
+// server's idle limit, a cut connection; or one of its statements failed). apply runs
+// one transaction of its own, fenced against newer work (see Restrict). If p fails
+// again as a whole, the published rows are written alone and then each failure on its
+// own; a dead letter the dead-letter table refuses is recorded as a retry with the
+// refusal as its error: a refusal stays with its row, and cannot loop.
+func Settle(ctx context.Context, p *CompleteParams, apply func(context.Context, *CompleteParams) error) error {
+	err := apply(ctx, p)
+	if err == nil || len(p.Failed) == 0 || ctx.Err() != nil {
+		return err
+	}
+	if len(p.Published) > 0 {
+		if err := apply(ctx, &CompleteParams{Published: p.Published, Completion: p.Completion}); err != nil {
+			return err
+		}
+	}
+	for _, f := range p.Failed {
+		err := apply(ctx, &CompleteParams{Failed: []Failure{f}})
+		if err != nil && f.Dead {
+			f.Dead, f.HoldKey, f.CountAttempt = false, false, true
+			f.Error = DeadLetterRefused(f.Error, err)
+			if at := time.Now().Add(DeadLetterRefusedRetry); f.RetryAt.Before(at) {
+				f.RetryAt = at
+			}
+			err = apply(ctx, &CompleteParams{Failed: []Failure{f}})
+		}
+		if err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// Restrict is p limited to the claimed rows a settling transaction may still write:
+// those it locked (still unpublished, held by no other claim now: SKIP LOCKED) whose
+// attempts are still those claimed (no one recorded on them since). current maps the
+// locked rows' ids to their attempts now. A row left out is at worst published again,
+// never lost.
+func (p *CompleteParams) Restrict(claimed []Row, current map[string]int) *CompleteParams {
+	attempts := make(map[string]int, len(claimed))
+	for i := range claimed {
+		attempts[claimed[i].ID] = claimed[i].Attempts
+	}
+	untouched := func(id string) bool {
+		a, ok := current[id]
+		return ok && a == attempts[id]
+	}
+	q := &CompleteParams{Completion: p.Completion}
+	for _, id := range p.Published {
+		if untouched(id) {
+			q.Published = append(q.Published, id)
+		}
+	}
+	for _, f := range p.Failed {
+		if untouched(f.ID) {
+			q.Failed = append(q.Failed, f)
+		}
+	}
+	return q
+}
+
+// IDs are the ids p writes, published first.
+func (p *CompleteParams) IDs() []string {
+	ids := make([]string, 0, len(p.Published)+len(p.Failed))
+	ids = append(ids, p.Published...)
+	for _, f := range p.Failed {
+		ids = append(ids, f.ID)
+	}
+	return ids
 }
 
 // Leadership is a held single-active-relay lock.

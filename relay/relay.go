@@ -245,7 +245,9 @@ type claimResult struct {
 	err   error
 }
 
-func (r *Relay) startClaim(ctx context.Context, t term) chan claimResult {
+// startClaim claims the next batch in the background, under work; the claim is kept
+// alive (keepClaim) until it is completed or released, or the term (termCtx) ends.
+func (r *Relay) startClaim(termCtx, ctx context.Context, t term) chan claimResult {
 	ch := make(chan claimResult, 1)
 	p := t.claimParams(r.cfg.BatchSize) // taken now: the term may change before the claim runs
 	p.MaxBytes = max(r.cfg.MaxBatchBytes, 0)
@@ -257,6 +259,9 @@ func (r *Relay) startClaim(ctx context.Context, t term) chan claimResult {
 		cctx, cancel := r.dbCtx(ctx)
 		defer cancel()
 		c, err := r.store.Claim(cctx, p)
+		if err == nil {
+			c = r.keepClaim(termCtx, c, p.HoldTimeout)
+		}
 		ch <- claimResult{c, err}
 	}()
 	return ch
@@ -273,6 +278,7 @@ func (r *Relay) lead(ctx context.Context, t term) error {
 	wake := make(chan struct{}, 1)
 	stopBackground := r.background(ctx, wake)
 	var markWG sync.WaitGroup
+	var markFailed atomic.Bool
 	defer func() {
 		markWG.Wait()
 		stopBackground()
@@ -301,7 +307,7 @@ func (r *Relay) lead(ctx context.Context, t term) error {
 			lastCheck = time.Now()
 		}
 		if next == nil {
-			next = r.startClaim(work, t)
+			next = r.startClaim(ctx, work, t)
 		}
 		waitStart := time.Now()
 		cr := <-next
@@ -329,7 +335,7 @@ func (r *Relay) lead(ctx context.Context, t term) error {
 		cut := r.cfg.MaxBatchBytes > 0 && payloadBytes(rows) >= r.cfg.MaxBatchBytes
 		full := len(rows) == r.cfg.BatchSize && !cut
 		if full && ctx.Err() == nil {
-			next = r.startClaim(work, t) // prefetch while this batch is on the wire
+			next = r.startClaim(ctx, work, t) // prefetch while this batch is on the wire
 		}
 		if !t.publishable(rows) {
 			// A lease ran out (a pause, a slow database): another relay may own these
@@ -346,10 +352,21 @@ func (r *Relay) lead(ctx context.Context, t term) error {
 		// crash at most one batch (this one) is published again. (Letting them overlap
 		// measured no faster here: docs/benchmarks.md.)
 		markWG.Wait()
+		if markFailed.Swap(false) {
+			// The last write-back failed: its rows go out again. Back off as for a
+			// failed claim, so a database that refuses it is not hammered.
+			rctx, cancel := r.dbCtx(work)
+			_ = cr.claim.Release(rctx)
+			cancel()
+			r.releasePending(work, next)
+			next = nil
+			r.waitFor(ctx, nil, bo.next())
+			continue
+		}
 		results, pubTime := r.publish(work, rows)
 		params, failed, unavailable := r.outcome(rows, results)
 		r.count(params, failed, unavailable)
-		r.writeBack(work, &markWG, cr.claim, params, len(rows), claimWait, pubTime)
+		r.writeBack(work, &markWG, &markFailed, cr.claim, params, len(rows), claimWait, pubTime)
 
 		if cut {
 			markWG.Wait()
@@ -439,6 +456,59 @@ func (r *Relay) publish(work context.Context, rows []outboxdriver.Row) ([]broker
 	return results, took
 }
 
+// keepClaim keeps a claim's hold alive from the moment it is made until it is
+// completed or released: a publish slower than the claim's HoldTimeout (a receiver
+// slower than the leadership bound) must not let the database end the claim in hand,
+// or the one prefetched behind it, free their rows for the next claim, and have the
+// batch sent again and again. It proves only that this relay runs and reaches the
+// database, which is what the hold bounds, and it stops with the term (ctx): a relay
+// that lost its leadership holds nothing past it.
+func (r *Relay) keepClaim(ctx context.Context, c outboxdriver.Claim, hold time.Duration) outboxdriver.Claim {
+	k, ok := c.(outboxdriver.ClaimKeeper)
+	if !ok || hold <= 0 || len(c.Rows()) == 0 {
+		return c
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		t := time.NewTicker(hold / 3)
+		defer t.Stop()
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-t.C:
+				kctx, kcancel := context.WithTimeout(ctx, hold/3)
+				err := k.KeepAlive(kctx)
+				kcancel()
+				if err != nil && ctx.Err() == nil {
+					r.log.Warn("relay: could not keep a claim alive", "err", err)
+					return
+				}
+			}
+		}
+	}()
+	return &keptClaim{Claim: c, stop: func() { cancel(); <-done }}
+}
+
+// keptClaim is a claim kept alive until it is completed or released.
+type keptClaim struct {
+	outboxdriver.Claim
+	once sync.Once
+	stop func()
+}
+
+func (k *keptClaim) Complete(ctx context.Context, p *outboxdriver.CompleteParams) error {
+	k.once.Do(k.stop)
+	return k.Claim.Complete(ctx, p)
+}
+
+func (k *keptClaim) Release(ctx context.Context) error {
+	k.once.Do(k.stop)
+	return k.Claim.Release(ctx)
+}
+
 // count updates the relay's counters after a batch.
 func (r *Relay) count(p *outboxdriver.CompleteParams, failed int, unavailable bool) {
 	switch {
@@ -455,7 +525,7 @@ func (r *Relay) count(p *outboxdriver.CompleteParams, failed int, unavailable bo
 // writeBack marks (or deletes) what the broker acknowledged and records the failures,
 // in the claim's transaction, in the background; marks is waited on before the next
 // batch goes out.
-func (r *Relay) writeBack(work context.Context, marks *sync.WaitGroup, c outboxdriver.Claim, p *outboxdriver.CompleteParams,
+func (r *Relay) writeBack(work context.Context, marks *sync.WaitGroup, failed *atomic.Bool, c outboxdriver.Claim, p *outboxdriver.CompleteParams,
 	rows int, claimWait, pubTime time.Duration) {
 	marks.Add(1)
 	go func() {
@@ -466,6 +536,7 @@ func (r *Relay) writeBack(work context.Context, marks *sync.WaitGroup, c outboxd
 		if err := c.Complete(ctx, p); err != nil {
 			// The rows stay unpublished and are sent again: a duplicate, never a loss.
 			r.log.Error("relay: marking published rows failed; they will be published again", "rows", len(p.Published), "err", err)
+			failed.Store(true)
 		}
 		r.log.Debug("relay: batch", "rows", rows, "claim_wait", claimWait, "publish", pubTime, "mark", time.Since(start))
 	}()

@@ -65,6 +65,8 @@ func Run[TTx any](t *testing.T, newHarness NewFunc[TTx]) {
 		{"Leadership", testLeadership[TTx]},
 		{"LeadershipRevokedWhenSilent", testLeadershipRevoked[TTx]},
 		{"LeaderWaitsForOldClaims", testLeaderWaitsForOldClaims[TTx]},
+		{"ClaimKeptAlive", testClaimKeptAlive[TTx]},
+		{"CompleteAfterHoldEnded", testCompleteAfterHoldEnded[TTx]},
 		{"Status", testStatus[TTx]},
 		{"EventStory", testEventStory[TTx]},
 		{"CleanupNeverDeletesUnpublished", testCleanup[TTx]},

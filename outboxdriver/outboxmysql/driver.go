@@ -311,28 +311,110 @@ func (c *claim) end() {
 
 func (c *claim) Rows() []outboxdriver.Row { return c.rows }
 
-func (c *claim) Complete(ctx context.Context, p *outboxdriver.CompleteParams) (err error) {
+// KeepAlive implements outboxdriver.ClaimKeeper: a statement resets the session's
+// wait_timeout clock.
+func (c *claim) KeepAlive(ctx context.Context) error {
 	if c.tx == nil {
 		return nil
 	}
+	_, err := c.tx.ExecContext(ctx, "DO 1")
+	return interpretError(err)
+}
+
+// Complete implements outboxdriver.Claim. When the claim's transaction cannot
+// complete (the session's wait_timeout ended it, a cut connection, or one of its
+// statements failed), what the broker acknowledged is still marked, in fresh
+// transactions (outboxdriver.Settle).
+func (c *claim) Complete(ctx context.Context, p *outboxdriver.CompleteParams) error {
+	if c.tx == nil {
+		return nil
+	}
+	if p.Completion == outboxdriver.CompleteArchive && len(p.Published) > 0 {
+		_ = c.Release(ctx)
+		return fmt.Errorf("archive completion: %w", outboxdriver.ErrNotSupported)
+	}
 	tx := c.tx
 	c.tx = nil
-	defer func() {
-		if err != nil {
-			_ = tx.Rollback()
+	err := c.write(ctx, tx, p)
+	if err == nil {
+		err = tx.Commit()
+	} else {
+		_ = tx.Rollback()
+	}
+	c.end()
+	if err == nil || ctx.Err() != nil {
+		return interpretError(err)
+	}
+	if serr := outboxdriver.Settle(ctx, p, c.settleTx); serr != nil {
+		return fmt.Errorf("%w (settling in a fresh transaction: %w)", interpretError(err), interpretError(serr))
+	}
+	return nil
+}
+
+// settleTx applies p, restricted to the rows it may still touch
+// (outboxdriver.CompleteParams.Restrict), in a transaction of its own. It holds the
+// claim fence: shared to mark what was published; to record failures, exclusive (a
+// while at most), so no other claim can pass the failing rows it locks.
+func (c *claim) settleTx(ctx context.Context, p *outboxdriver.CompleteParams) error {
+	conn, err := c.d.db.Conn(ctx)
+	if err != nil {
+		return err
+	}
+	defer conn.Close()
+	mode := "LOCK IN SHARE MODE"
+	if len(p.Failed) > 0 {
+		if _, err := conn.ExecContext(ctx, "SET SESSION innodb_lock_wait_timeout = 2"); err != nil {
+			return err
 		}
-		c.end()
-	}()
+		defer func() { _, _ = conn.ExecContext(context.WithoutCancel(ctx), "SET SESSION innodb_lock_wait_timeout = DEFAULT") }()
+		mode = "FOR UPDATE"
+	}
+	tx, err := conn.BeginTx(ctx, &sql.TxOptions{Isolation: sql.LevelReadCommitted})
+	if err != nil {
+		return err
+	}
+	defer func() { _ = tx.Rollback() }()
+	if err := c.d.fence(ctx, tx, mode); err != nil {
+		return err
+	}
+	ids := p.IDs()
+	rows, err := tx.QueryContext(ctx, `SELECT id, attempts FROM `+c.d.q+` WHERE id IN (`+sqldead.Placeholders(len(ids))+`)
+  AND published_at IS NULL FOR UPDATE SKIP LOCKED`, sqldead.Args(ids)...)
+	if err != nil {
+		return err
+	}
+	now := map[string]int{}
+	for rows.Next() {
+		var (
+			id       string
+			attempts int
+		)
+		if err := rows.Scan(&id, &attempts); err != nil {
+			rows.Close()
+			return err
+		}
+		now[id] = attempts
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		return err
+	}
+	if err := c.write(ctx, tx, p.Restrict(c.rows, now)); err != nil {
+		return err
+	}
+	return tx.Commit()
+}
+
+// write applies p in tx: marks (or deletes) the published rows, and records the
+// failures.
+func (c *claim) write(ctx context.Context, tx *sql.Tx, p *outboxdriver.CompleteParams) error {
 	if len(p.Published) > 0 {
 		stmt := `UPDATE ` + c.d.q + ` SET published_at = UTC_TIMESTAMP(6), last_error = NULL WHERE id IN (` + sqldead.Placeholders(len(p.Published)) + `)`
-		switch p.Completion {
-		case outboxdriver.CompleteDelete:
+		if p.Completion == outboxdriver.CompleteDelete {
 			stmt = `DELETE FROM ` + c.d.q + ` WHERE id IN (` + sqldead.Placeholders(len(p.Published)) + `)`
-		case outboxdriver.CompleteArchive:
-			return fmt.Errorf("archive completion: %w", outboxdriver.ErrNotSupported)
 		}
 		if _, err := tx.ExecContext(ctx, stmt, sqldead.Args(p.Published)...); err != nil {
-			return interpretError(err)
+			return err
 		}
 	}
 	for _, f := range p.Failed {
@@ -345,10 +427,10 @@ func (c *claim) Complete(ctx context.Context, p *outboxdriver.CompleteParams) (e
   tracingspancontext, seq, created_at, attempts, error, dead_at, holds_key)
 SELECT id, aggregatetype, aggregateid, type, payload, headers, tracingspancontext, seq, created_at, attempts + ?, ?, UTC_TIMESTAMP(6), ?
 FROM `+c.d.q+` WHERE id = ?`, n, f.Error, f.HoldKey, f.ID); err != nil {
-				return interpretError(err)
+				return err
 			}
 			if _, err := tx.ExecContext(ctx, `DELETE FROM `+c.d.q+` WHERE id = ?`, f.ID); err != nil {
-				return interpretError(err)
+				return err
 			}
 			continue
 		}
@@ -358,10 +440,10 @@ FROM `+c.d.q+` WHERE id = ?`, n, f.Error, f.HoldKey, f.ID); err != nil {
 		}
 		if _, err := tx.ExecContext(ctx, `UPDATE `+c.d.q+` SET attempts = attempts + ?, last_error = ?,
   available_at = COALESCE(?, available_at) WHERE id = ?`, n, f.Error, retry, f.ID); err != nil {
-			return interpretError(err)
+			return err
 		}
 	}
-	return interpretError(tx.Commit())
+	return nil
 }
 
 func (c *claim) Release(context.Context) error {

@@ -343,3 +343,150 @@ func TestLongTableNames(t *testing.T) {
 		}
 	}
 }
+
+// TestAdoptedPayloadTypes: a table that began as a Debezium outbox keeps its payload
+// type (text, varchar, json, jsonb, bytea), and the dead letters and the archive take
+// it: an event refused permanently moves to the dead letters, is replayed, and is
+// archived once published, with its payload intact. (With payload text the move used
+// to fail on 'column "payload" is of type jsonb', and the relay sent the batch again
+// for ever.)
+func TestAdoptedPayloadTypes(t *testing.T) {
+	url := testenv.DatabaseURL(t)
+	pool := testenv.Pool(t, url)
+	ctx := context.Background()
+	for _, typ := range []string{"text", "varchar(4000)", "json", "jsonb", "bytea"} {
+		t.Run(typ, func(t *testing.T) {
+			schema := testenv.Schema(t, url)
+			qt := pgx.Identifier{schema, "outboxevent"}.Sanitize()
+			const id = "4d47e190-0402-4048-bc2c-89dd54343cdc"
+			if _, err := pool.Exec(ctx, `CREATE TABLE `+qt+` (id uuid NOT NULL PRIMARY KEY, aggregatetype varchar(255) NOT NULL,
+				aggregateid varchar(255) NOT NULL, type varchar(255) NOT NULL, payload `+typ+`)`); err != nil {
+				t.Fatal(err)
+			}
+			payload := `{"id": 1}`
+			arg := any(payload)
+			if typ == "bytea" {
+				arg = []byte(payload)
+			}
+			if _, err := pool.Exec(ctx, `INSERT INTO `+qt+` VALUES ($1, 'Order', '1', 'OrderCreated', $2)`, id, arg); err != nil {
+				t.Fatal(err)
+			}
+			table := outboxdriver.Table{Schema: schema, Name: "outboxevent"}
+			if typ == "bytea" {
+				table.Payload = outboxdriver.PayloadBytes
+			}
+			drv := outboxpgx.New(pool, &table)
+			m, _ := drv.Migrator()
+			if _, err := m.Migrate(ctx); err != nil {
+				t.Fatalf("migrate: %v", err)
+			}
+			store, _ := drv.Store()
+			claimOne := func() outboxdriver.Claim {
+				t.Helper()
+				c, err := store.Claim(ctx, &outboxdriver.ClaimParams{Limit: 10})
+				if err != nil {
+					t.Fatal(err)
+				}
+				if rows := c.Rows(); len(rows) != 1 || string(rows[0].Payload) != payload {
+					t.Fatalf("claimed %+v", rows)
+				}
+				return c
+			}
+			c := claimOne()
+			if err := c.Complete(ctx, &outboxdriver.CompleteParams{Failed: []outboxdriver.Failure{{ID: id, Error: "413", CountAttempt: true, Dead: true}}}); err != nil {
+				t.Fatalf("move to the dead letters: %v", err)
+			}
+			dead, err := store.ListDead(ctx, nil)
+			if err != nil || len(dead) != 1 || string(dead[0].Payload) != payload {
+				t.Fatalf("dead letters: %+v, %v", dead, err)
+			}
+			if n, err := store.ReplayDead(ctx, nil); err != nil || n != 1 {
+				t.Fatalf("replay: %d, %v", n, err)
+			}
+			c = claimOne()
+			if err := c.Complete(ctx, &outboxdriver.CompleteParams{Published: []string{id}, Completion: outboxdriver.CompleteArchive}); err != nil {
+				t.Fatalf("archive: %v", err)
+			}
+			ev, err := store.Event(ctx, id)
+			if err != nil || !ev.Archived || string(ev.Payload) != payload {
+				t.Fatalf("archived event: %+v, %v", ev, err)
+			}
+		})
+	}
+}
+
+// TestAdoptRefusesUnusableColumns: a table whose id is not a uuid, or whose payload
+// has a type the relay cannot read, is refused by migrate in one line that names the
+// column, and the migration leaves the table as it was.
+func TestAdoptRefusesUnusableColumns(t *testing.T) {
+	url := testenv.DatabaseURL(t)
+	pool := testenv.Pool(t, url)
+	ctx := context.Background()
+	for _, tc := range []struct{ id, payload, want string }{
+		{"varchar(36)", "jsonb", "column id is character varying(36), the relay needs uuid"},
+		{"uuid", "integer", "column payload is integer, the relay needs"},
+	} {
+		schema := testenv.Schema(t, url)
+		qt := pgx.Identifier{schema, "outbox"}.Sanitize()
+		if _, err := pool.Exec(ctx, `CREATE TABLE `+qt+` (id `+tc.id+` PRIMARY KEY, aggregatetype text NOT NULL,
+			aggregateid text NOT NULL, type text NOT NULL, payload `+tc.payload+`)`); err != nil {
+			t.Fatal(err)
+		}
+		m, _ := outboxpgx.New(pool, &outboxdriver.Table{Schema: schema}).Migrator()
+		_, err := m.Migrate(ctx)
+		if err == nil || !strings.Contains(err.Error(), tc.want) || strings.Contains(err.Error(), "\n") {
+			t.Fatalf("migrate a table with id %s, payload %s: %v; want one line saying %q", tc.id, tc.payload, err, tc.want)
+		}
+		var cols int
+		if err := pool.QueryRow(ctx, `SELECT count(*) FROM information_schema.columns WHERE table_schema = $1 AND table_name = 'outbox'`, schema).Scan(&cols); err != nil || cols != 5 {
+			t.Fatalf("the refused table has %d columns (%v), want its own 5", cols, err)
+		}
+	}
+}
+
+// TestDeadLetterRefusedStaysWithItsRow: when the dead-letter table refuses a row (here
+// a constraint of the operator's), the refusal is that row's: the batch's published
+// event is still marked, and the row is kept for a retry a minute later with the
+// refusal as its error, instead of the whole write-back failing and the batch going
+// out again at once, for ever.
+func TestDeadLetterRefusedStaysWithItsRow(t *testing.T) {
+	url := testenv.DatabaseURL(t)
+	pool := testenv.Pool(t, url)
+	ctx := context.Background()
+	table := outboxdriver.Table{Schema: testenv.Schema(t, url)}
+	drv := outboxpgx.New(pool, &table)
+	m, _ := drv.Migrator()
+	if _, err := m.Migrate(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := pool.Exec(ctx, "ALTER TABLE "+pgx.Identifier{table.Schema, "outbox_dead"}.Sanitize()+
+		" ADD CONSTRAINT no_bad CHECK (aggregateid <> 'bad')"); err != nil {
+		t.Fatal(err)
+	}
+	w, _ := outbox.NewWriter(drv, nil)
+	evs := []outbox.Event{{AggregateType: "order", AggregateID: "good", Type: "T", Payload: []byte(`{}`)},
+		{AggregateType: "order", AggregateID: "bad", Type: "T", Payload: []byte(`{}`)}}
+	if err := w.Write(ctx, evs...); err != nil {
+		t.Fatal(err)
+	}
+	good, bad := evs[0], evs[1]
+	store, _ := drv.Store()
+	c, err := store.Claim(ctx, &outboxdriver.ClaimParams{Limit: 10})
+	if err != nil || len(c.Rows()) != 2 {
+		t.Fatalf("claim: %v", err)
+	}
+	start := time.Now()
+	if err := c.Complete(ctx, &outboxdriver.CompleteParams{Published: []string{good.ID},
+		Failed: []outboxdriver.Failure{{ID: bad.ID, Error: "413 Payload Too Large", CountAttempt: true, Dead: true, HoldKey: true}}}); err != nil {
+		t.Fatalf("complete: %v", err)
+	}
+	if ev, err := store.Event(ctx, good.ID); err != nil || ev.State != outboxdriver.EventPublished {
+		t.Fatalf("the good event: %+v, %v; want published", ev, err)
+	}
+	ev, err := store.Event(ctx, bad.ID)
+	if err != nil || ev.State != outboxdriver.EventWaiting || ev.Attempts != 1 ||
+		!strings.Contains(ev.Error, "the dead-letter table refused it") || !strings.Contains(ev.Error, "413 Payload Too Large") ||
+		ev.AvailableAt.Before(start.Add(outboxdriver.DeadLetterRefusedRetry-time.Second)) {
+		t.Fatalf("the refused event: %+v, %v; want it waiting a minute, one attempt, both errors", ev, err)
+	}
+}

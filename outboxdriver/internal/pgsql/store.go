@@ -457,12 +457,45 @@ func (c *claim) fenceArgs() []any {
 
 func (c *claim) Rows() []outboxdriver.Row { return c.rows }
 
+// KeepAlive implements outboxdriver.ClaimKeeper: a statement resets the server's
+// idle-in-transaction clock.
+func (c *claim) KeepAlive(ctx context.Context) error {
+	if c.tx == nil {
+		return nil
+	}
+	return InterpretError(c.tx.Exec(ctx, "SELECT 1"))
+}
+
+// Complete implements outboxdriver.Claim. When the claim's transaction cannot
+// complete (it ended: the server's idle limit, a cut connection; or one of its
+// statements failed: a row the dead letters cannot take), what the broker
+// acknowledged is still marked, in a fresh transaction (settle).
 func (c *claim) Complete(ctx context.Context, p *outboxdriver.CompleteParams) error {
 	if c.tx == nil {
 		return nil
 	}
 	tx := c.tx
 	c.tx = nil
+	err := c.write(ctx, tx, p)
+	if err == nil {
+		if err = tx.Commit(ctx); err == nil {
+			return nil
+		}
+	} else {
+		_ = tx.Rollback(context.WithoutCancel(ctx))
+	}
+	if ctx.Err() != nil {
+		return InterpretError(err)
+	}
+	if serr := outboxdriver.Settle(ctx, p, c.settleTx); serr != nil {
+		return fmt.Errorf("%w (settling in a fresh transaction: %w)", InterpretError(err), InterpretError(serr))
+	}
+	return nil
+}
+
+// write applies p in tx: marks (or deletes, or archives) the published rows, and
+// records the failures.
+func (c *claim) write(ctx context.Context, tx Tx, p *outboxdriver.CompleteParams) error {
 	if len(p.Published) > 0 {
 		st := c.s.Statements
 		plain, fenced := st.markPublished, st.fencedMark
@@ -477,17 +510,65 @@ func (c *claim) Complete(ctx context.Context, p *outboxdriver.CompleteParams) er
 			stmt, args = fenced, append(args, c.fenceArgs()...)
 		}
 		if err := tx.Exec(ctx, stmt, args...); err != nil {
-			_ = tx.Rollback(context.WithoutCancel(ctx))
-			return InterpretError(err)
+			return err
 		}
 	}
 	if len(p.Failed) > 0 {
-		if err := c.recordFailures(ctx, tx, p.Failed); err != nil {
-			_ = tx.Rollback(context.WithoutCancel(ctx))
-			return InterpretError(err)
-		}
+		return c.recordFailures(ctx, tx, p.Failed)
 	}
-	return InterpretError(tx.Commit(ctx))
+	return nil
+}
+
+// settleFence is the claim fence a settling transaction takes. Marking what the
+// broker acknowledged is safe beside any claim: shared. Recording a failure is not
+// beside another relay's claim: it could claim the aggregate's later events past the
+// failing row this transaction locks, so a single active relay's settle waits (a
+// while) until no claim is in flight. A group's fenced statements need no more.
+func (c *claim) settleFence(failures bool) string {
+	if !failures || c.group != nil {
+		return "SELECT pg_advisory_xact_lock_shared($1)"
+	}
+	return "SELECT set_config('lock_timeout', '2s', true), pg_advisory_xact_lock($1)"
+}
+
+// settleTx applies p, restricted to the rows it may still touch
+// (outboxdriver.CompleteParams.Restrict), in a transaction of its own: the
+// fallback of Complete (outboxdriver.Settle).
+func (c *claim) settleTx(ctx context.Context, p *outboxdriver.CompleteParams) error {
+	tx, err := c.s.DB.Begin(ctx)
+	if err != nil {
+		return err
+	}
+	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
+	if err := tx.Exec(ctx, c.settleFence(len(p.Failed) > 0), c.s.Statements.claimFence); err != nil {
+		return err
+	}
+	rows, err := tx.Query(ctx, `SELECT o.id::text, o.attempts FROM `+c.s.Statements.qualified+` AS o
+WHERE o.id = ANY($1::text[]::uuid[]) AND o.published_at IS NULL FOR UPDATE OF o SKIP LOCKED`, p.IDs())
+	if err != nil {
+		return err
+	}
+	now := map[string]int{}
+	for rows.Next() {
+		var (
+			id       string
+			attempts int
+		)
+		if err := rows.Scan(&id, &attempts); err != nil {
+			rows.Close()
+			return err
+		}
+		now[id] = attempts
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		return err
+	}
+	q := p.Restrict(c.rows, now)
+	if err := c.write(ctx, tx, q); err != nil {
+		return err
+	}
+	return tx.Commit(ctx)
 }
 
 // recordFailures counts attempts and schedules retries, and moves dead rows to the

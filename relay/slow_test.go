@@ -1,0 +1,117 @@
+package relay_test
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/outboxd/outbox"
+	"github.com/outboxd/outbox/broker/webhook"
+	"github.com/outboxd/outbox/relay"
+)
+
+// receiver is a webhook endpoint that records each delivery by webhook-id, in
+// arrival order, and holds the answers for one key as long as told.
+type receiver struct {
+	hold    time.Duration
+	holdKey string
+
+	mu    sync.Mutex
+	count map[string]int
+	order map[string][]string // key -> ids, first delivery of each
+}
+
+func (rc *receiver) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	_, _ = io.Copy(io.Discard, r.Body)
+	key, id := r.Header.Get(webhook.HeaderKey), r.Header.Get(webhook.HeaderID)
+	rc.mu.Lock()
+	rc.count[id]++
+	if rc.count[id] == 1 {
+		rc.order[key] = append(rc.order[key], id)
+	}
+	rc.mu.Unlock()
+	if key == rc.holdKey {
+		select {
+		case <-time.After(rc.hold):
+		case <-r.Context().Done():
+		}
+	}
+	w.WriteHeader(http.StatusNoContent)
+}
+
+func (rc *receiver) snapshot() (count map[string]int, order map[string][]string) {
+	rc.mu.Lock()
+	defer rc.mu.Unlock()
+	count, order = map[string]int{}, map[string][]string{}
+	for k, v := range rc.count {
+		count[k] = v
+	}
+	for k, v := range rc.order {
+		order[k] = append([]string(nil), v...)
+	}
+	return count, order
+}
+
+// TestSlowEndpointOutlivesTheClaimHold: a receiver that holds one key's answers longer
+// than the claim's hold (the leadership bound, which is also the claim transaction's
+// idle limit) used to have PostgreSQL end the claim while its batch was out; nothing
+// was marked and the batch went out again and again. Now the claim is kept alive
+// while its batch is out, and what the broker acknowledged is marked even if the claim
+// ended: every event is delivered exactly once, in order per key. Batches of four fill
+// up, so the next claim runs while the slow batch is out.
+func TestSlowEndpointOutlivesTheClaimHold(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	rc := &receiver{hold: 2500 * time.Millisecond, holdKey: "slow", count: map[string]int{}, order: map[string][]string{}}
+	srv := httptest.NewServer(rc)
+	defer srv.Close()
+	pub, err := webhook.Dial(context.Background(), srv.URL, &webhook.Config{Secret: "s3cret", Timeout: 5 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := startRelay(t, e, pub, &relay.Config{BatchSize: 4, LeaderTimeout: time.Second, PollInterval: 20 * time.Millisecond})
+	ctx := waitCtx(t)
+
+	want := map[string][]string{}
+	var evs []outbox.Event
+	for i := 0; i < 3; i++ {
+		for _, key := range []string{"slow", "a", "b", "c"} {
+			evs = append(evs, outbox.Event{AggregateType: "order", AggregateID: key, Type: "T", Payload: []byte(fmt.Sprintf(`{"i":%d}`, i))})
+		}
+	}
+	if err := e.w.Write(ctx, evs...); err != nil {
+		t.Fatal(err)
+	}
+	for _, ev := range evs {
+		want[ev.AggregateID] = append(want[ev.AggregateID], ev.ID)
+	}
+	for {
+		st, err := e.store.Status(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if st.Unpublished == 0 {
+			break
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if p := r.Stats().Published; p != int64(len(evs)) {
+		t.Errorf("the broker acknowledged %d messages, want %d (one per event)", p, len(evs))
+	}
+	count, order := rc.snapshot()
+	for id, n := range count {
+		if n != 1 {
+			t.Errorf("event %s delivered %d times, want once", id, n)
+		}
+	}
+	for key, ids := range want {
+		if fmt.Sprint(order[key]) != fmt.Sprint(ids) {
+			t.Errorf("key %s delivered as %v, want %v", key, order[key], ids)
+		}
+	}
+}
