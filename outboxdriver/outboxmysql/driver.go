@@ -366,7 +366,9 @@ func (c *claim) settleTx(ctx context.Context, p *outboxdriver.CompleteParams) er
 		if _, err := conn.ExecContext(ctx, "SET SESSION innodb_lock_wait_timeout = 2"); err != nil {
 			return err
 		}
-		defer func() { _, _ = conn.ExecContext(context.WithoutCancel(ctx), "SET SESSION innodb_lock_wait_timeout = DEFAULT") }()
+		defer func() {
+			_, _ = conn.ExecContext(context.WithoutCancel(ctx), "SET SESSION innodb_lock_wait_timeout = DEFAULT")
+		}()
 		mode = "FOR UPDATE"
 	}
 	tx, err := conn.BeginTx(ctx, &sql.TxOptions{Isolation: sql.LevelReadCommitted})
