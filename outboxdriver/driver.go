@@ -140,6 +140,41 @@ type Source interface {
 	// Cleanup deletes up to params.Limit published rows published before
 	// params.Before and returns how many. It never deletes an unpublished row.
 	Cleanup(ctx context.Context, params *CleanupParams) (int64, error)
+	// Capabilities declares what the source honours; what it does not, it refuses
+	// with ErrNotSupported.
+	Capabilities() Capabilities
+}
+
+// Capabilities declare what a Source honours, so that the relay refuses at
+// construction, with one clear error, a configuration the store cannot honour
+// instead of failing each event at run time. The driver suite checks each
+// declaration against behaviour: what is declared works, what is not is refused.
+type Capabilities struct {
+	// Completions are the completion modes Complete honours.
+	Completions []Completion
+	// Groups: the source is a GroupStore (several active relays of one table).
+	Groups bool
+	// Columns: claims read a table's custom columns (ClaimParams.Columns).
+	Columns bool
+	// MaxSeq: claims can be bounded by write position (ClaimParams.MaxSeq).
+	MaxSeq bool
+	// Listen: Listen delivers the writer's wake-ups (without it, polling alone).
+	Listen bool
+}
+
+// Completes reports whether Complete honours completion c.
+func (c Capabilities) Completes(m Completion) bool {
+	for _, x := range c.Completions {
+		if x == m {
+			return true
+		}
+	}
+	return false
+}
+
+// Basic is what every driver's table store honours: mark and delete completion.
+func Basic() Capabilities {
+	return Capabilities{Completions: []Completion{CompleteMark, CompleteDelete}}
 }
 
 // Admin is the operator's side of a table: status and dead letters.

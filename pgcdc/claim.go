@@ -8,6 +8,13 @@ import (
 	"github.com/outboxd/outbox/outboxdriver"
 )
 
+// Capabilities implements outboxdriver.Source: the table store's completions (its
+// backfill completes rows; streamed events have no row to complete), custom columns
+// and wake-ups from the stream; never several active relays.
+func (s *Source) Capabilities() outboxdriver.Capabilities {
+	return outboxdriver.Capabilities{Completions: s.inner.Capabilities().Completions, Columns: true, Listen: true}
+}
+
 // Claim implements outboxdriver.Source. While the rows written before the slot are
 // being published it claims them from the table; then it hands out events from the
 // WAL in commit order, holding back an aggregate behind its waiting event.

@@ -119,10 +119,7 @@ func (g *groupTerm) check(ctx context.Context) error {
 
 // runGroup runs the relay as one of several active relays of the table.
 func (r *Relay) runGroup(ctx context.Context) error {
-	gs, ok := r.store.(outboxdriver.GroupStore)
-	if !ok {
-		return fmt.Errorf("relay: several active relays: %w", outboxdriver.ErrNotSupported)
-	}
+	gs := r.store.(outboxdriver.GroupStore) // New checked it
 	id, ttl := r.cfg.Group.RelayID, r.cfg.Group.LeaseTTL
 	defer func() {
 		lctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)

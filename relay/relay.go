@@ -72,10 +72,34 @@ func New(store outboxdriver.Source, pub broker.Publisher, cfg *Config) (*Relay, 
 	if e, ok := pub.(broker.TopicEscaper); ok {
 		r.esc = e.EscapeTopicToken
 	}
+	if err := r.checkCapabilities(); err != nil {
+		return nil, err
+	}
 	if err := r.checkTemplate(); err != nil {
 		return nil, err
 	}
 	return r, nil
+}
+
+// checkCapabilities refuses a configuration the store cannot honour, at
+// construction and in one error: found per event at run time, it would fail (and
+// republish) every batch.
+func (r *Relay) checkCapabilities() error {
+	caps := r.store.Capabilities()
+	var missing []string
+	if !caps.Completes(r.cfg.Completion) {
+		missing = append(missing, fmt.Sprintf("completion %q (it completes with %v)", r.cfg.Completion, caps.Completions))
+	}
+	if _, ok := r.store.(outboxdriver.GroupStore); r.cfg.Group != nil && (!caps.Groups || !ok) {
+		missing = append(missing, "several active relays (Group)")
+	}
+	if cr, ok := r.cfg.Router.(ColumnRouter); ok && len(cr.Columns()) > 0 && !caps.Columns {
+		missing = append(missing, fmt.Sprintf("custom columns %v (the router reads them)", cr.Columns()))
+	}
+	if len(missing) > 0 {
+		return fmt.Errorf("relay: the store cannot honour %s: %w", strings.Join(missing, ", "), outboxdriver.ErrNotSupported)
+	}
+	return nil
 }
 
 // checkTemplate renders the topic template with sample values and asks the publisher
@@ -724,14 +748,14 @@ func (r *Relay) cleanup(ctx context.Context) {
 // when the listening session dies. Notifications are only hints: polling stays the
 // source of truth, so a lost one costs at most a poll interval.
 func (r *Relay) listen(ctx context.Context, wake chan<- struct{}) {
+	if !r.store.Capabilities().Listen {
+		return // polling alone
+	}
 	bo := r.newBackoff()
 	for ctx.Err() == nil {
 		lctx, cancel := r.dbCtx(ctx)
 		l, err := r.store.Listen(lctx)
 		cancel()
-		if errors.Is(err, outboxdriver.ErrNotSupported) {
-			return
-		}
 		if err != nil {
 			if ctx.Err() == nil {
 				r.log.Warn("relay: cannot listen for notifications; polling only", "err", err)

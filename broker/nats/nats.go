@@ -32,7 +32,15 @@ const (
 	StreamSubjectDefault = "outbox.event.>"
 	AckTimeoutDefault    = 10 * time.Second
 	MaxPendingDefault    = 4096
+	// MaxControlLineDefault is the NATS server's default max_control_line: a
+	// publish whose protocol line (subject, reply inbox, sizes) is longer makes the
+	// server answer -ERR and close the connection.
+	MaxControlLineDefault = 4096
 )
+
+// controlLineOverhead is what a JetStream publish's protocol line holds besides its
+// subject, at most: "HPUB ", the reply inbox nats.go makes, two sizes, separators.
+const controlLineOverhead = 128
 
 // HeaderKey carries the message key; NATS has no key of its own.
 const HeaderKey = "Outbox-Key"
@@ -56,6 +64,11 @@ type Config struct {
 	AckTimeout time.Duration
 	// MaxPending bounds unacknowledged publishes in flight (used by Dial).
 	MaxPending int
+	// MaxControlLine is the server's max_control_line. A message whose subject
+	// would make a longer protocol line is refused permanently before it is sent:
+	// sent, it would make the server close the connection, a failure of the
+	// connection caused by one message. Default MaxControlLineDefault.
+	MaxControlLine int
 }
 
 func (c *Config) withDefaults() Config {
@@ -75,14 +88,15 @@ func (c *Config) withDefaults() Config {
 	if out.MaxPending <= 0 {
 		out.MaxPending = MaxPendingDefault
 	}
+	if out.MaxControlLine <= 0 {
+		out.MaxControlLine = MaxControlLineDefault
+	}
 	return out
 }
 
 // Publisher publishes to JetStream. Build it with New or Dial.
 type Publisher struct {
-	js   jetstream.JetStream
-	nc   *nats.Conn
-	own  bool // Dial opened nc, Close closes it
+	conn *broker.Conn[session] // Dial's connection is dialed again when it closes for good
 	cfg  Config
 	opts []jetstream.PublishOpt
 
@@ -96,68 +110,91 @@ var (
 	_ broker.TopicValidator = (*Publisher)(nil)
 )
 
-// New returns a publisher on a JetStream context the caller built (and closes).
+// session is one NATS connection and its JetStream context.
+type session struct {
+	nc *nats.Conn
+	js jetstream.JetStream
+	// closed is closed when a connection Dial opened closes for good: pending
+	// acknowledgements will never come (nil for a caller's connection).
+	closed <-chan struct{}
+}
+
+// New returns a publisher on a JetStream context the caller built, and owns: the
+// publisher never closes it, nor dials again if it closes for good.
 func New(js jetstream.JetStream, cfg *Config) (*Publisher, error) {
 	if js == nil {
 		return nil, errors.New("nats publisher: JetStream is nil")
 	}
+	s := session{nc: js.Conn(), js: js}
+	conn := broker.NewConn(func(context.Context) (session, error) { return s, nil }, func(session) bool { return false }, func(session) {})
+	_ = conn.Connect(context.Background()) // hands s over; it cannot fail
+	return newPublisher(conn, cfg), nil
+}
+
+func newPublisher(conn *broker.Conn[session], cfg *Config) *Publisher {
 	return &Publisher{
-		js:  js,
-		nc:  js.Conn(),
-		cfg: cfg.withDefaults(),
+		conn: conn,
+		cfg:  cfg.withDefaults(),
 		// No client-side retry on "no responders": a retried message could land after
 		// a later message of its key. The relay retries the batch in order instead.
 		opts:    []jetstream.PublishOpt{jetstream.WithRetryAttempts(0)},
 		covered: map[string]int{},
-	}, nil
+	}
 }
 
 // Dial connects to url, checks that JetStream is enabled, and returns a publisher
-// that owns the connection.
+// that owns the connection: nats.go reconnects it after an outage, and when it
+// closes for good (a server's -ERR, revoked credentials) the publisher dials again,
+// with backoff, on the next Publish.
 func Dial(ctx context.Context, url string, cfg *Config) (*Publisher, error) {
 	c := cfg.withDefaults()
-	nc, err := nats.Connect(url,
-		nats.Name("outbox-relay"),
-		nats.MaxReconnects(-1),
-		nats.ReconnectWait(250*time.Millisecond),
-		// While disconnected, fail fast instead of buffering: the relay backs off and
-		// retries the batch in order.
-		nats.ReconnectBufSize(-1),
-	)
-	if err != nil {
-		return nil, fmt.Errorf("connect to NATS at %s: %w", redact.URL(url), err)
+	dial := func(ctx context.Context) (session, error) {
+		closed := make(chan struct{})
+		nc, err := nats.Connect(url,
+			nats.ClosedHandler(func(*nats.Conn) { close(closed) }),
+			nats.Name("outbox-relay"),
+			nats.MaxReconnects(-1),
+			nats.ReconnectWait(250*time.Millisecond),
+			// While disconnected, fail fast instead of buffering: the relay backs off
+			// and retries the batch in order.
+			nats.ReconnectBufSize(-1),
+		)
+		if err != nil {
+			return session{}, fmt.Errorf("connect to NATS at %s: %w", redact.URL(url), err)
+		}
+		js, err := jetstream.New(nc, jetstream.WithPublishAsyncTimeout(c.AckTimeout), jetstream.WithPublishAsyncMaxPending(c.MaxPending))
+		if err != nil {
+			nc.Close()
+			return session{}, fmt.Errorf("NATS JetStream: %w", err)
+		}
+		if _, err := js.AccountInfo(ctx); err != nil {
+			nc.Close()
+			return session{}, fmt.Errorf("NATS at %s: JetStream is not available: %w", redact.URL(url), err)
+		}
+		return session{nc: nc, js: js, closed: closed}, nil
 	}
-	js, err := jetstream.New(nc, jetstream.WithPublishAsyncTimeout(c.AckTimeout), jetstream.WithPublishAsyncMaxPending(c.MaxPending))
-	if err != nil {
-		nc.Close()
-		return nil, fmt.Errorf("NATS JetStream: %w", err)
-	}
-	if _, err := js.AccountInfo(ctx); err != nil {
-		nc.Close()
-		return nil, fmt.Errorf("NATS at %s: JetStream is not available: %w", redact.URL(url), err)
-	}
-	p, err := New(js, &c)
-	if err != nil {
-		nc.Close()
+	// Not js.CleanupPublisher on close: called right after a first publish it can
+	// leave nats.go's reconnect watcher blocked on a nil channel (a goroutine leak).
+	// Closing the connection ends the watcher and every pending ack.
+	conn := broker.NewConn(dial, func(s session) bool { return s.nc.IsClosed() }, func(s session) { s.nc.Close() })
+	if err := conn.Connect(ctx); err != nil {
 		return nil, err
 	}
-	p.own = true
-	return p, nil
+	return newPublisher(conn, &c), nil
 }
 
 // Features implements broker.Publisher.
 func (p *Publisher) Features() broker.Features {
-	return broker.Features{BrokerDedup: true, PerKeyOrdering: true, Headers: true, MaxMessageBytes: int(p.nc.MaxPayload())}
+	f := broker.Features{BrokerDedup: true, PerKeyOrdering: true, Headers: true}
+	if s, ok := p.conn.Current(); ok {
+		f.MaxMessageBytes = int(s.nc.MaxPayload())
+	}
+	return f
 }
 
-// Close implements broker.Publisher.
+// Close implements broker.Publisher: it closes the connection Dial opened.
 func (p *Publisher) Close() error {
-	if p.own {
-		// Not js.CleanupPublisher: called right after a first publish it can leave
-		// nats.go's reconnect watcher blocked on a nil channel (a goroutine leak).
-		// Closing the connection ends the watcher and every pending ack.
-		p.nc.Close()
-	}
+	p.conn.Close()
 	return nil
 }
 
@@ -176,9 +213,13 @@ func EscapeToken(s string) string {
 // the message's own fault, the rest of the batch is not sent, so no later message of
 // a key can overtake an earlier one.
 func (p *Publisher) Publish(ctx context.Context, msgs []broker.Message) []broker.Result {
+	s, err := p.conn.Get(ctx)
+	if err != nil {
+		return broker.AllUnavailable(len(msgs), err)
+	}
 	res := make([]broker.Result, len(msgs))
 	futures := make([]jetstream.PubAckFuture, len(msgs))
-	maxPayload := int(p.nc.MaxPayload())
+	maxPayload := int(s.nc.MaxPayload())
 	var stop error
 	var hold broker.KeyHold
 	deferred := map[string]error{} // subjects with no stream, asked once per batch
@@ -194,11 +235,19 @@ func (p *Publisher) Publish(ctx context.Context, msgs []broker.Message) []broker
 		if res[i].Err = hold.Held(m.Key); res[i].Err != nil {
 			continue
 		}
+		if len(m.Topic)+controlLineOverhead > p.cfg.MaxControlLine {
+			// Sent, it would make the server close the connection: the message's
+			// failure, found before sending.
+			res[i].Err = broker.Permanent(fmt.Errorf("subject of %d bytes: the publish would exceed the server's max_control_line of %d (a shorter aggregate type or topic template)",
+				len(m.Topic), p.cfg.MaxControlLine))
+			hold.Refuse(m.Key, res[i].Err)
+			continue
+		}
 		if err := deferred[m.Topic]; err != nil {
 			res[i].Err = err // its subject's stream was missing a moment ago
 			continue
 		}
-		streamMax, err := p.ensureStream(ctx, m.Topic)
+		streamMax, err := p.ensureStream(ctx, s.js, m.Topic)
 		if err != nil {
 			res[i].Err = err
 			if broker.IsDeferred(err) {
@@ -243,7 +292,7 @@ func (p *Publisher) Publish(ctx context.Context, msgs []broker.Message) []broker
 			// refusing.
 			refreshed[m.Topic] = true
 			p.forget(m.Topic)
-			if streamMax, err = p.ensureStream(ctx, m.Topic); err != nil {
+			if streamMax, err = p.ensureStream(ctx, s.js, m.Topic); err != nil {
 				res[i].Err = err
 				if broker.IsDeferred(err) {
 					deferred[m.Topic] = err
@@ -256,7 +305,7 @@ func (p *Publisher) Publish(ctx context.Context, msgs []broker.Message) []broker
 		if res[i].Err = hold.Admit(&m, len(m.Payload), streamMax); res[i].Err != nil {
 			continue // over the stream's max_msg_size
 		}
-		f, err := p.js.PublishMsgAsync(nm, p.opts...)
+		f, err := s.js.PublishMsgAsync(nm, p.opts...)
 		if err != nil {
 			res[i].Err = classify(err)
 			if broker.IsUnavailable(res[i].Err) || ctx.Err() != nil {
@@ -268,14 +317,14 @@ func (p *Publisher) Publish(ctx context.Context, msgs []broker.Message) []broker
 		}
 		futures[i] = f
 	}
-	p.await(ctx, futures, res)
+	p.await(ctx, s.closed, futures, res)
 	return res
 }
 
 // await waits for the acknowledgements, at most AckTimeout after the last send: a
 // caller's JetStream client may have no publish timeout, and a reply lost on a cut
 // network would otherwise hold the batch until ctx ends.
-func (p *Publisher) await(ctx context.Context, futures []jetstream.PubAckFuture, res []broker.Result) {
+func (p *Publisher) await(ctx context.Context, closed <-chan struct{}, futures []jetstream.PubAckFuture, res []broker.Result) {
 	timer := time.NewTimer(p.cfg.AckTimeout)
 	defer timer.Stop()
 	var expired bool
@@ -300,6 +349,17 @@ func (p *Publisher) await(ctx context.Context, futures []jetstream.PubAckFuture,
 		case <-timer.C:
 			expired = true
 			res[i].Err = p.ackTimeout()
+		case <-closed:
+			// The connection closed for good: no answer will come. What was not
+			// answered by now is the connection's failure.
+			expired = true
+			select {
+			case <-f.Ok():
+			case err := <-f.Err():
+				res[i].Err = classify(err)
+			default:
+				res[i].Err = broker.Unavailable(nats.ErrConnectionClosed)
+			}
 		case <-ctx.Done():
 			res[i].Err = ctx.Err()
 		}
@@ -314,14 +374,14 @@ func (p *Publisher) ackTimeout() error {
 // stream's max message size (-1 for none). Its errors are never a message's: a
 // subject no stream covers is broker.Deferred (that subject waits, others go on),
 // anything else broker.Unavailable (or the context's error).
-func (p *Publisher) ensureStream(ctx context.Context, subject string) (int, error) {
+func (p *Publisher) ensureStream(ctx context.Context, js jetstream.JetStream, subject string) (int, error) {
 	p.mu.Lock()
 	max, ok := p.covered[subject]
 	p.mu.Unlock()
 	if ok {
 		return max, nil
 	}
-	max, err := p.lookupStream(ctx, subject)
+	max, err := p.lookupStream(ctx, js, subject)
 	if err != nil {
 		if ctx.Err() != nil {
 			return 0, ctx.Err()
@@ -344,12 +404,12 @@ func (p *Publisher) forget(subject string) {
 	p.mu.Unlock()
 }
 
-func (p *Publisher) lookupStream(ctx context.Context, subject string) (int, error) {
-	name, err := p.js.StreamNameBySubject(ctx, subject)
+func (p *Publisher) lookupStream(ctx context.Context, js jetstream.JetStream, subject string) (int, error) {
+	name, err := js.StreamNameBySubject(ctx, subject)
 	if errors.Is(err, jetstream.ErrStreamNotFound) && p.cfg.CreateStream {
 		// Create, never update: an existing stream of that name is someone's
 		// configuration (subjects, limits) and stays as it is.
-		_, err = p.js.CreateStream(ctx, jetstream.StreamConfig{
+		_, err = js.CreateStream(ctx, jetstream.StreamConfig{
 			Name:     p.cfg.StreamName,
 			Subjects: p.cfg.StreamSubjects,
 			Storage:  jetstream.FileStorage,
@@ -359,7 +419,7 @@ func (p *Publisher) lookupStream(ctx context.Context, subject string) (int, erro
 				subject, p.cfg.StreamName, ErrNoStream))
 		}
 		if err == nil {
-			name, err = p.js.StreamNameBySubject(ctx, subject)
+			name, err = js.StreamNameBySubject(ctx, subject)
 		}
 	}
 	switch {
@@ -369,7 +429,7 @@ func (p *Publisher) lookupStream(ctx context.Context, subject string) (int, erro
 	case err != nil:
 		return 0, fmt.Errorf("subject %q: stream lookup: %w", subject, err)
 	}
-	st, err := p.js.Stream(ctx, name)
+	st, err := js.Stream(ctx, name)
 	if err != nil {
 		return 0, fmt.Errorf("stream %q: %w", name, err)
 	}

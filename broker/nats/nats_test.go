@@ -294,3 +294,74 @@ func TestStreamMaxMsgSizeRaised(t *testing.T) {
 		t.Fatalf("after the limit was raised: %v", res[0].Err)
 	}
 }
+
+// closeCase publishes, on the machine's NATS server, a batch of good messages with one
+// whose subject is longer than the server's max_control_line, then another batch.
+func closeCase(t *testing.T, maxControlLine int) (first, second []broker.Result) {
+	t.Helper()
+	url := testenv.NATSURL(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	prefix := testenv.UniqueName("close")
+	pub, err := nats.Dial(ctx, url, &nats.Config{CreateStream: true, StreamName: prefix, StreamSubjects: []string{prefix + ".>"},
+		MaxControlLine: maxControlLine})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pub.Close()
+	defer func() {
+		nc, err := natsgo.Connect(url)
+		if err != nil {
+			return
+		}
+		defer nc.Close()
+		js, _ := jetstream.New(nc)
+		_ = js.DeleteStream(context.Background(), prefix)
+	}()
+	msg := func(topic, key string) broker.Message {
+		return broker.Message{ID: testenv.UniqueName("id"), Topic: topic, Key: key, Payload: []byte(`{}`)}
+	}
+	long := prefix + "." + strings.Repeat("x", 5000)
+	first = pub.Publish(ctx, []broker.Message{msg(prefix+".a", "a"), msg(long, "long"), msg(prefix+".b", "b")})
+	// The relay retries what failed as unavailable; the next batch must go out once
+	// the broker answers, whatever became of the connection.
+	for {
+		second = pub.Publish(ctx, []broker.Message{msg(prefix+".a", "a"), msg(prefix+".b", "b")})
+		if !broker.IsUnavailable(second[0].Err) || ctx.Err() != nil {
+			return first, second
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// TestSubjectTooLongForTheServer: a subject that would make the server close the
+// connection (its protocol line over max_control_line, from a very long aggregate
+// type) is that message's permanent failure, found before sending; the others of
+// the batch are published and the connection stays up. (It used to close the
+// connection, and every later publish failed with "nats: connection closed".)
+func TestSubjectTooLongForTheServer(t *testing.T) {
+	first, second := closeCase(t, 0)
+	if first[0].Err != nil || first[2].Err != nil || !broker.IsPermanent(first[1].Err) || !strings.Contains(first[1].Err.Error(), "max_control_line") {
+		t.Fatalf("the batch with a too-long subject: %v", first)
+	}
+	if second[0].Err != nil || second[1].Err != nil {
+		t.Fatalf("the next batch: %v", second)
+	}
+}
+
+// TestConnectionClosedForGoodIsDialedAgain: when the server closes the connection for
+// good (here a protocol error: a control line over its limit, sent because the check
+// was told the server takes more), the publisher dials again and the next batch is
+// published: "unavailable" ends once the broker answers.
+func TestConnectionClosedForGoodIsDialedAgain(t *testing.T) {
+	first, second := closeCase(t, 1<<20)
+	if first[0].Err != nil {
+		t.Fatalf("the message before the bad one: %v", first[0].Err)
+	}
+	if first[1].Err == nil {
+		t.Fatal("the server took a control line over its limit")
+	}
+	if second[0].Err != nil || second[1].Err != nil {
+		t.Fatalf("after the server closed the connection: %v", second)
+	}
+}

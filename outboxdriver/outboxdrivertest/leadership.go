@@ -84,8 +84,9 @@ func testLeadershipRevoked[TTx any](t *testing.T, h *Harness[TTx]) {
 
 func testListen[TTx any](t *testing.T, h *Harness[TTx]) {
 	ctx := ctxT(t)
-	l, err := source(t, h).Listen(ctx)
-	listenable(t, err)
+	src := source(t, h)
+	l, err := src.Listen(ctx)
+	listenable(t, src.Capabilities(), err)
 	defer l.Close(ctx)
 	var wg sync.WaitGroup
 	wg.Add(1)

@@ -220,6 +220,9 @@ func scanRow(rows *sql.Rows, extra ...any) (outboxdriver.Row, error) {
 }
 
 // Claim implements outboxdriver.Store.
+// Capabilities implements outboxdriver.Source: mark and delete completion only.
+func (d *Driver) Capabilities() outboxdriver.Capabilities { return outboxdriver.Basic() }
+
 func (d *Driver) Claim(ctx context.Context, p *outboxdriver.ClaimParams) (outboxdriver.Claim, error) {
 	if p.MaxSeq > 0 {
 		return nil, fmt.Errorf("claim up to a seq: %w", outboxdriver.ErrNotSupported)

@@ -248,6 +248,14 @@ func nowMillis() int64 { return time.Now().UnixMilli() }
 
 // Claim implements outboxdriver.Store: the oldest unpublished rows not in a claim
 // still in flight.
+// Capabilities implements outboxdriver.Source: mark and delete completion, and
+// wake-ups from writers in this process.
+func (d *Driver) Capabilities() outboxdriver.Capabilities {
+	c := outboxdriver.Basic()
+	c.Listen = true
+	return c
+}
+
 func (d *Driver) Claim(ctx context.Context, p *outboxdriver.ClaimParams) (outboxdriver.Claim, error) {
 	if p.MaxSeq > 0 {
 		return nil, fmt.Errorf("claim up to a seq: %w", outboxdriver.ErrNotSupported)

@@ -338,6 +338,18 @@ type Store struct {
 	ListenFunc func(ctx context.Context) (outboxdriver.Listener, error)
 }
 
+// Capabilities implements outboxdriver.Source: PostgreSQL honours everything but
+// LISTEN through database/sql (no ListenFunc).
+func (s *Store) Capabilities() outboxdriver.Capabilities {
+	return outboxdriver.Capabilities{
+		Completions: []outboxdriver.Completion{outboxdriver.CompleteMark, outboxdriver.CompleteDelete, outboxdriver.CompleteArchive},
+		Groups:      true,
+		Columns:     true,
+		MaxSeq:      true,
+		Listen:      s.ListenFunc != nil,
+	}
+}
+
 // Claim implements outboxdriver.Store.
 func (s *Store) Claim(ctx context.Context, p *outboxdriver.ClaimParams) (outboxdriver.Claim, error) {
 	tx, err := s.DB.Begin(ctx)
