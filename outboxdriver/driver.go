@@ -506,6 +506,23 @@ func (p *CompleteParams) Restrict(claimed []Row, current map[string]int) *Comple
 	return q
 }
 
+// ScanAttempts reads a settling transaction's locked rows, (id, attempts) each, into
+// the map Restrict takes.
+func ScanAttempts(next func() bool, scan func(dest ...any) error) (map[string]int, error) {
+	current := map[string]int{}
+	for next() {
+		var (
+			id       string
+			attempts int
+		)
+		if err := scan(&id, &attempts); err != nil {
+			return nil, err
+		}
+		current[id] = attempts
+	}
+	return current, nil
+}
+
 // IDs are the ids p writes, published first.
 func (p *CompleteParams) IDs() []string {
 	ids := make([]string, 0, len(p.Published)+len(p.Failed))

@@ -12,10 +12,11 @@ import (
 // implement outboxdriver.ClaimKeeper) keeps them while they are proved alive, and
 // marks what the broker acknowledged even after a claim lapsed.
 
-// holdClaim claims every row with a hold of one second, or reports that the
-// driver's claims have no hold to keep (nil).
-func holdClaim[TTx any](t *testing.T, h *Harness[TTx]) (outboxdriver.Store, outboxdriver.Claim) {
+// holdClaim writes two events and claims them with a hold of one second, or reports
+// that the driver's claims have no hold to keep (a nil claim).
+func holdClaim[TTx any](t *testing.T, h *Harness[TTx]) ([]string, outboxdriver.Store, outboxdriver.Claim) {
 	t.Helper()
+	want := writeCommitted(t, h, event("a", 1), event("b", 1))
 	s := store(t, h)
 	c, err := s.Claim(ctxT(t), &outboxdriver.ClaimParams{Limit: 10, HoldTimeout: time.Second})
 	if err != nil {
@@ -24,17 +25,16 @@ func holdClaim[TTx any](t *testing.T, h *Harness[TTx]) (outboxdriver.Store, outb
 	if _, ok := c.(outboxdriver.ClaimKeeper); !ok {
 		_ = c.Release(ctxT(t))
 		t.Logf("%s: claims have no hold to keep", h.Driver.Name())
-		return s, nil
+		return want, s, nil
 	}
-	return s, c
+	return want, s, c
 }
 
 // testClaimKeptAlive: a claim proved alive outlasts its HoldTimeout, its rows still
 // locked against another claim, and completes in its own transaction.
 func testClaimKeptAlive[TTx any](t *testing.T, h *Harness[TTx]) {
 	ctx := ctxT(t)
-	want := writeCommitted(t, h, event("a", 1), event("b", 1))
-	s, c := holdClaim(t, h)
+	want, s, c := holdClaim(t, h)
 	if c == nil {
 		return
 	}
@@ -69,8 +69,7 @@ func testClaimKeptAlive[TTx any](t *testing.T, h *Harness[TTx]) {
 // failure is recorded on its row: nothing is sent again for ever.
 func testCompleteAfterHoldEnded[TTx any](t *testing.T, h *Harness[TTx]) {
 	ctx := ctxT(t)
-	want := writeCommitted(t, h, event("a", 1), event("b", 1))
-	s, c := holdClaim(t, h)
+	want, s, c := holdClaim(t, h)
 	if c == nil {
 		return
 	}

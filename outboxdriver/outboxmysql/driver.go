@@ -388,20 +388,12 @@ func (c *claim) settleTx(ctx context.Context, p *outboxdriver.CompleteParams) er
 	if err != nil {
 		return err
 	}
-	now := map[string]int{}
-	for rows.Next() {
-		var (
-			id       string
-			attempts int
-		)
-		if err := rows.Scan(&id, &attempts); err != nil {
-			rows.Close()
-			return err
-		}
-		now[id] = attempts
-	}
+	now, err := outboxdriver.ScanAttempts(rows.Next, rows.Scan)
 	rows.Close()
-	if err := rows.Err(); err != nil {
+	if err == nil {
+		err = rows.Err()
+	}
+	if err != nil {
 		return err
 	}
 	if err := c.write(ctx, tx, p.Restrict(c.rows, now)); err != nil {

@@ -560,20 +560,12 @@ WHERE o.id = ANY($1::text[]::uuid[]) AND o.published_at IS NULL FOR UPDATE OF o 
 	if err != nil {
 		return err
 	}
-	now := map[string]int{}
-	for rows.Next() {
-		var (
-			id       string
-			attempts int
-		)
-		if err := rows.Scan(&id, &attempts); err != nil {
-			rows.Close()
-			return err
-		}
-		now[id] = attempts
-	}
+	now, err := outboxdriver.ScanAttempts(rows.Next, rows.Scan)
 	rows.Close()
-	if err := rows.Err(); err != nil {
+	if err == nil {
+		err = rows.Err()
+	}
+	if err != nil {
 		return err
 	}
 	q := p.Restrict(c.rows, now)
