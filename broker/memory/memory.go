@@ -39,40 +39,39 @@ var _ broker.Publisher = (*Broker)(nil)
 
 // Publish implements broker.Publisher.
 func (b *Broker) Publish(ctx context.Context, msgs []broker.Message) []broker.Result {
-	res := make([]broker.Result, len(msgs))
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	var hold broker.KeyHold
-	for i, m := range msgs {
-		permanent, refused := b.refuse[m.Key]
-		switch {
-		case ctx.Err() != nil:
-			res[i].Err = ctx.Err()
-		case b.down:
-			res[i].Err = broker.Unavailable(fmt.Errorf("memory broker is down"))
-		case hold.Held(m.Key) != nil:
-			res[i].Err = hold.Held(m.Key)
-		case len(m.Payload) > b.maxBytes:
-			res[i].Err = broker.Permanent(fmt.Errorf("payload of %d bytes exceeds the limit of %d", len(m.Payload), b.maxBytes))
-			hold.Refuse(m.Key, res[i].Err)
-		case refused:
-			res[i].Err = fmt.Errorf("memory broker refuses key %q", m.Key)
-			if permanent {
-				res[i].Err = broker.Permanent(res[i].Err)
+	res := broker.Sequence(ctx, msgs, broker.Schedule{}, broker.Sender{
+		Prepare: func(_ context.Context, i int) error {
+			m := &msgs[i]
+			permanent, refused := b.refuse[m.Key]
+			switch {
+			case b.down:
+				return broker.Unavailable(fmt.Errorf("memory broker is down"))
+			case len(m.Payload) > b.maxBytes:
+				return broker.Permanent(fmt.Errorf("payload of %d bytes exceeds the limit of %d", len(m.Payload), b.maxBytes))
+			case refused && permanent:
+				return broker.Permanent(fmt.Errorf("memory broker refuses key %q", m.Key))
+			case refused:
+				return fmt.Errorf("memory broker refuses key %q", m.Key)
 			}
-			hold.Refuse(m.Key, res[i].Err)
-		case b.seen[m.ID]:
-			b.dups++ // acknowledged, not stored: what a broker with dedup does
-		default:
+			return nil
+		},
+		Send: func(_ context.Context, i int) (broker.Future, error) {
+			m := msgs[i]
+			if b.seen[m.ID] {
+				b.dups++ // acknowledged, not stored: what a broker with dedup does
+				return broker.Answered{}, nil
+			}
 			b.seen[m.ID] = true
-			// Store what a consumer would see: every wire header.
 			h := make(map[string]string, m.HeaderCount())
 			m.EachHeader(func(k, v string) { h[k] = v })
 			m.Headers = h
 			m.Payload = append([]byte(nil), m.Payload...)
 			b.msgs = append(b.msgs, m)
-		}
-	}
+			return broker.Answered{}, nil
+		},
+	})
 	close(b.changed)
 	b.changed = make(chan struct{})
 	return res

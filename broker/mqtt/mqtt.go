@@ -176,31 +176,52 @@ var (
 	_ broker.TopicValidator = (*Publisher)(nil)
 )
 
-// Publish implements broker.Publisher.
+// Publish implements broker.Publisher: QoS 1, the messages of one key one after
+// another, each after the previous one's PUBACK, Concurrency keys at once.
 func (p *Publisher) Publish(ctx context.Context, msgs []broker.Message) []broker.Result {
 	c, err := p.connected(ctx)
 	if err != nil {
 		return broker.AllUnavailable(len(msgs), err) // the connection's failure, not the messages'
 	}
-	return broker.PerKey(ctx, msgs, p.cfg.Concurrency, func(ctx context.Context, i int) error {
-		return p.publish(ctx, c, &msgs[i])
+	pubs := make([]*paho.Publish, len(msgs))
+	return broker.Sequence(ctx, msgs, broker.Schedule{Sequential: true, Concurrency: p.cfg.Concurrency, AckTimeout: p.cfg.Timeout}, broker.Sender{
+		Prepare: func(_ context.Context, i int) (err error) {
+			pubs[i], err = p.prepare(&msgs[i])
+			return err
+		},
+		Send: func(ctx context.Context, i int) (broker.Future, error) {
+			pctx, cancel := context.WithTimeout(ctx, p.cfg.Timeout)
+			defer cancel()
+			pr, err := c.Publish(pctx, pubs[i])
+			if pr != nil && pr.ReasonCode >= 0x80 {
+				return broker.Answered{Err: classifyReason(pr.ReasonCode, pr.Properties)}, nil
+			}
+			if err != nil {
+				if ctx.Err() != nil {
+					return nil, ctx.Err()
+				}
+				return nil, broker.Unavailable(fmt.Errorf("MQTT publish: %w", err))
+			}
+			return broker.Answered{}, nil
+		},
 	})
 }
 
-func (p *Publisher) publish(ctx context.Context, c *paho.Client, m *broker.Message) error {
+// prepare refuses what the protocol or the broker cannot carry (sent, it would make
+// the broker drop the connection, and every other message with it) and renders the
+// PUBLISH packet.
+func (p *Publisher) prepare(m *broker.Message) (*paho.Publish, error) {
 	if p.cfg.MaxMessageBytes > 0 && len(m.Payload) > p.cfg.MaxMessageBytes {
-		return broker.Permanent(fmt.Errorf("payload of %d bytes exceeds the limit of %d", len(m.Payload), p.cfg.MaxMessageBytes))
+		return nil, broker.Permanent(fmt.Errorf("payload of %d bytes exceeds the limit of %d", len(m.Payload), p.cfg.MaxMessageBytes))
 	}
-	// What the protocol cannot carry is refused here: sent, it would make the broker
-	// drop the connection, and every other message with it.
 	if err := ValidateTopic(m.Topic); err != nil {
-		return broker.Permanent(err)
+		return nil, broker.Permanent(err)
 	}
 	if err := broker.CheckHeaders(m); err != nil {
-		return err
+		return nil, err
 	}
 	if p := wire.HeaderValueProblem(m.Key); p != "" {
-		return broker.Permanent(fmt.Errorf("key: %s", p))
+		return nil, broker.Permanent(fmt.Errorf("key: %s", p))
 	}
 	props := &paho.PublishProperties{User: paho.UserProperties{{Key: HeaderKey, Value: m.Key}}}
 	size := len(m.Payload) + len(m.Topic) + len(m.Key)
@@ -209,21 +230,9 @@ func (p *Publisher) publish(ctx context.Context, c *paho.Client, m *broker.Messa
 		size += len(k) + len(v) + 5
 	})
 	if p.maxPkt > 0 && size+64 > p.maxPkt {
-		return broker.Permanent(fmt.Errorf("message of about %d bytes exceeds the broker's maximum packet size of %d", size, p.maxPkt))
+		return nil, broker.Permanent(fmt.Errorf("message of about %d bytes exceeds the broker's maximum packet size of %d", size, p.maxPkt))
 	}
-	pctx, cancel := context.WithTimeout(ctx, p.cfg.Timeout)
-	defer cancel()
-	pr, err := c.Publish(pctx, &paho.Publish{QoS: 1, Topic: m.Topic, Payload: m.Payload, Properties: props})
-	if pr != nil && pr.ReasonCode >= 0x80 {
-		return classifyReason(pr.ReasonCode, pr.Properties)
-	}
-	if err != nil {
-		if ctx.Err() != nil {
-			return ctx.Err()
-		}
-		return broker.Unavailable(fmt.Errorf("MQTT publish: %w", err))
-	}
-	return nil
+	return &paho.Publish{QoS: 1, Topic: m.Topic, Payload: m.Payload, Properties: props}, nil
 }
 
 // classifyReason maps a PUBACK reason code (MQTT 5, section 3.4.2.1).

@@ -209,165 +209,117 @@ func EscapeToken(s string) string {
 }
 
 // Publish implements broker.Publisher. Messages are sent in order, asynchronously,
-// and the call waits for every acknowledgement. After the first failure that is not
-// the message's own fault, the rest of the batch is not sent, so no later message of
-// a key can overtake an earlier one.
+// and the call waits for every acknowledgement (broker.Sequence: a key's later
+// messages are held behind its refused one, nothing more goes out after a failure of
+// the connection).
 func (p *Publisher) Publish(ctx context.Context, msgs []broker.Message) []broker.Result {
 	s, err := p.conn.Get(ctx)
 	if err != nil {
 		return broker.AllUnavailable(len(msgs), err)
 	}
-	res := make([]broker.Result, len(msgs))
-	futures := make([]jetstream.PubAckFuture, len(msgs))
+	out := make([]*nats.Msg, len(msgs))
 	maxPayload := int(s.nc.MaxPayload())
-	var stop error
-	var hold broker.KeyHold
-	deferred := map[string]error{} // subjects with no stream, asked once per batch
 	refreshed := map[string]bool{} // subjects whose stream limit was asked again
-	for i, m := range msgs {
-		if stop == nil {
-			stop = ctx.Err()
-		}
-		if stop != nil {
-			res[i].Err = stop
-			continue
-		}
-		if res[i].Err = hold.Held(m.Key); res[i].Err != nil {
-			continue
-		}
-		if len(m.Topic)+controlLineOverhead > p.cfg.MaxControlLine {
-			// Sent, it would make the server close the connection: the message's
-			// failure, found before sending.
-			res[i].Err = broker.Permanent(fmt.Errorf("subject of %d bytes: the publish would exceed the server's max_control_line of %d (a shorter aggregate type or topic template)",
-				len(m.Topic), p.cfg.MaxControlLine))
-			hold.Refuse(m.Key, res[i].Err)
-			continue
-		}
-		if err := deferred[m.Topic]; err != nil {
-			res[i].Err = err // its subject's stream was missing a moment ago
-			continue
-		}
-		streamMax, err := p.ensureStream(ctx, s.js, m.Topic)
-		if err != nil {
-			res[i].Err = err
-			if broker.IsDeferred(err) {
-				deferred[m.Topic] = err // this subject waits; other subjects go on
-			} else {
-				stop = err // the connection's (ensureStream says so): nothing more goes out
+	return broker.Sequence(ctx, msgs, broker.Schedule{AckTimeout: p.cfg.AckTimeout}, broker.Sender{
+		Prepare: func(ctx context.Context, i int) (err error) {
+			out[i], err = p.prepare(ctx, s.js, &msgs[i], maxPayload, refreshed)
+			return err
+		},
+		Send: func(_ context.Context, i int) (broker.Future, error) {
+			f, err := s.js.PublishMsgAsync(out[i], p.opts...)
+			if err != nil {
+				return nil, err
 			}
-			continue
-		}
-		n := m.HeaderCount() + 2
-		hdr := make(nats.Header, n)
-		vals := make([]string, 0, n) // one backing array for every one-value header
-		set := func(k, v string) {
-			vals = append(vals, v)
-			hdr[k] = vals[len(vals)-1 : len(vals) : len(vals)]
-		}
-		size := len(m.Payload)
-		var bad error // a header NATS cannot carry intact: checked as it is rendered
-		m.EachHeader(func(k, v string) {
-			if bad == nil {
-				bad = broker.CheckHeader(k, v)
-			}
-			set(k, v)
-			size += len(k) + len(v) + 4
-		})
-		if bad != nil {
-			res[i].Err = bad
-			hold.Refuse(m.Key, bad)
-			continue
-		}
-		set(jetstream.MsgIDHeader, m.ID)
-		set(HeaderKey, m.Key)
-		nm := &nats.Msg{Subject: m.Topic, Data: m.Payload, Header: hdr}
-		// Refuse what the server would refuse, before sending: the key's later
-		// messages can then be held back instead of overtaking this one.
-		if res[i].Err = hold.Admit(&m, size, maxPayload); res[i].Err != nil {
-			continue // over the server's max_payload
-		}
-		if streamMax >= 0 && len(m.Payload) > streamMax && !refreshed[m.Topic] {
-			// The limit is cached: an operator may have raised it (then replayed
-			// the dead letters it made). Ask once per subject and batch before
-			// refusing.
-			refreshed[m.Topic] = true
-			p.forget(m.Topic)
-			if streamMax, err = p.ensureStream(ctx, s.js, m.Topic); err != nil {
-				res[i].Err = err
-				if broker.IsDeferred(err) {
-					deferred[m.Topic] = err
-				} else {
-					stop = err
-				}
-				continue
-			}
-		}
-		if res[i].Err = hold.Admit(&m, len(m.Payload), streamMax); res[i].Err != nil {
-			continue // over the stream's max_msg_size
-		}
-		f, err := s.js.PublishMsgAsync(nm, p.opts...)
-		if err != nil {
-			res[i].Err = classify(err)
-			if broker.IsUnavailable(res[i].Err) || ctx.Err() != nil {
-				stop = res[i].Err
-			} else {
-				hold.Refuse(m.Key, res[i].Err) // this message's failure: its key waits, others go on
-			}
-			continue
-		}
-		futures[i] = f
-	}
-	p.await(ctx, s.closed, futures, res)
-	return res
+			return ack{f: f, closed: s.closed}, nil
+		},
+		Classify: classify,
+	})
 }
 
-// await waits for the acknowledgements, at most AckTimeout after the last send: a
-// caller's JetStream client may have no publish timeout, and a reply lost on a cut
-// network would otherwise hold the batch until ctx ends.
-func (p *Publisher) await(ctx context.Context, closed <-chan struct{}, futures []jetstream.PubAckFuture, res []broker.Result) {
-	timer := time.NewTimer(p.cfg.AckTimeout)
-	defer timer.Stop()
-	var expired bool
-	for i, f := range futures {
-		if f == nil {
-			continue
+// prepare makes every check the server would make, before sending: a subject whose
+// protocol line is too long (sent, it would close the connection), a stream that
+// covers the subject (else Deferred), headers NATS cannot carry intact, the server's
+// max_payload and the stream's max_msg_size; and renders the message.
+func (p *Publisher) prepare(ctx context.Context, js jetstream.JetStream, m *broker.Message, maxPayload int, refreshed map[string]bool) (*nats.Msg, error) {
+	if len(m.Topic)+controlLineOverhead > p.cfg.MaxControlLine {
+		return nil, broker.Permanent(fmt.Errorf("subject of %d bytes: the publish would exceed the server's max_control_line of %d (a shorter aggregate type or topic template)",
+			len(m.Topic), p.cfg.MaxControlLine))
+	}
+	streamMax, err := p.ensureStream(ctx, js, m.Topic)
+	if err != nil {
+		return nil, err
+	}
+	n := m.HeaderCount() + 2
+	hdr := make(nats.Header, n)
+	vals := make([]string, 0, n) // one backing array for every one-value header
+	set := func(k, v string) {
+		vals = append(vals, v)
+		hdr[k] = vals[len(vals)-1 : len(vals) : len(vals)]
+	}
+	size := len(m.Payload)
+	var bad error // a header NATS cannot carry intact: checked as it is rendered
+	m.EachHeader(func(k, v string) {
+		if bad == nil {
+			bad = broker.CheckHeader(k, v)
 		}
-		if expired {
-			select { // answered before the deadline, or not at all
-			case <-f.Ok():
-			case err := <-f.Err():
-				res[i].Err = classify(err)
-			default:
-				res[i].Err = p.ackTimeout()
-			}
-			continue
+		set(k, v)
+		size += len(k) + len(v) + 4
+	})
+	if bad != nil {
+		return nil, bad
+	}
+	set(jetstream.MsgIDHeader, m.ID)
+	set(HeaderKey, m.Key)
+	if maxPayload > 0 && size > maxPayload {
+		return nil, broker.Permanent(fmt.Errorf("message of %d bytes exceeds the server's max_payload of %d", size, maxPayload))
+	}
+	if streamMax >= 0 && len(m.Payload) > streamMax && !refreshed[m.Topic] {
+		// The limit is cached: an operator may have raised it (then replayed the
+		// dead letters it made). Ask once per subject and batch before refusing.
+		refreshed[m.Topic] = true
+		p.forget(m.Topic)
+		if streamMax, err = p.ensureStream(ctx, js, m.Topic); err != nil {
+			return nil, err
 		}
+	}
+	if streamMax >= 0 && len(m.Payload) > streamMax {
+		return nil, broker.Permanent(fmt.Errorf("payload of %d bytes exceeds the stream's max_msg_size of %d", len(m.Payload), streamMax))
+	}
+	return &nats.Msg{Subject: m.Topic, Data: m.Payload, Header: hdr}, nil
+}
+
+// ack is a JetStream acknowledgement to come.
+type ack struct {
+	f      jetstream.PubAckFuture
+	closed <-chan struct{} // a connection Dial opened closed for good: no answer will come
+}
+
+// Wait implements broker.Future.
+func (a ack) Wait(ctx context.Context) error {
+	select { // an answer already come wins
+	case <-a.f.Ok():
+		return nil
+	case err := <-a.f.Err():
+		return err
+	default:
+	}
+	select {
+	case <-a.f.Ok():
+		return nil
+	case err := <-a.f.Err():
+		return err
+	case <-a.closed:
 		select {
-		case <-f.Ok():
-		case err := <-f.Err():
-			res[i].Err = classify(err)
-		case <-timer.C:
-			expired = true
-			res[i].Err = p.ackTimeout()
-		case <-closed:
-			// The connection closed for good: no answer will come. What was not
-			// answered by now is the connection's failure.
-			expired = true
-			select {
-			case <-f.Ok():
-			case err := <-f.Err():
-				res[i].Err = classify(err)
-			default:
-				res[i].Err = broker.Unavailable(nats.ErrConnectionClosed)
-			}
-		case <-ctx.Done():
-			res[i].Err = ctx.Err()
+		case <-a.f.Ok():
+			return nil
+		case err := <-a.f.Err():
+			return err
+		default:
+			return broker.Unavailable(nats.ErrConnectionClosed)
 		}
+	case <-ctx.Done():
+		return ctx.Err()
 	}
-}
-
-func (p *Publisher) ackTimeout() error {
-	return broker.Unavailable(fmt.Errorf("no acknowledgement within %v: %w", p.cfg.AckTimeout, jetstream.ErrAsyncPublishTimeout))
 }
 
 // ensureStream checks once per subject that a stream covers it, and returns that

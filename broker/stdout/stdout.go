@@ -36,35 +36,29 @@ var _ broker.Publisher = (*Publisher)(nil)
 
 // Publish implements broker.Publisher.
 func (p *Publisher) Publish(ctx context.Context, msgs []broker.Message) []broker.Result {
-	res := make([]broker.Result, len(msgs))
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	var stop error
-	for i, m := range msgs {
-		if stop == nil {
-			stop = ctx.Err()
-		}
-		if stop != nil {
-			res[i].Err = stop
-			continue
-		}
-		l := Line{ID: m.ID, Topic: m.Topic, Key: m.Key, Headers: make(map[string]string, m.HeaderCount())}
-		m.EachHeader(func(k, v string) { l.Headers[k] = v })
-		if len(m.Payload) > 0 && json.Valid(m.Payload) {
-			l.Payload = m.Payload
-		} else {
-			l.PayloadBase64 = m.Payload
-		}
-		b, err := json.Marshal(l)
-		if err == nil {
-			_, err = p.w.Write(append(b, '\n'))
-		}
-		if err != nil {
-			stop = broker.Unavailable(fmt.Errorf("stdout: %w", err))
-			res[i].Err = stop
-		}
-	}
-	return res
+	return broker.Sequence(ctx, msgs, broker.Schedule{}, broker.Sender{
+		Prepare: func(context.Context, int) error { return nil },
+		Send: func(_ context.Context, i int) (broker.Future, error) {
+			m := &msgs[i]
+			l := Line{ID: m.ID, Topic: m.Topic, Key: m.Key, Headers: make(map[string]string, m.HeaderCount())}
+			m.EachHeader(func(k, v string) { l.Headers[k] = v })
+			if len(m.Payload) > 0 && json.Valid(m.Payload) {
+				l.Payload = m.Payload
+			} else {
+				l.PayloadBase64 = m.Payload
+			}
+			b, err := json.Marshal(l)
+			if err == nil {
+				_, err = p.w.Write(append(b, '\n'))
+			}
+			if err != nil {
+				return nil, broker.Unavailable(fmt.Errorf("stdout: %w", err))
+			}
+			return broker.Answered{}, nil
+		},
+	})
 }
 
 // Features implements broker.Publisher.

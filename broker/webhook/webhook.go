@@ -187,31 +187,49 @@ func Verify(secret []byte, h http.Header, body []byte, now time.Time, tolerance 
 
 var _ broker.Publisher = (*Publisher)(nil)
 
-// Publish implements broker.Publisher.
+// Publish implements broker.Publisher: the messages of one key one after another,
+// each after the previous one's 2xx, Concurrency keys at once.
 func (p *Publisher) Publish(ctx context.Context, msgs []broker.Message) []broker.Result {
-	return broker.PerKey(ctx, msgs, p.cfg.Concurrency, func(ctx context.Context, i int) error { return p.post(ctx, &msgs[i]) })
+	reqs := make([]*http.Request, len(msgs))
+	return broker.Sequence(ctx, msgs, broker.Schedule{Sequential: true, Concurrency: p.cfg.Concurrency}, broker.Sender{
+		Prepare: func(ctx context.Context, i int) (err error) {
+			reqs[i], err = p.request(ctx, &msgs[i])
+			return err
+		},
+		Send: func(ctx context.Context, i int) (broker.Future, error) {
+			resp, err := p.cfg.Client.Do(reqs[i])
+			if err != nil {
+				if ctx.Err() != nil {
+					return nil, ctx.Err()
+				}
+				p.health.record(true)
+				return nil, broker.Unavailable(fmt.Errorf("webhook: %w", err))
+			}
+			_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 64<<10))
+			_ = resp.Body.Close()
+			return broker.Answered{Err: p.classify(resp)}, nil
+		},
+	})
 }
 
-func (p *Publisher) post(ctx context.Context, m *broker.Message) error {
-	if err := ctx.Err(); err != nil {
-		return err
-	}
+// request makes every check an endpoint or net/http would make, and builds the
+// signed request: a refusal here is the event's, never taken for an unreachable
+// endpoint.
+func (p *Publisher) request(ctx context.Context, m *broker.Message) (*http.Request, error) {
 	if p.cfg.MaxMessageBytes > 0 && len(m.Payload) > p.cfg.MaxMessageBytes {
-		return broker.Permanent(fmt.Errorf("payload of %d bytes exceeds the limit of %d", len(m.Payload), p.cfg.MaxMessageBytes))
+		return nil, broker.Permanent(fmt.Errorf("payload of %d bytes exceeds the limit of %d", len(m.Payload), p.cfg.MaxMessageBytes))
 	}
-	// A header net/http would refuse to send is this event's problem: refuse it here,
-	// where it cannot pass for an unreachable endpoint.
 	if err := broker.CheckHeaders(m); err != nil {
-		return err
+		return nil, err
 	}
 	for _, v := range []string{m.Key, m.Topic} {
 		if problem := wire.HeaderValueProblem(v); problem != "" {
-			return broker.Permanent(fmt.Errorf("key or topic: %s", problem))
+			return nil, broker.Permanent(fmt.Errorf("key or topic: %s", problem))
 		}
 	}
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, p.url, bytes.NewReader(m.Payload))
 	if err != nil {
-		return broker.Permanent(err)
+		return nil, broker.Permanent(err)
 	}
 	ts := p.cfg.Now().Unix()
 	ct := "application/octet-stream"
@@ -225,17 +243,7 @@ func (p *Publisher) post(ctx context.Context, m *broker.Message) error {
 	req.Header.Set(HeaderSignature, Sign(p.secret, m.ID, ts, m.Payload))
 	req.Header.Set(HeaderKey, m.Key)
 	req.Header.Set(HeaderTopic, m.Topic)
-	resp, err := p.cfg.Client.Do(req)
-	if err != nil {
-		if ctx.Err() != nil {
-			return ctx.Err()
-		}
-		p.health.record(true)
-		return broker.Unavailable(fmt.Errorf("webhook: %w", err))
-	}
-	_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 64<<10))
-	_ = resp.Body.Close()
-	return p.classify(resp)
+	return req, nil
 }
 
 // classify turns an answer into the event's outcome.
