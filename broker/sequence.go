@@ -63,7 +63,7 @@ type Sender struct {
 	// awaited; its error is the connection's for every message not yet answered.
 	Flush func(ctx context.Context) error
 	// Classify, if set, maps the client's errors from Send, Flush and Wait to the
-	// classes above.
+	// classes above; it is not asked about an error already classified.
 	Classify func(err error) error
 }
 
@@ -166,11 +166,13 @@ func (q *sequencer) hold(m *Message, err error) {
 	}
 }
 
+// classify asks the publisher's Classify about a client's error; an error already
+// classified (Permanent, Deferred, Unavailable) stays as it is.
 func (q *sequencer) classify(err error) error {
-	if err != nil && q.s.Classify != nil {
-		return q.s.Classify(err)
+	if err == nil || q.s.Classify == nil || IsPermanent(err) || IsDeferred(err) || IsUnavailable(err) {
+		return err
 	}
-	return err
+	return q.s.Classify(err)
 }
 
 // send sends message i and returns its future, or nil if it failed.

@@ -137,91 +137,95 @@ var (
 	_ broker.TopicValidator = (*Publisher)(nil)
 )
 
-// Publish implements broker.Publisher.
+// Publish implements broker.Publisher: every message is published in order with a
+// publisher confirm, then the confirms are awaited (broker.Sequence).
 func (p *Publisher) Publish(ctx context.Context, msgs []broker.Message) []broker.Result {
-	res := make([]broker.Result, len(msgs))
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if err := p.ensure(); err != nil {
 		return broker.AllUnavailable(len(msgs), err) // the connection's failure, not the messages'
 	}
-	var hold broker.KeyHold
-	confirms := make([]*amqp.DeferredConfirmation, len(msgs))
-	var stop error
-	for i := range msgs {
-		m := &msgs[i]
-		if stop == nil {
-			stop = ctx.Err()
-		}
-		if stop != nil {
-			res[i].Err = stop
-			continue
-		}
-		if res[i].Err = hold.Admit(m, len(m.Payload), p.cfg.MaxMessageBytes); res[i].Err != nil {
-			continue
-		}
-		if err := checkShortStrings(m); err != nil {
-			// Sent, it would close the channel and fail the whole batch with it.
-			res[i].Err = broker.Permanent(err)
-			hold.Refuse(m.Key, res[i].Err)
-			continue
-		}
-		headers := amqp.Table{HeaderKey: m.Key}
-		m.EachHeader(func(k, v string) { headers[k] = v })
-		ct := "application/octet-stream"
-		if json.Valid(m.Payload) {
-			ct = "application/json"
-		}
-		dc, err := p.ch.PublishWithDeferredConfirmWithContext(ctx, p.cfg.Exchange, m.Topic, true, false, amqp.Publishing{
-			MessageId:    m.ID,
-			DeliveryMode: amqp.Persistent,
-			ContentType:  ct,
-			Type:         m.EventType,
-			Timestamp:    time.Now(),
-			Headers:      headers,
-			Body:         m.Payload,
-		})
-		if err != nil {
-			res[i].Err = classify(ctx, err)
-			stop = res[i].Err
-			continue
-		}
-		confirms[i] = dc
+	pubs := make([]amqp.Publishing, len(msgs))
+	returned := map[string]amqp.Return{}
+	return broker.Sequence(ctx, msgs, broker.Schedule{}, broker.Sender{
+		Prepare: func(_ context.Context, i int) (err error) {
+			pubs[i], err = p.prepare(&msgs[i])
+			return err
+		},
+		Send: func(ctx context.Context, i int) (broker.Future, error) {
+			dc, err := p.ch.PublishWithDeferredConfirmWithContext(ctx, p.cfg.Exchange, msgs[i].Topic, true, false, pubs[i])
+			if err != nil {
+				return nil, err
+			}
+			return confirm{dc: dc, id: msgs[i].ID, returns: p.returns, returned: returned}, nil
+		},
+		Classify: func(err error) error { return classify(ctx, err) },
+	})
+}
+
+// prepare refuses what AMQP cannot carry (sent, it would close the channel and fail
+// the whole batch with it) and renders the message.
+func (p *Publisher) prepare(m *broker.Message) (amqp.Publishing, error) {
+	if p.cfg.MaxMessageBytes > 0 && len(m.Payload) > p.cfg.MaxMessageBytes {
+		return amqp.Publishing{}, broker.Permanent(fmt.Errorf("payload of %d bytes exceeds the limit of %d", len(m.Payload), p.cfg.MaxMessageBytes))
 	}
-	for i, dc := range confirms {
-		if dc == nil {
-			continue
-		}
-		ack, err := dc.WaitContext(ctx)
-		switch {
-		case err != nil:
-			res[i].Err = classify(ctx, err)
-		case !ack:
-			res[i].Err = broker.Unavailable(errors.New("RabbitMQ nacked the message (queue full or internal error)"))
-		}
+	if err := checkShortStrings(m); err != nil {
+		return amqp.Publishing{}, broker.Permanent(err)
 	}
-	// A mandatory message no queue took comes back before its ack.
-returns:
-	for {
+	headers := amqp.Table{HeaderKey: m.Key}
+	m.EachHeader(func(k, v string) { headers[k] = v })
+	ct := "application/octet-stream"
+	if json.Valid(m.Payload) {
+		ct = "application/json"
+	}
+	return amqp.Publishing{
+		MessageId:    m.ID,
+		DeliveryMode: amqp.Persistent,
+		ContentType:  ct,
+		Type:         m.EventType,
+		Timestamp:    time.Now(),
+		Headers:      headers,
+		Body:         m.Payload,
+	}, nil
+}
+
+// confirm is a publisher confirm to come. A mandatory message no queue took comes
+// back (basic.return) before its confirm, so once confirmed, the returns that came
+// tell whether it was routed.
+type confirm struct {
+	dc       *amqp.DeferredConfirmation
+	id       string
+	returns  <-chan amqp.Return
+	returned map[string]amqp.Return // the batch's returns so far, by message id
+}
+
+// Wait implements broker.Future.
+func (c confirm) Wait(ctx context.Context) error {
+	ack, err := c.dc.WaitContext(ctx)
+	if err != nil {
+		return err
+	}
+	if !ack {
+		return broker.Unavailable(errors.New("RabbitMQ nacked the message (queue full or internal error)"))
+	}
+	for drained := false; !drained; {
 		select {
-		case r, ok := <-p.returns:
+		case r, ok := <-c.returns:
 			if !ok {
-				break returns // the channel closed: the confirms above failed already
+				drained = true // the channel closed: later confirms fail by themselves
+				break
 			}
-			for i := range msgs {
-				if msgs[i].ID == r.MessageId && res[i].Err == nil {
-					// The topic's, not the connection's: other topics go on, this
-					// message is retried on its own schedule (and dead-lettered if no
-					// queue is ever bound).
-					res[i].Err = broker.Deferred(fmt.Errorf("%w %q (%s)", ErrUnroutable, r.RoutingKey, r.ReplyText))
-				}
-			}
-			continue
+			c.returned[r.MessageId] = r
 		default:
+			drained = true
 		}
-		break
 	}
-	return res
+	if r, ok := c.returned[c.id]; ok {
+		// The topic's, not the connection's: other topics go on, this message is
+		// retried on its own schedule (and dead-lettered if no queue is ever bound).
+		return broker.Deferred(fmt.Errorf("%w %q (%s)", ErrUnroutable, r.RoutingKey, r.ReplyText))
+	}
+	return nil
 }
 
 // checkShortStrings refuses what AMQP carries as a short string (at most 255 bytes):

@@ -66,52 +66,68 @@ var _ broker.Publisher = (*Publisher)(nil)
 
 // Publish implements broker.Publisher.
 func (p *Publisher) Publish(ctx context.Context, msgs []broker.Message) []broker.Result {
-	res := make([]broker.Result, len(msgs))
-	if len(msgs) == 0 {
-		return res
-	}
-	var hold broker.KeyHold
-	cmds := make([]*goredis.StringCmd, len(msgs))
+	args := make([]*goredis.XAddArgs, len(msgs))
 	pipe := p.c.Pipeline()
-	for i := range msgs {
-		m := &msgs[i]
-		if res[i].Err = hold.Admit(m, len(m.Payload), p.cfg.MaxMessageBytes); res[i].Err != nil {
-			continue
-		}
-		h := make(map[string]string, m.HeaderCount())
-		valid := true
-		m.EachHeader(func(k, v string) {
-			h[k] = v
-			valid = valid && utf8.ValidString(k) && utf8.ValidString(v)
-		})
-		if !valid {
-			// JSON would replace the bad bytes: refuse rather than alter the header.
-			res[i].Err = broker.Permanent(errors.New("a header holds invalid UTF-8, which the JSON headers field cannot carry"))
-			hold.Refuse(m.Key, res[i].Err)
-			continue
-		}
-		headers, _ := json.Marshal(h)
-		args := &goredis.XAddArgs{
-			Stream: m.Topic,
-			Values: []any{"id", m.ID, "key", m.Key, "type", m.EventType, "headers", headers, "payload", m.Payload},
-		}
-		if p.cfg.MaxLen > 0 {
-			args.MaxLen, args.Approx = p.cfg.MaxLen, true
-		}
-		cmds[i] = pipe.XAdd(ctx, args)
+	var execErr error
+	return broker.Sequence(ctx, msgs, broker.Schedule{}, broker.Sender{
+		Prepare: func(_ context.Context, i int) (err error) {
+			args[i], err = p.prepare(&msgs[i])
+			return err
+		},
+		Send: func(ctx context.Context, i int) (broker.Future, error) {
+			return xadd{cmd: pipe.XAdd(ctx, args[i]), execErr: &execErr}, nil
+		},
+		// Each command carries its own outcome (a WRONGTYPE is one stream's); the
+		// pipeline's error only fills in for a command that got no answer.
+		Flush: func(ctx context.Context) error {
+			_, execErr = pipe.Exec(ctx)
+			return nil
+		},
+		Classify: func(err error) error { return classify(ctx, err) },
+	})
+}
+
+// prepare refuses what the stream cannot take and renders the XADD.
+func (p *Publisher) prepare(m *broker.Message) (*goredis.XAddArgs, error) {
+	if p.cfg.MaxMessageBytes > 0 && len(m.Payload) > p.cfg.MaxMessageBytes {
+		return nil, broker.Permanent(fmt.Errorf("payload of %d bytes exceeds the limit of %d", len(m.Payload), p.cfg.MaxMessageBytes))
 	}
-	_, err := pipe.Exec(ctx)
-	for i, c := range cmds {
-		if c == nil {
-			continue
-		}
-		if cerr := c.Err(); cerr != nil {
-			res[i].Err = classify(ctx, cerr)
-		} else if err != nil && c.Val() == "" {
-			res[i].Err = classify(ctx, err)
-		}
+	h := make(map[string]string, m.HeaderCount())
+	valid := true
+	m.EachHeader(func(k, v string) {
+		h[k] = v
+		valid = valid && utf8.ValidString(k) && utf8.ValidString(v)
+	})
+	if !valid {
+		// JSON would replace the bad bytes: refuse rather than alter the header.
+		return nil, broker.Permanent(errors.New("a header holds invalid UTF-8, which the JSON headers field cannot carry"))
 	}
-	return res
+	headers, _ := json.Marshal(h)
+	args := &goredis.XAddArgs{
+		Stream: m.Topic,
+		Values: []any{"id", m.ID, "key", m.Key, "type", m.EventType, "headers", headers, "payload", m.Payload},
+	}
+	if p.cfg.MaxLen > 0 {
+		args.MaxLen, args.Approx = p.cfg.MaxLen, true
+	}
+	return args, nil
+}
+
+// xadd is one pipelined XADD's answer.
+type xadd struct {
+	cmd     *goredis.StringCmd
+	execErr *error
+}
+
+// Wait implements broker.Future: the pipeline has run when it is called.
+func (x xadd) Wait(context.Context) error {
+	if err := x.cmd.Err(); err != nil {
+		return err
+	}
+	if *x.execErr != nil && x.cmd.Val() == "" {
+		return *x.execErr
+	}
+	return nil
 }
 
 func classify(ctx context.Context, err error) error {
