@@ -15,7 +15,6 @@ import (
 	"fmt"
 	"net/url"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kerr"
@@ -178,84 +177,55 @@ func Record(m *broker.Message) *kgo.Record {
 // ctx ends; records still unanswered then fail with ctx's error (their late answers
 // are ignored: the relay publishes them again, which the id header makes harmless).
 func (p *Publisher) Publish(ctx context.Context, msgs []broker.Message) []broker.Result {
-	res := make([]broker.Result, len(msgs))
-	var (
-		hold    broker.KeyHold
-		mu      sync.Mutex
-		pending = map[int]bool{}
-		done    = make(chan struct{})
-		closed  bool
-	)
-	finish := func(i int, err error) {
-		mu.Lock()
-		defer mu.Unlock()
-		if !pending[i] {
-			return
-		}
-		delete(pending, i)
-		res[i].Err = err
-		if len(pending) == 0 && !closed {
-			closed = true
-			close(done)
-		}
-	}
-	var records []int
-	for i := range msgs {
-		m := &msgs[i]
-		if err := ctx.Err(); err != nil {
-			res[i].Err = err
-			continue
-		}
-		if err := ValidateTopic(m.Topic); err != nil {
-			// A name Kafka refuses (from an aggregate type, say): franz-go would only
-			// retry it until the delivery timeout.
-			res[i].Err = broker.Permanent(err)
-			hold.Refuse(m.Key, res[i].Err)
-			continue
-		}
-		if res[i].Err = hold.Admit(m, recordSize(m), p.cfg.MaxMessageBytes); res[i].Err != nil {
-			continue
-		}
-		pending[i] = true
-		records = append(records, i)
-	}
-	if len(records) == 0 {
-		return res
-	}
-	parent := ctx
-	ctx, cancel := context.WithTimeout(ctx, p.cfg.DeliveryTimeout)
+	// Records are produced under a context bounded by the delivery timeout: franz-go
+	// fails a record whose context ends, so none outlives the batch.
+	pctx, cancel := context.WithTimeout(ctx, p.cfg.DeliveryTimeout)
 	defer cancel()
-	for _, i := range records {
-		placed := msgs[i].HasPartition
-		p.c.Produce(ctx, Record(&msgs[i]), func(_ *kgo.Record, err error) {
-			switch {
-			case err == nil:
-			case placed && strings.Contains(err.Error(), "partitioning choice"):
-				// The message named a partition the topic does not have: its fault.
-				err = broker.Permanent(fmt.Errorf("kafka: the placed partition: %w", err))
-			default:
-				err = classify(parent, err)
+	return broker.Sequence(ctx, msgs, broker.Schedule{AckTimeout: p.cfg.DeliveryTimeout}, broker.Sender{
+		Prepare: func(_ context.Context, i int) error {
+			m := &msgs[i]
+			if err := ValidateTopic(m.Topic); err != nil {
+				// A name Kafka refuses (from an aggregate type, say): franz-go would
+				// only retry it until the delivery timeout.
+				return broker.Permanent(err)
 			}
-			finish(i, err)
-		})
+			if size := recordSize(m); p.cfg.MaxMessageBytes > 0 && size > p.cfg.MaxMessageBytes {
+				return broker.Permanent(fmt.Errorf("message of %d bytes exceeds the limit of %d", size, p.cfg.MaxMessageBytes))
+			}
+			return nil
+		},
+		Send: func(_ context.Context, i int) (broker.Future, error) {
+			placed := msgs[i].HasPartition
+			f := make(produced, 1)
+			p.c.Produce(pctx, Record(&msgs[i]), func(_ *kgo.Record, err error) {
+				if err != nil && placed && strings.Contains(err.Error(), "partitioning choice") {
+					// The message named a partition the topic does not have: its fault.
+					err = broker.Permanent(fmt.Errorf("kafka: the placed partition: %w", err))
+				}
+				f <- err
+			})
+			return f, nil
+		},
+		Classify: func(err error) error { return classify(ctx, err) },
+	})
+}
+
+// produced is a record's answer to come, from its produce callback.
+type produced chan error
+
+// Wait implements broker.Future.
+func (f produced) Wait(ctx context.Context) error {
+	select {
+	case err := <-f:
+		return err
+	default:
 	}
 	select {
-	case <-done:
+	case err := <-f:
+		return err
 	case <-ctx.Done():
-		err := parent.Err()
-		if err == nil {
-			err = broker.Unavailable(fmt.Errorf("kafka: %w after %s", kgo.ErrRecordTimeout, p.cfg.DeliveryTimeout))
-		}
-		mu.Lock()
-		for i := range pending {
-			res[i].Err = err
-		}
-		clear(pending)
-		mu.Unlock()
+		return ctx.Err()
 	}
-	mu.Lock()
-	defer mu.Unlock()
-	return append([]broker.Result(nil), res...)
 }
 
 func recordSize(m *broker.Message) int {
