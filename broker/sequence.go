@@ -15,6 +15,8 @@ import (
 //
 //   - hold: once a message of a key (its aggregate type and key) fails, the key's later
 //     messages of the batch are not sent (ErrHeldBack: no attempt), so none overtakes it;
+//     a later message already sent whose answer is a failure too is held back as well,
+//     never charged (a client that fails a key's bundle as a whole);
 //   - defer: a destination that is not ready (ErrDeferred) defers the rest of the
 //     batch's messages to it, and holds their keys; other destinations go on;
 //   - stop: a failure of the connection (ErrUnavailable) or the end of ctx sends
@@ -167,9 +169,9 @@ func (q *sequencer) hold(m *Message, err error) {
 }
 
 // classify asks the publisher's Classify about a client's error; an error already
-// classified (Permanent, Deferred, Unavailable) stays as it is.
+// classified (Permanent, Deferred, Unavailable, HeldBack) stays as it is.
 func (q *sequencer) classify(err error) error {
-	if err == nil || q.s.Classify == nil || IsPermanent(err) || IsDeferred(err) || IsUnavailable(err) {
+	if err == nil || q.s.Classify == nil || IsPermanent(err) || IsDeferred(err) || IsUnavailable(err) || IsHeldBack(err) {
 		return err
 	}
 	return q.s.Classify(err)
@@ -192,6 +194,16 @@ func (q *sequencer) await(actx context.Context, i int, f Future) {
 		err = Unavailable(fmt.Errorf("%w (%v)", ErrNoAnswer, q.sch.AckTimeout))
 	} else {
 		err = q.classify(err)
+	}
+	if err != nil && !IsUnavailable(err) && q.ctx.Err() == nil {
+		q.mu.Lock()
+		first := q.held[seqKey(&q.msgs[i])]
+		q.mu.Unlock()
+		if first != nil {
+			// An earlier message of its key failed already: this one waits behind
+			// it whatever its own answer, and is not charged for it.
+			err = fmt.Errorf("%w (%v)", ErrHeldBack, err)
+		}
 	}
 	if err != nil {
 		q.fail(i, err)

@@ -109,6 +109,8 @@ func TestSequenceRules(t *testing.T) {
 		{"the connection's failure stops the batch",
 			batch("t a", "t b", "t c"), script{send: map[string]error{"1": broker.Unavailable(refused)}},
 			"[ok unavailable unavailable]", true},
+		{"a key's later failed answer is held back, not charged",
+			batch("t a", "t a", "t b"), script{answer: map[string]error{"0": refused, "1": refused}}, "[retry held ok]", true},
 		{"a refusal in the answer is the message's",
 			batch("t a", "t b"), script{answer: map[string]error{"0": broker.Permanent(refused)}}, "[permanent ok]", false},
 		{"the same key under another aggregate type is another key",

@@ -133,84 +133,77 @@ func (p *Publisher) topic(ctx context.Context, name string) (*gpubsub.Publisher,
 // Publish implements broker.Publisher. A batch's messages are handed to the client at
 // once, in order; each answer is its message's.
 func (p *Publisher) Publish(ctx context.Context, msgs []broker.Message) []broker.Result {
-	res := make([]broker.Result, len(msgs))
-	var hold broker.KeyHold
-	type pending struct {
-		i int
-		r *gpubsub.PublishResult
-		t *gpubsub.Publisher
-	}
-	var sent []pending
-	for i := range msgs {
-		m := &msgs[i]
-		if err := ctx.Err(); err != nil {
-			res[i].Err = err
+	out := make([]*gpubsub.Message, len(msgs))
+	topics := make([]*gpubsub.Publisher, len(msgs))
+	res := broker.Sequence(ctx, msgs, broker.Schedule{}, broker.Sender{
+		Prepare: func(ctx context.Context, i int) (err error) {
+			out[i], topics[i], err = p.prepare(ctx, &msgs[i])
+			return err
+		},
+		Send: func(ctx context.Context, i int) (broker.Future, error) {
+			return published{topics[i].Publish(ctx, out[i])}, nil
+		},
+		Classify: classify,
+	})
+	// The client paused each key whose message failed (it fails a key's bundle as a
+	// whole; broker.Sequence charges only the first); resume them so the retry goes
+	// through.
+	resumed := map[*gpubsub.Publisher]map[string]bool{}
+	for i, r := range res {
+		if r.Err == nil || topics[i] == nil || out[i] == nil {
 			continue
 		}
-		if err := ValidateTopic(m.Topic); err != nil {
-			res[i].Err = broker.Permanent(err)
-			hold.Refuse(m.Key, res[i].Err)
-			continue
+		if resumed[topics[i]] == nil {
+			resumed[topics[i]] = map[string]bool{}
 		}
-		attrs := make(map[string]string, m.HeaderCount())
-		valid := true
-		m.EachHeader(func(k, v string) {
-			attrs[k] = v
-			valid = valid && utf8.ValidString(k) && utf8.ValidString(v) && !strings.HasPrefix(strings.ToLower(k), "goog") && len(k) <= 256 && len(v) <= 1024
-		})
-		size := len(m.Payload)
-		for k, v := range attrs {
-			size += len(k) + len(v)
-		}
-		if res[i].Err = hold.Admit(m, size, p.cfg.MaxMessageBytes); res[i].Err != nil {
-			continue
-		}
-		if !valid {
-			res[i].Err = broker.Permanent(errors.New("a header Pub/Sub cannot carry as an attribute (invalid UTF-8, a goog prefix, a name over 256 or a value over 1024 bytes)"))
-			hold.Refuse(m.Key, res[i].Err)
-			continue
-		}
-		t, err := p.topic(ctx, m.Topic)
-		if err != nil {
-			res[i].Err = err
-			hold.Refuse(m.Key, err)
-			continue
-		}
-		sent = append(sent, pending{i, t.Publish(ctx, &gpubsub.Message{Data: m.Payload, Attributes: attrs, OrderingKey: m.Key}), t})
-	}
-	resume := map[*gpubsub.Publisher]map[string]bool{}
-	failed := map[string]bool{} // keys whose first failure is reported
-	for _, s := range sent {
-		_, err := s.r.Get(ctx)
-		if err == nil {
-			continue
-		}
-		m := &msgs[s.i]
-		// The client sends a key's messages in bundles, and a bundle fails as a whole:
-		// the key's first failed message owns the failure, its later ones (failed with
-		// it, or paused after it) are held back, never charged.
-		var paused gpubsub.ErrPublishingPaused
-		if failed[m.Key] || errors.As(err, &paused) {
-			res[s.i].Err = fmt.Errorf("%w (%v)", broker.ErrHeldBack, err)
-		} else {
-			res[s.i].Err = classify(err)
-			failed[m.Key] = true
-		}
-		if ctx.Err() != nil {
-			res[s.i].Err = ctx.Err()
-		}
-		if resume[s.t] == nil {
-			resume[s.t] = map[string]bool{}
-		}
-		resume[s.t][m.Key] = true
-	}
-	// The client paused each failed key; resume them so the retry goes through.
-	for t, keys := range resume {
-		for k := range keys {
-			t.ResumePublish(k)
+		if k := msgs[i].Key; !resumed[topics[i]][k] {
+			resumed[topics[i]][k] = true
+			topics[i].ResumePublish(k)
 		}
 	}
 	return res
+}
+
+// prepare refuses what Pub/Sub cannot take and renders the message for its topic.
+func (p *Publisher) prepare(ctx context.Context, m *broker.Message) (*gpubsub.Message, *gpubsub.Publisher, error) {
+	if err := ValidateTopic(m.Topic); err != nil {
+		return nil, nil, broker.Permanent(err)
+	}
+	attrs := make(map[string]string, m.HeaderCount())
+	valid := true
+	m.EachHeader(func(k, v string) {
+		attrs[k] = v
+		valid = valid && utf8.ValidString(k) && utf8.ValidString(v) && !strings.HasPrefix(strings.ToLower(k), "goog") && len(k) <= 256 && len(v) <= 1024
+	})
+	size := len(m.Payload)
+	for k, v := range attrs {
+		size += len(k) + len(v)
+	}
+	if p.cfg.MaxMessageBytes > 0 && size > p.cfg.MaxMessageBytes {
+		return nil, nil, broker.Permanent(fmt.Errorf("message of %d bytes exceeds the limit of %d", size, p.cfg.MaxMessageBytes))
+	}
+	if !valid {
+		return nil, nil, broker.Permanent(errors.New("a header Pub/Sub cannot carry as an attribute (invalid UTF-8, a goog prefix, a name over 256 or a value over 1024 bytes)"))
+	}
+	t, err := p.topic(ctx, m.Topic)
+	if err != nil {
+		return nil, nil, err
+	}
+	return &gpubsub.Message{Data: m.Payload, Attributes: attrs, OrderingKey: m.Key}, t, nil
+}
+
+// published is a Pub/Sub publish's answer to come.
+type published struct{ r *gpubsub.PublishResult }
+
+// Wait implements broker.Future. A key the client paused after an earlier failure
+// is held back.
+func (f published) Wait(ctx context.Context) error {
+	_, err := f.r.Get(ctx)
+	var paused gpubsub.ErrPublishingPaused
+	if errors.As(err, &paused) {
+		return fmt.Errorf("%w (%v)", broker.ErrHeldBack, err)
+	}
+	return err
 }
 
 // classify maps a Pub/Sub error to its class.
