@@ -2,8 +2,10 @@
 //
 // A Publisher takes a batch of messages and returns one Result per message, never one
 // error for the batch, so the relay can mark exactly what the broker acknowledged.
-// Messages of one key must reach the broker in the order given. Failures are
-// classified with the predicates below; the relay's retry policy asks only them.
+// Messages of one key must reach the broker in the order given. Every publisher
+// decides each message's fate through one engine, Sequence, giving it only how to
+// prepare, send and classify a message. Failures are classified with the predicates
+// below; the relay's retry policy asks only them.
 package broker
 
 import (
@@ -199,9 +201,8 @@ var (
 	// other topics go on, and is never dead-lettered for it.
 	ErrDeferred = errors.New("destination not ready")
 	// ErrHeldBack: the message was not sent because an earlier message of its key in
-	// the same batch was refused; sending it would break the key's order. It costs no
-	// attempt. Publishers that learn of a refusal before sending the rest of the batch
-	// hold the key's later messages back this way.
+	// the same batch was refused; sending it would break the key's order (or it was
+	// sent and failed after such a refusal). It costs no attempt. Sequence decides it.
 	ErrHeldBack = errors.New("held back behind a refused message of the same key")
 )
 
@@ -225,43 +226,6 @@ func IsUnavailable(err error) bool { return errors.Is(err, ErrUnavailable) }
 
 // IsHeldBack reports whether the message was held back behind a refused one.
 func IsHeldBack(err error) bool { return errors.Is(err, ErrHeldBack) }
-
-// KeyHold tracks, within one Publish call, the keys whose earlier message was refused.
-// The zero value is ready to use.
-type KeyHold struct{ refused map[string]error }
-
-// Refuse records that key's message was refused with err.
-func (h *KeyHold) Refuse(key string, err error) {
-	if h.refused == nil {
-		h.refused = map[string]error{}
-	}
-	if _, ok := h.refused[key]; !ok {
-		h.refused[key] = err
-	}
-}
-
-// Admit says whether a publisher may send m: an error if its key is held back, or if
-// size (the message's size as the broker counts it) exceeds max (when max > 0), which
-// also holds the key back. Publishers call it for each message before sending it.
-func (h *KeyHold) Admit(m *Message, size, max int) error {
-	if err := h.Held(m.Key); err != nil {
-		return err
-	}
-	if max > 0 && size > max {
-		err := Permanent(fmt.Errorf("message of %d bytes exceeds the limit of %d", size, max))
-		h.Refuse(m.Key, err)
-		return err
-	}
-	return nil
-}
-
-// Held returns the error for a later message of key, or nil if the key is not held.
-func (h *KeyHold) Held(key string) error {
-	if err, ok := h.refused[key]; ok {
-		return fmt.Errorf("%w (%v)", ErrHeldBack, err)
-	}
-	return nil
-}
 
 // AllUnavailable returns n results that all carry err as a connection failure: for a
 // batch that could not be sent at all because the connection is down (no message is

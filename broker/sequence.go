@@ -31,9 +31,12 @@ import (
 // The results are one per message, in msgs order.
 func Sequence(ctx context.Context, msgs []Message, sch Schedule, s Sender) []Result {
 	q := &sequencer{ctx: ctx, msgs: msgs, s: s, sch: sch, res: make([]Result, len(msgs))}
-	if sch.Sequential {
+	switch {
+	case sch.Sequential && s.Flush != nil:
+		q.rounds()
+	case sch.Sequential:
 		q.sequential()
-	} else {
+	default:
 		q.pipelined()
 	}
 	return q.res
@@ -41,10 +44,12 @@ func Sequence(ctx context.Context, msgs []Message, sch Schedule, s Sender) []Res
 
 // Schedule is how a publisher's broker takes messages.
 type Schedule struct {
-	// Sequential: the broker answers one message at a time (HTTP, MQTT): a key's
-	// next message is sent only after the previous one was acknowledged, and up to
-	// Concurrency keys run at once. Otherwise (pipelined) every message is sent in
-	// order, then the answers are awaited.
+	// Sequential: the broker keeps no order between messages in flight (HTTP,
+	// MQTT, SQS batches): a key's next message is sent only after the previous one
+	// was acknowledged, up to Concurrency keys at once; with a Flush, in rounds (each
+	// round queues the next message of every key, flushes them together, and awaits
+	// their answers). Otherwise (pipelined) every message is sent in order, flushed,
+	// then the answers are awaited.
 	Sequential  bool
 	Concurrency int
 	// AckTimeout bounds the wait for an answer (0: only ctx bounds it).
@@ -61,8 +66,9 @@ type Sender struct {
 	Prepare func(ctx context.Context, i int) error
 	// Send sends (or queues, see Flush) message i and returns its answer to come.
 	Send func(ctx context.Context, i int) (Future, error)
-	// Flush, if set, sends what Send queued (a pipeline) before the answers are
-	// awaited; its error is the connection's for every message not yet answered.
+	// Flush, if set, sends what Send queued (a pipeline, a round of batches) before
+	// the answers are awaited; its error is the connection's for every message
+	// queued since the last flush.
 	Flush func(ctx context.Context) error
 	// Classify, if set, maps the client's errors from Send, Flush and Wait to the
 	// classes above; it is not asked about an error already classified.
@@ -228,9 +234,14 @@ func (q *sequencer) pipelined() {
 			sent = sent || futures[i] != nil
 		}
 	}
-	if !sent {
-		return
+	if sent {
+		q.flushAndAwait(futures)
 	}
+}
+
+// flushAndAwait flushes what was queued and awaits the answers of futures (nil for
+// a message not sent).
+func (q *sequencer) flushAndAwait(futures []Future) {
 	if q.s.Flush != nil {
 		if err := q.s.Flush(q.ctx); err != nil {
 			err = q.classify(err)
@@ -254,9 +265,35 @@ func (q *sequencer) pipelined() {
 	}
 }
 
-// sequential runs each key's messages one after another, each sent only after the
-// previous one was acknowledged, Concurrency keys at once.
-func (q *sequencer) sequential() {
+// rounds sends, in each round, the next message of every key, flushes them
+// together and awaits their answers; a key's next message waits for the next round.
+func (q *sequencer) rounds() {
+	byKey, keys := q.byKey()
+	next := make(map[string]int, len(keys))
+	for {
+		futures := make([]Future, len(q.msgs))
+		sent := false
+		for _, k := range keys {
+			idx := byKey[k]
+			for next[k] < len(idx) { // the key's next message that goes out, if any
+				i := idx[next[k]]
+				next[k]++
+				if q.admit(i) {
+					futures[i] = q.send(i)
+					sent = sent || futures[i] != nil
+					break
+				}
+			}
+		}
+		if !sent {
+			return
+		}
+		q.flushAndAwait(futures)
+	}
+}
+
+// byKey groups the messages' indexes by key, keys in order of first appearance.
+func (q *sequencer) byKey() (map[string][]int, []string) {
 	byKey := map[string][]int{}
 	var keys []string
 	for i := range q.msgs {
@@ -266,6 +303,13 @@ func (q *sequencer) sequential() {
 		}
 		byKey[k] = append(byKey[k], i)
 	}
+	return byKey, keys
+}
+
+// sequential runs each key's messages one after another, each sent only after the
+// previous one was acknowledged, Concurrency keys at once.
+func (q *sequencer) sequential() {
+	byKey, keys := q.byKey()
 	sem := make(chan struct{}, max(q.sch.Concurrency, 1))
 	var wg sync.WaitGroup
 	for _, k := range keys {

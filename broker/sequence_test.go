@@ -93,8 +93,9 @@ func TestSequenceRules(t *testing.T) {
 		msgs []broker.Message
 		s    script
 		want string
-		// pipelinedOnly: in a sequential schedule keys run at once, so which of
-		// them a stop or a deferral reaches first varies (TestSequenceStopSequential).
+		// pipelinedOnly: in a sequential schedule without rounds keys run at once,
+		// so which of them a stop or a deferral reaches first varies
+		// (TestSequenceStopSequential).
 		pipelinedOnly bool
 	}{
 		{"all acknowledged", batch("t a", "t b", "t a"), script{}, "[ok ok ok]", false},
@@ -117,13 +118,17 @@ func TestSequenceRules(t *testing.T) {
 			[]broker.Message{{ID: "0", Topic: "t", Key: "1", AggregateType: "order"}, {ID: "1", Topic: "t", Key: "1", AggregateType: "user"}},
 			script{prepare: map[string]error{"0": broker.Permanent(refused)}}, "[permanent ok]", false},
 	} {
-		for _, sequential := range []bool{false, true} {
-			if sequential && tc.pipelinedOnly {
+		for _, sch := range []string{"pipelined", "sequential", "rounds"} {
+			if sch == "sequential" && tc.pipelinedOnly {
 				continue
 			}
-			t.Run(fmt.Sprintf("%s/sequential=%v", tc.name, sequential), func(t *testing.T) {
+			t.Run(tc.name+"/"+sch, func(t *testing.T) {
 				s := tc.s
-				res := broker.Sequence(context.Background(), tc.msgs, broker.Schedule{Sequential: sequential, Concurrency: 4}, s.sender(tc.msgs))
+				sender := s.sender(tc.msgs)
+				if sch == "rounds" {
+					sender.Flush = func(context.Context) error { return nil }
+				}
+				res := broker.Sequence(context.Background(), tc.msgs, broker.Schedule{Sequential: sch != "pipelined", Concurrency: 4}, sender)
 				if got := fmt.Sprint(errs(res)); got != tc.want {
 					t.Fatalf("results %s, want %s", got, tc.want)
 				}
@@ -182,8 +187,14 @@ func TestSequenceCanceled(t *testing.T) {
 }
 
 // TestSequenceSequentialOrder: a key's messages go one after another, each after the
-// previous one's answer.
+// previous one's answer, with and without rounds.
 func TestSequenceSequentialOrder(t *testing.T) {
+	for _, rounds := range []bool{false, true} {
+		sequentialOrder(t, rounds)
+	}
+}
+
+func sequentialOrder(t *testing.T, rounds bool) {
 	var msgs []broker.Message
 	for i := 0; i < 40; i++ {
 		msgs = append(msgs, broker.Message{ID: fmt.Sprint(i), Topic: "t", Key: fmt.Sprint(i % 4)})
@@ -206,6 +217,9 @@ func TestSequenceSequentialOrder(t *testing.T) {
 			last[k], inFlight[k] = i, true
 			return answerLater{done: func() { mu.Lock(); inFlight[k] = false; mu.Unlock() }}, nil
 		},
+	}
+	if rounds {
+		s.Flush = func(context.Context) error { return nil }
 	}
 	res := broker.Sequence(context.Background(), msgs, broker.Schedule{Sequential: true, Concurrency: 4}, s)
 	for i, r := range res {

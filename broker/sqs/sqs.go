@@ -247,117 +247,68 @@ type entry struct {
 	size  int
 }
 
-// Publish implements broker.Publisher.
+// Publish implements broker.Publisher. It sends in rounds (broker.Sequence): each
+// round takes the next message of every key, packs them queue by queue into batches
+// of up to ten sent at once, and the next round starts when every answer of this one
+// is in, so a key's messages never race each other.
 func (p *Publisher) Publish(ctx context.Context, msgs []broker.Message) []broker.Result {
-	res := make([]broker.Result, len(msgs))
-	var hold broker.KeyHold
-	var stop error
-	deferred := map[string]error{}
-	var todo []*entry // in order
-	for i := range msgs {
-		m := &msgs[i]
-		if stop == nil {
-			stop = ctx.Err()
-		}
-		if stop != nil {
-			res[i].Err = stop
-			continue
-		}
-		if res[i].Err = hold.Held(m.Key); res[i].Err != nil {
-			continue
-		}
-		if err := ValidateTopic(m.Topic); err != nil {
-			res[i].Err = broker.Permanent(err)
-			hold.Refuse(m.Key, res[i].Err)
-			continue
-		}
-		if err := deferred[m.Topic]; err != nil {
-			res[i].Err = err
-			continue
-		}
-		if _, err := p.queueURL(ctx, m.Topic); err != nil {
-			res[i].Err = err
-			if broker.IsDeferred(err) {
-				deferred[m.Topic] = err
-			} else {
-				stop = err
+	entries := make([]*entry, len(msgs))
+	answers := make([]error, len(msgs))
+	var round []*entry
+	return broker.Sequence(ctx, msgs, broker.Schedule{Sequential: true}, broker.Sender{
+		Prepare: func(ctx context.Context, i int) (err error) {
+			entries[i], err = p.prepare(ctx, i, &msgs[i])
+			return err
+		},
+		Send: func(_ context.Context, i int) (broker.Future, error) {
+			round = append(round, entries[i])
+			return answer{&answers[i]}, nil
+		},
+		Flush: func(ctx context.Context) error {
+			batches := p.batches(round)
+			round = round[:0]
+			sem := make(chan struct{}, p.cfg.MaxInFlight)
+			var wg sync.WaitGroup
+			for _, b := range batches {
+				wg.Add(1)
+				sem <- struct{}{}
+				go func(b []*entry) {
+					defer wg.Done()
+					defer func() { <-sem }()
+					for j, err := range p.sendBatch(ctx, b) {
+						answers[b[j].i] = err
+					}
+				}(b)
 			}
-			continue
-		}
-		e, err := p.entry(i, m)
-		if err == nil {
-			err = hold.Admit(m, e.size, p.cfg.MaxMessageBytes)
-		} else {
-			hold.Refuse(m.Key, err)
-		}
-		if res[i].Err = err; err != nil {
-			continue
-		}
-		todo = append(todo, e)
-	}
-	p.send(ctx, msgs, todo, res, &hold)
-	return res
+			wg.Wait()
+			return nil
+		},
+	})
 }
 
-// send sends the entries in rounds: each round takes, per queue, the first waiting
-// message of every key not held (one per key), in batches of up to ten sent at
-// once; the next round starts when every answer of this one is in.
-func (p *Publisher) send(ctx context.Context, msgs []broker.Message, todo []*entry, res []broker.Result, hold *broker.KeyHold) {
-	var mu sync.Mutex // guards res, hold and stop while batches answer
-	var stop error
-	for len(todo) > 0 {
-		var round []*entry
-		var rest []*entry
-		taken := map[string]bool{} // queue + key, this round
-		for _, e := range todo {
-			k := e.queue + "\x00" + msgs[e.i].Key
-			mu.Lock()
-			err := stop
-			if err == nil {
-				err = hold.Held(msgs[e.i].Key)
-			}
-			mu.Unlock()
-			switch {
-			case err != nil:
-				res[e.i].Err = err
-			case taken[k]:
-				rest = append(rest, e)
-				taken[k] = true
-			default:
-				taken[k] = true
-				round = append(round, e)
-			}
-		}
-		todo = rest
-		batches := p.batches(round)
-		sem := make(chan struct{}, p.cfg.MaxInFlight)
-		var wg sync.WaitGroup
-		for _, b := range batches {
-			wg.Add(1)
-			sem <- struct{}{}
-			go func(b []*entry) {
-				defer wg.Done()
-				defer func() { <-sem }()
-				errs := p.sendBatch(ctx, b)
-				mu.Lock()
-				defer mu.Unlock()
-				for j, e := range b {
-					res[e.i].Err = errs[j]
-					if errs[j] == nil {
-						continue
-					}
-					if broker.IsUnavailable(errs[j]) || ctx.Err() != nil {
-						if stop == nil {
-							stop = errs[j]
-						}
-						continue
-					}
-					hold.Refuse(msgs[e.i].Key, errs[j])
-				}
-			}(b)
-		}
-		wg.Wait()
+// answer is a queued message's answer, known once its round was flushed.
+type answer struct{ err *error }
+
+// Wait implements broker.Future.
+func (a answer) Wait(context.Context) error { return *a.err }
+
+// prepare refuses what SQS could never take, finds the message's queue (a missing
+// one defers it) and renders its batch entry.
+func (p *Publisher) prepare(ctx context.Context, i int, m *broker.Message) (*entry, error) {
+	if err := ValidateTopic(m.Topic); err != nil {
+		return nil, broker.Permanent(err)
 	}
+	if _, err := p.queueURL(ctx, m.Topic); err != nil {
+		return nil, err
+	}
+	e, err := p.entry(i, m)
+	if err != nil {
+		return nil, err
+	}
+	if p.cfg.MaxMessageBytes > 0 && e.size > p.cfg.MaxMessageBytes {
+		return nil, broker.Permanent(fmt.Errorf("message of %d bytes exceeds the limit of %d", e.size, p.cfg.MaxMessageBytes))
+	}
+	return e, nil
 }
 
 // batches packs a round's entries, queue by queue, into batches of at most ten
