@@ -221,7 +221,7 @@ func (f *flowSource) scrape(ctx context.Context, url string) ([]*dto.MetricFamil
 	if err != nil {
 		return nil, fmt.Errorf("metrics: %w", err)
 	}
-	defer resp.Body.Close()
+	defer func() { _ = resp.Body.Close() }()
 	if resp.StatusCode != http.StatusOK {
 		return nil, fmt.Errorf("metrics %s: %s", url, resp.Status)
 	}

@@ -58,7 +58,7 @@ func (s *Source) Init(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	defer conn.Close(context.WithoutCancel(ctx))
+	defer func() { _ = conn.Close(context.WithoutCancel(ctx)) }()
 	_, err = s.createSlot(ctx, conn)
 	return err
 }

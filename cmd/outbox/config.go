@@ -40,7 +40,7 @@ func readConfigFile(path string) (map[string]string, error) {
 	if err != nil {
 		return nil, usageErr("--config: %v", err)
 	}
-	defer f.Close()
+	defer func() { _ = f.Close() }()
 	out := map[string]string{}
 	sc := bufio.NewScanner(f)
 	for n := 1; sc.Scan(); n++ {

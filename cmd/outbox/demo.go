@@ -34,7 +34,7 @@ func runDemo(ctx context.Context, args []string, stdout, stderr io.Writer) error
 		if workDir, err = os.MkdirTemp("", "outbox-demo-"); err != nil {
 			return err
 		}
-		defer os.RemoveAll(workDir)
+		defer func() { _ = os.RemoveAll(workDir) }()
 	} else if err := os.MkdirAll(workDir, 0o755); err != nil {
 		return err
 	}

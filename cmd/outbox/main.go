@@ -12,7 +12,6 @@ import (
 	"os"
 	"os/signal"
 	"runtime/pprof"
-	"sort"
 	"strings"
 	"syscall"
 
@@ -185,14 +184,4 @@ func parse(fs *flag.FlagSet, args []string) error {
 		return usageErr("unexpected arguments: %s", strings.Join(fs.Args(), " "))
 	}
 	return applyEnv(fs)
-}
-
-// sortedKeys is for stable output.
-func sortedKeys[V any](m map[string]V) []string {
-	keys := make([]string, 0, len(m))
-	for k := range m {
-		keys = append(keys, k)
-	}
-	sort.Strings(keys)
-	return keys
 }

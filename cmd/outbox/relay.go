@@ -197,7 +197,7 @@ func runRelay(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	if err != nil {
 		return err
 	}
-	defer pub.Close()
+	defer func() { _ = pub.Close() }()
 	reg := prometheus.NewRegistry()
 	// Probes and scrapes read the table's status through one cache: at most one
 	// status query per interval, however many requests come.

@@ -160,7 +160,7 @@ func (d *demo) run(ctx context.Context) (*Result, error) {
 	if d.orders, err = outboxsqlite.Open(ordersPath); err != nil {
 		return nil, err
 	}
-	defer d.orders.Close()
+	defer func() { _ = d.orders.Close() }()
 	if _, err := d.orders.ExecContext(ctx, `CREATE TABLE IF NOT EXISTS orders (
 		id TEXT PRIMARY KEY, customer_id TEXT NOT NULL, amount_cents INTEGER NOT NULL)`); err != nil {
 		return nil, err
@@ -202,7 +202,8 @@ func (d *demo) run(ctx context.Context) (*Result, error) {
 	go func() { relay1Done <- relay1.Wait() }()
 	defer func() {
 		_ = relay1.Process.Kill()
-		<-relay1Done
+		killed := <-relay1Done // the exit error of a process killed on purpose
+		_ = killed
 	}()
 	d.phase.Store("relay 1 (process " + fmt.Sprint(relay1.Process.Pid) + ") publishing")
 
@@ -349,9 +350,8 @@ func (d *demo) writeOrders(ctx context.Context, i int) error {
 }
 
 type relay2 struct {
-	r  *relay.Relay
-	db *sql.DB
-	p  *natspub.Publisher
+	r *relay.Relay
+	p *natspub.Publisher
 }
 
 func (r *relay2) stop() {

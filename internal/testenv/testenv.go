@@ -45,7 +45,7 @@ func DatabaseURL(t testing.TB) string {
 	if err != nil {
 		Missing(t, "PostgreSQL at %s: %v", url, err)
 	}
-	conn.Close(ctx)
+	_ = conn.Close(ctx)
 	return url
 }
 
@@ -59,7 +59,7 @@ func Schema(t testing.TB, url string) string {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer conn.Close(ctx)
+	defer func() { _ = conn.Close(ctx) }()
 	if _, err := conn.Exec(ctx, "CREATE SCHEMA "+name); err != nil {
 		t.Fatal(err)
 	}
@@ -71,7 +71,7 @@ func Schema(t testing.TB, url string) string {
 			t.Errorf("drop schema %s: %v", name, err)
 			return
 		}
-		defer conn.Close(ctx)
+		defer func() { _ = conn.Close(ctx) }()
 		if _, err := conn.Exec(ctx, "DROP SCHEMA "+name+" CASCADE"); err != nil {
 			t.Errorf("drop schema %s: %v", name, err)
 		}
@@ -131,6 +131,6 @@ func FreePort(t testing.TB) int {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer ln.Close()
+	defer func() { _ = ln.Close() }()
 	return ln.Addr().(*net.TCPAddr).Port
 }

@@ -87,7 +87,7 @@ func testListen[TTx any](t *testing.T, h *Harness[TTx]) {
 	src := source(t, h)
 	l, err := src.Listen(ctx)
 	listenable(t, src.Capabilities(), err)
-	defer l.Close(ctx)
+	defer func() { _ = l.Close(ctx) }()
 	var wg sync.WaitGroup
 	wg.Add(1)
 	go func() {

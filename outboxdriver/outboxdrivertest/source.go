@@ -127,7 +127,7 @@ func quiet(t *testing.T, s side) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer c.Release(ctxT(t))
+	defer func() { _ = c.Release(ctxT(t)) }()
 	if rows := c.Rows(); len(rows) > 0 {
 		t.Fatalf("claimable when nothing should be: %v", ids(rows))
 	}

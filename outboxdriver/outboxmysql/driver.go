@@ -270,7 +270,7 @@ ORDER BY o.seq LIMIT ? FOR UPDATE SKIP LOCKED`, p.Limit)
 	for !p.Enough(bytes) && rows.Next() {
 		r, err := scanRow(rows)
 		if err != nil {
-			rows.Close()
+			_ = rows.Close()
 			_ = c.Release(ctx)
 			return nil, interpretError(err)
 		}
@@ -363,7 +363,7 @@ func (c *claim) settleTx(ctx context.Context, p *outboxdriver.CompleteParams) er
 	if err != nil {
 		return err
 	}
-	defer conn.Close()
+	defer func() { _ = conn.Close() }()
 	mode := "LOCK IN SHARE MODE"
 	if len(p.Failed) > 0 {
 		if _, err := conn.ExecContext(ctx, "SET SESSION innodb_lock_wait_timeout = 2"); err != nil {
@@ -676,12 +676,14 @@ func (m migrator) Migrate(ctx context.Context) ([]int, error) {
 	if err != nil {
 		return nil, err
 	}
-	defer conn.Close()
+	defer func() { _ = conn.Close() }()
 	var got sql.NullInt64
 	if err := conn.QueryRowContext(ctx, "SELECT GET_LOCK(?, 60)", m.d.lock+":migrate").Scan(&got); err != nil || got.Int64 != 1 {
 		return nil, fmt.Errorf("migration lock: %v", err)
 	}
-	defer conn.ExecContext(context.WithoutCancel(ctx), "SELECT RELEASE_LOCK(?)", m.d.lock+":migrate")
+	defer func() {
+		_, _ = conn.ExecContext(context.WithoutCancel(ctx), "SELECT RELEASE_LOCK(?)", m.d.lock+":migrate")
+	}()
 	if _, err := conn.ExecContext(ctx, m.createVersions()); err != nil {
 		return nil, err
 	}
