@@ -56,7 +56,12 @@ type Publisher struct {
 	cfg Config
 	url string
 
-	mu      sync.Mutex
+	mu   sync.Mutex            // one batch at a time on the channel
+	conn *broker.Conn[session] // dialed again once the connection or channel closed
+}
+
+// session is one connection and its confirming channel.
+type session struct {
 	conn    *amqp.Connection
 	ch      *amqp.Channel
 	returns chan amqp.Return
@@ -85,9 +90,10 @@ func Dial(ctx context.Context, url string, cfg *Config) (*Publisher, error) {
 			return nil, fmt.Errorf("AMQP URL %s: %w", redact.URL(url), err)
 		}
 	}
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if err := p.ensure(); err != nil {
+	p.conn = broker.NewConn(func(context.Context) (session, error) { return p.open() },
+		func(s session) bool { return s.conn.IsClosed() || s.ch.IsClosed() },
+		func(s session) { _ = s.conn.Close() })
+	if err := p.conn.Connect(ctx); err != nil {
 		return nil, err
 	}
 	return p, nil
@@ -102,34 +108,30 @@ func (p *Publisher) dial() (*amqp.Connection, error) {
 	return amqp.DialConfig(p.url, amqp.Config{Properties: props, Dial: amqp.DefaultDial(p.cfg.DialTimeout)})
 }
 
-// ensure opens the connection and the confirming channel if needed. p.mu is held.
-func (p *Publisher) ensure() error {
-	if p.conn == nil || p.conn.IsClosed() {
-		conn, err := p.dial()
-		if err != nil {
-			return broker.Unavailable(fmt.Errorf("connect to RabbitMQ at %s: %w", redact.URL(p.url), err))
-		}
-		p.conn, p.ch = conn, nil
+// open connects and opens the confirming channel (a closed channel, after a
+// channel error, takes its connection with it: both are opened anew).
+func (p *Publisher) open() (session, error) {
+	conn, err := p.dial()
+	if err != nil {
+		return session{}, broker.Unavailable(fmt.Errorf("connect to RabbitMQ at %s: %w", redact.URL(p.url), err))
 	}
-	if p.ch == nil || p.ch.IsClosed() {
-		ch, err := p.conn.Channel()
-		if err != nil {
-			return broker.Unavailable(fmt.Errorf("RabbitMQ channel: %w", err))
-		}
-		if err := ch.Confirm(false); err != nil {
-			_ = ch.Close()
-			return broker.Unavailable(fmt.Errorf("RabbitMQ confirms: %w", err))
-		}
-		if !p.cfg.NoDeclare {
-			if err := ch.ExchangeDeclare(p.cfg.Exchange, "topic", true, false, false, false, nil); err != nil {
-				_ = ch.Close()
-				return fmt.Errorf("declare exchange %q: %w", p.cfg.Exchange, err)
-			}
-		}
-		p.returns = ch.NotifyReturn(make(chan amqp.Return, 4096))
-		p.ch = ch
+	fail := func(err error) (session, error) {
+		_ = conn.Close()
+		return session{}, err
 	}
-	return nil
+	ch, err := conn.Channel()
+	if err != nil {
+		return fail(broker.Unavailable(fmt.Errorf("RabbitMQ channel: %w", err)))
+	}
+	if err := ch.Confirm(false); err != nil {
+		return fail(broker.Unavailable(fmt.Errorf("RabbitMQ confirms: %w", err)))
+	}
+	if !p.cfg.NoDeclare {
+		if err := ch.ExchangeDeclare(p.cfg.Exchange, "topic", true, false, false, false, nil); err != nil {
+			return fail(fmt.Errorf("declare exchange %q: %w", p.cfg.Exchange, err))
+		}
+	}
+	return session{conn: conn, ch: ch, returns: ch.NotifyReturn(make(chan amqp.Return, 4096))}, nil
 }
 
 var (
@@ -142,7 +144,8 @@ var (
 func (p *Publisher) Publish(ctx context.Context, msgs []broker.Message) []broker.Result {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if err := p.ensure(); err != nil {
+	ss, err := p.conn.Get(ctx)
+	if err != nil {
 		return broker.AllUnavailable(len(msgs), err) // the connection's failure, not the messages'
 	}
 	pubs := make([]amqp.Publishing, len(msgs))
@@ -153,11 +156,11 @@ func (p *Publisher) Publish(ctx context.Context, msgs []broker.Message) []broker
 			return err
 		},
 		Send: func(ctx context.Context, i int) (broker.Future, error) {
-			dc, err := p.ch.PublishWithDeferredConfirmWithContext(ctx, p.cfg.Exchange, msgs[i].Topic, true, false, pubs[i])
+			dc, err := ss.ch.PublishWithDeferredConfirmWithContext(ctx, p.cfg.Exchange, msgs[i].Topic, true, false, pubs[i])
 			if err != nil {
 				return nil, err
 			}
-			return confirm{dc: dc, id: msgs[i].ID, returns: p.returns, returned: returned}, nil
+			return confirm{dc: dc, id: msgs[i].ID, returns: ss.returns, returned: returned}, nil
 		},
 		Classify: func(err error) error { return classify(ctx, err) },
 	})
@@ -279,10 +282,6 @@ func (p *Publisher) Features() broker.Features {
 
 // Close implements broker.Publisher.
 func (p *Publisher) Close() error {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if p.conn != nil && !p.conn.IsClosed() {
-		return p.conn.Close()
-	}
+	p.conn.Close()
 	return nil
 }

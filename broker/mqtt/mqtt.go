@@ -13,12 +13,10 @@ import (
 	"crypto/rand"
 	"crypto/tls"
 	"encoding/hex"
-	"errors"
 	"fmt"
 	"net"
 	"net/url"
 	"strings"
-	"sync"
 	"time"
 	"unicode/utf8"
 
@@ -61,8 +59,13 @@ type Publisher struct {
 	user *url.Userinfo
 	tls  bool
 
-	mu     sync.Mutex
-	client *paho.Client
+	conn *broker.Conn[session] // dialed again once the broker closed it
+}
+
+// session is one MQTT connection and the largest packet its broker takes (0: no
+// limit said).
+type session struct {
+	c      *paho.Client
 	maxPkt int
 }
 
@@ -95,33 +98,23 @@ func Dial(ctx context.Context, rawURL string, cfg *Config) (*Publisher, error) {
 	if p.cfg.Timeout <= 0 {
 		p.cfg.Timeout = 10 * time.Second
 	}
-	if _, err := p.connected(ctx); err != nil {
+	p.conn = broker.NewConn(p.dial, closed, disconnect)
+	if err := p.conn.Connect(ctx); err != nil {
 		return nil, err
 	}
 	return p, nil
 }
 
-// connected returns a live client, connecting if there is none.
-func (p *Publisher) connected(ctx context.Context) (*paho.Client, error) {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if p.client != nil {
-		select {
-		case <-p.client.Done():
-			p.client = nil
-		default:
-			return p.client, nil
-		}
-	}
+// dial connects and opens a session (CleanStart: the relay keeps no session state).
+func (p *Publisher) dial(ctx context.Context) (session, error) {
 	ctx, cancel := context.WithTimeout(ctx, p.cfg.Timeout)
 	defer cancel()
 	if p.cfg.Connect != nil {
 		c, err := p.cfg.Connect(ctx)
 		if err != nil {
-			return nil, broker.Unavailable(fmt.Errorf("connect to MQTT broker: %w", err))
+			return session{}, broker.Unavailable(fmt.Errorf("connect to MQTT broker: %w", err))
 		}
-		p.client = c
-		return c, nil
+		return session{c: c}, nil
 	}
 	var d net.Dialer
 	conn, err := d.DialContext(ctx, "tcp", p.addr)
@@ -132,7 +125,7 @@ func (p *Publisher) connected(ctx context.Context) (*paho.Client, error) {
 		}
 	}
 	if err != nil {
-		return nil, broker.Unavailable(fmt.Errorf("connect to MQTT broker at %s: %w", p.addr, err))
+		return session{}, broker.Unavailable(fmt.Errorf("connect to MQTT broker at %s: %w", p.addr, err))
 	}
 	c := paho.NewClient(paho.ClientConfig{Conn: conn, PacketTimeout: p.cfg.Timeout})
 	cp := &paho.Connect{ClientID: p.cfg.ClientID, CleanStart: true, KeepAlive: 30}
@@ -150,17 +143,29 @@ func (p *Publisher) connected(ctx context.Context) (*paho.Client, error) {
 			if ca.Properties != nil {
 				reason = ca.Properties.ReasonString
 			}
-			return nil, broker.Unavailable(fmt.Errorf("MQTT broker at %s refused the connection: reason 0x%02x %s", p.addr, ca.ReasonCode, reason))
+			return session{}, broker.Unavailable(fmt.Errorf("MQTT broker at %s refused the connection: reason 0x%02x %s", p.addr, ca.ReasonCode, reason))
 		}
-		return nil, broker.Unavailable(fmt.Errorf("connect to MQTT broker at %s: %w", p.addr, err))
+		return session{}, broker.Unavailable(fmt.Errorf("connect to MQTT broker at %s: %w", p.addr, err))
 	}
-	p.maxPkt = 0
+	s := session{c: c}
 	if ca.Properties != nil && ca.Properties.MaximumPacketSize != nil {
-		p.maxPkt = int(*ca.Properties.MaximumPacketSize)
+		s.maxPkt = int(*ca.Properties.MaximumPacketSize)
 	}
-	p.client = c
-	return c, nil
+	return s, nil
 }
+
+// closed reports whether the broker (or the network) ended the session.
+func closed(s session) bool {
+	select {
+	case <-s.c.Done():
+		return true
+	default:
+		return false
+	}
+}
+
+// disconnect ends a session.
+func disconnect(s session) { _ = s.c.Disconnect(&paho.Disconnect{ReasonCode: 0}) }
 
 func (p *Publisher) tlsConfig() *tls.Config {
 	if p.cfg.TLS != nil {
@@ -179,20 +184,20 @@ var (
 // Publish implements broker.Publisher: QoS 1, the messages of one key one after
 // another, each after the previous one's PUBACK, Concurrency keys at once.
 func (p *Publisher) Publish(ctx context.Context, msgs []broker.Message) []broker.Result {
-	c, err := p.connected(ctx)
+	s, err := p.conn.Get(ctx)
 	if err != nil {
 		return broker.AllUnavailable(len(msgs), err) // the connection's failure, not the messages'
 	}
 	pubs := make([]*paho.Publish, len(msgs))
 	return broker.Sequence(ctx, msgs, broker.Schedule{Sequential: true, Concurrency: p.cfg.Concurrency, AckTimeout: p.cfg.Timeout}, broker.Sender{
 		Prepare: func(_ context.Context, i int) (err error) {
-			pubs[i], err = p.prepare(&msgs[i])
+			pubs[i], err = p.prepare(&msgs[i], s.maxPkt)
 			return err
 		},
 		Send: func(ctx context.Context, i int) (broker.Future, error) {
 			pctx, cancel := context.WithTimeout(ctx, p.cfg.Timeout)
 			defer cancel()
-			pr, err := c.Publish(pctx, pubs[i])
+			pr, err := s.c.Publish(pctx, pubs[i])
 			if pr != nil && pr.ReasonCode >= 0x80 {
 				return broker.Answered{Err: classifyReason(pr.ReasonCode, pr.Properties)}, nil
 			}
@@ -210,7 +215,7 @@ func (p *Publisher) Publish(ctx context.Context, msgs []broker.Message) []broker
 // prepare refuses what the protocol or the broker cannot carry (sent, it would make
 // the broker drop the connection, and every other message with it) and renders the
 // PUBLISH packet.
-func (p *Publisher) prepare(m *broker.Message) (*paho.Publish, error) {
+func (p *Publisher) prepare(m *broker.Message, maxPkt int) (*paho.Publish, error) {
 	if p.cfg.MaxMessageBytes > 0 && len(m.Payload) > p.cfg.MaxMessageBytes {
 		return nil, broker.Permanent(fmt.Errorf("payload of %d bytes exceeds the limit of %d", len(m.Payload), p.cfg.MaxMessageBytes))
 	}
@@ -229,8 +234,8 @@ func (p *Publisher) prepare(m *broker.Message) (*paho.Publish, error) {
 		props.User = append(props.User, paho.UserProperty{Key: k, Value: v})
 		size += len(k) + len(v) + 5
 	})
-	if p.maxPkt > 0 && size+64 > p.maxPkt {
-		return nil, broker.Permanent(fmt.Errorf("message of about %d bytes exceeds the broker's maximum packet size of %d", size, p.maxPkt))
+	if maxPkt > 0 && size+64 > maxPkt {
+		return nil, broker.Permanent(fmt.Errorf("message of about %d bytes exceeds the broker's maximum packet size of %d", size, maxPkt))
 	}
 	return &paho.Publish{QoS: 1, Topic: m.Topic, Payload: m.Payload, Properties: props}, nil
 }
@@ -284,15 +289,6 @@ func (p *Publisher) Features() broker.Features {
 
 // Close implements broker.Publisher.
 func (p *Publisher) Close() error {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if p.client == nil {
-		return nil
-	}
-	err := p.client.Disconnect(&paho.Disconnect{ReasonCode: 0})
-	p.client = nil
-	if errors.Is(err, net.ErrClosed) {
-		return nil
-	}
-	return err
+	p.conn.Close()
+	return nil
 }

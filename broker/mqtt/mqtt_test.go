@@ -121,11 +121,15 @@ func (s *subscriber) read(ctx context.Context, topic string, n int) ([]broker.Me
 }
 
 func harness(t *testing.T, addr string, restart func(*testing.T, *subscriber)) *brokertest.Harness {
+	return harnessWithID(t, addr, "", restart)
+}
+
+func harnessWithID(t *testing.T, addr, clientID string, restart func(*testing.T, *subscriber)) *brokertest.Harness {
 	prefix := testenv.UniqueName("outboxtest")
 	s := subscribe(t, addr, prefix+"/#")
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	pub, err := mqtt.Dial(ctx, "mqtt://"+addr, &mqtt.Config{MaxMessageBytes: 4096, Timeout: 2 * time.Second})
+	pub, err := mqtt.Dial(ctx, "mqtt://"+addr, &mqtt.Config{MaxMessageBytes: 4096, Timeout: 2 * time.Second, ClientID: clientID})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -144,6 +148,30 @@ func harness(t *testing.T, addr string, restart func(*testing.T, *subscriber)) *
 func TestConformanceMachine(t *testing.T) {
 	testenv.ServiceURL(t, "TEST_MQTT_URL", "mqtt://127.0.0.1:1883", "127.0.0.1:1883", "Mosquitto")
 	brokertest.Run(t, func(t *testing.T) *brokertest.Harness { return harness(t, "127.0.0.1:1883", nil) })
+}
+
+// TestConformanceSessionTakenOver: the broker closes the publisher's connection for
+// good when a second client connects with its client id (MQTT 5: "session taken
+// over"); the publisher dials again and publishes on.
+func TestConformanceSessionTakenOver(t *testing.T) {
+	testenv.ServiceURL(t, "TEST_MQTT_URL", "mqtt://127.0.0.1:1883", "127.0.0.1:1883", "Mosquitto")
+	brokertest.Run(t, func(t *testing.T) *brokertest.Harness {
+		id := testenv.UniqueName("outbox-relay-")
+		return harnessWithID(t, "127.0.0.1:1883", id, func(t *testing.T, _ *subscriber) {
+			conn, err := net.DialTimeout("tcp", "127.0.0.1:1883", time.Second)
+			if err != nil {
+				t.Fatal(err)
+			}
+			c := paho.NewClient(paho.ClientConfig{Conn: conn})
+			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			defer cancel()
+			if _, err := c.Connect(ctx, &paho.Connect{ClientID: id, CleanStart: true}); err != nil {
+				t.Fatal(err)
+			}
+			_ = c.Disconnect(&paho.Disconnect{})
+			<-c.Done()
+		})
+	})
 }
 
 // TestConformanceRestart runs a mosquitto of its own, which it stops and starts again.

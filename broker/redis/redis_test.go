@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os/exec"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -74,6 +75,41 @@ func harness(t *testing.T, url string, restart func(*testing.T)) *brokertest.Har
 func TestConformanceMachine(t *testing.T) {
 	url := testenv.ServiceURL(t, "TEST_REDIS_URL", "redis://127.0.0.1:6379/0", "127.0.0.1:6379", "Redis")
 	brokertest.Run(t, func(t *testing.T) *brokertest.Harness { return harness(t, url, nil) })
+}
+
+// TestConformanceClientKilled: the server closes the publisher's connections
+// (CLIENT KILL); the client dials again and the publisher publishes on.
+func TestConformanceClientKilled(t *testing.T) {
+	url := testenv.ServiceURL(t, "TEST_REDIS_URL", "redis://127.0.0.1:6379/0", "127.0.0.1:6379", "Redis")
+	opts, _ := goredis.ParseURL(url)
+	admin := goredis.NewClient(opts)
+	defer admin.Close()
+	brokertest.Run(t, func(t *testing.T) *brokertest.Harness {
+		name := testenv.UniqueName("outboxkill")
+		return harness(t, url+"?client_name="+name, func(t *testing.T) {
+			// The connections of this harness only: other tests share the server.
+			list, err := admin.ClientList(context.Background()).Result()
+			if err != nil {
+				t.Fatal(err)
+			}
+			killed := 0
+			for _, line := range strings.Split(list, "\n") {
+				if !strings.Contains(line, " name="+name+" ") {
+					continue
+				}
+				for _, f := range strings.Fields(line) {
+					if id, ok := strings.CutPrefix(f, "id="); ok {
+						if err := admin.Do(context.Background(), "CLIENT", "KILL", "ID", id).Err(); err == nil {
+							killed++
+						}
+					}
+				}
+			}
+			if killed == 0 {
+				t.Fatalf("no connection named %s to kill in:\n%s", name, list)
+			}
+		})
+	})
 }
 
 // TestConformanceRestart runs a redis-server of its own (append-only file, so data
