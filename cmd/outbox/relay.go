@@ -2,15 +2,13 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
 	"os"
 	"runtime/debug"
-	"strconv"
 	"strings"
-	"sync/atomic"
-	"syscall"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -18,6 +16,7 @@ import (
 	"github.com/outboxd/outbox/broker/amqp"
 	"github.com/outboxd/outbox/dashboard"
 	"github.com/outboxd/outbox/debezium"
+	"github.com/outboxd/outbox/internal/failpoint"
 	"github.com/outboxd/outbox/internal/redact"
 	"github.com/outboxd/outbox/outboxdriver"
 	"github.com/outboxd/outbox/outboxdriver/outboxsqlite"
@@ -26,7 +25,39 @@ import (
 	"github.com/outboxd/outbox/relay/relayprom"
 )
 
+// runRelay is `outbox relay`: flags to a validated configuration (before anything
+// connects), then the relay built (database, router, publisher, metrics), then served
+// (HTTP endpoints, the relay's run) until ctx ends.
 func runRelay(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	o, err := parseRelayFlags(args, stderr)
+	if err != nil {
+		return err
+	}
+	svc, err := buildRelay(ctx, o)
+	if err != nil {
+		return err
+	}
+	defer svc.close()
+	return svc.serve(ctx)
+}
+
+// relayOptions are the relay command's settings, validated.
+type relayOptions struct {
+	dsn, brokerURL, mode, configPath string
+	table                            outboxdriver.Table
+	cfg                              *relay.Config
+	cdc                              pgcdc.Config
+	broker                           brokerOptions
+	routerOpts                       map[string]string
+	leaseTTL                         time.Duration
+	httpAddr, uiToken                string
+	ui                               bool
+	logger                           *slog.Logger
+}
+
+// parseRelayFlags reads the flags, the config file and OUTBOX_* variables into
+// relayOptions, and refuses a bad one before anything connects.
+func parseRelayFlags(args []string, stderr io.Writer) (*relayOptions, error) {
 	fs := newFlags("relay", stderr)
 	dsn := fs.String("db", "", "database URL: postgres://user@host:5432/db or sqlite://PATH")
 	brokerURL := fs.String("broker", "", "broker URL: "+brokerSchemes)
@@ -72,13 +103,13 @@ func runRelay(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	logLevel := fs.String("log-level", "info", "debug, info, warn or error")
 	logFormat := fs.String("log-format", "text", "text or json")
 	if err := parse(fs, args); err != nil {
-		return err
+		return nil, err
 	}
 	var routerOpts map[string]string
 	if *configPath != "" {
 		var err error
 		if routerOpts, err = applyConfigFile(fs, *configPath); err != nil {
-			return err
+			return nil, err
 		}
 	}
 	if os.Getenv("GOGC") == "" {
@@ -90,28 +121,28 @@ func runRelay(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	}
 	scheme, err := brokerScheme(*brokerURL, bo)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	if *topic == "" {
 		*topic = defaultTopicTemplate(scheme)
 	}
 	if *mode != "poll" && *mode != "cdc" {
-		return usageErr("--mode %q: want poll or cdc", *mode)
+		return nil, usageErr("--mode %q: want poll or cdc", *mode)
 	}
 	isPG := strings.HasPrefix(*dsn, "postgres://") || strings.HasPrefix(*dsn, "postgresql://")
 	if *mode == "cdc" && !isPG {
-		return usageErr("--mode cdc needs PostgreSQL (--db postgres://...)")
+		return nil, usageErr("--mode cdc needs PostgreSQL (--db postgres://...)")
 	}
 	if *group && (*mode != "poll" || !isPG) {
-		return usageErr("--group needs PostgreSQL in poll mode")
+		return nil, usageErr("--group needs PostgreSQL in poll mode")
 	}
 	logger, err := newLogger(stderr, *logLevel, *logFormat)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	table, err := parseTable(*tableName, string(outboxdriver.PayloadJSON))
 	if err != nil {
-		return err
+		return nil, err
 	}
 	cfg := &relay.Config{
 		BatchSize:           *batch,
@@ -126,7 +157,7 @@ func runRelay(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		Retention:           retentionOrOff(*retention),
 		TopicTemplate:       *topic,
 		Logger:              logger,
-		Failpoint:           failpointFromEnv(),
+		Failpoint:           failpoint.FromEnv(),
 	}
 	if *group {
 		cfg.Group = &relay.GroupConfig{RelayID: *relayID, LeaseTTL: *partitionLease}
@@ -134,7 +165,7 @@ func runRelay(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	if len(routerOpts) > 0 {
 		router, err := debezium.New(&debezium.Config{Options: routerOpts, Table: table})
 		if err != nil {
-			return usageErr("--config %s: %v", *configPath, err)
+			return nil, usageErr("--config %s: %v", *configPath, err)
 		}
 		if ign := router.Ignored(); len(ign) > 0 {
 			logger.Info("relay: connector settings with no effect here", "keys", strings.Join(ign, ","))
@@ -143,105 +174,141 @@ func runRelay(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	}
 	if *del {
 		if c := outboxdriver.Completion(*completion); c != outboxdriver.CompleteMark && c != outboxdriver.CompleteDelete {
-			return usageErr("--delete and --completion %s contradict each other", c)
+			return nil, usageErr("--delete and --completion %s contradict each other", c)
 		}
 		cfg.Completion = outboxdriver.CompleteDelete
 	}
 	if err := cfg.Validate(); err != nil {
-		return usageErr("%v", err) // bad flags, before connecting anywhere
+		return nil, usageErr("%v", err) // bad flags, before connecting anywhere
 	}
-	db, err := openDB(ctx, *dsn, table, dbOptions{leaseTTL: *leaseTTL})
+	return &relayOptions{dsn: *dsn, brokerURL: *brokerURL, mode: *mode, configPath: *configPath, table: table, cfg: cfg,
+		cdc: cdcCfg, broker: bo, routerOpts: routerOpts, leaseTTL: *leaseTTL, httpAddr: *httpAddr, uiToken: *uiToken,
+		ui: *ui, logger: logger}, nil
+}
+
+// relayService is a built relay and what it holds open.
+type relayService struct {
+	o       *relayOptions
+	r       *relay.Relay
+	db      *database
+	status  *relayprom.StatusCache
+	reg     *prometheus.Registry
+	closers []func()
+}
+
+func (s *relayService) close() {
+	for i := len(s.closers) - 1; i >= 0; i-- {
+		s.closers[i]()
+	}
+}
+
+// buildRelay opens the database and the broker and builds the relay, its router
+// (bound to the table's columns), metrics and tracing.
+func buildRelay(ctx context.Context, o *relayOptions) (_ *relayService, err error) {
+	svc := &relayService{o: o}
+	defer func() {
+		if err != nil {
+			svc.close()
+		}
+	}()
+	cfg, logger, table := o.cfg, o.logger, o.table
+	db, err := openDB(ctx, o.dsn, table, dbOptions{leaseTTL: o.leaseTTL})
 	if err != nil {
-		return err
+		return nil, err
 	}
-	defer db.close()
+	svc.closers = append(svc.closers, db.close)
 	if db.leaseTTL > 0 {
 		cfg.LeaderCheck = min(relay.LeaderCheckDefault, db.leaseTTL/4) // renew well before it lapses
 	}
-	if cfg.Completion == outboxdriver.CompleteArchive && db.cdc == nil {
-		return usageErr("--completion archive: PostgreSQL only")
-	}
 	if _, err := db.store.Status(ctx); err != nil {
-		return fmt.Errorf("%s: %w", table, err)
+		return nil, fmt.Errorf("%s: %w", table, err)
 	}
 	if cfg.Router != nil {
 		// Bound to the table: its column types make the converters' schemas exact,
-		// and a custom column the options name must exist.
-		if db.columns == nil {
-			if cols := cfg.Router.(*debezium.Router).Columns(); len(cols) > 0 {
-				return usageErr("--config %s: columns %s: custom columns are read on PostgreSQL only", *configPath, strings.Join(cols, ", "))
-			}
-		} else {
+		// and a custom column the options name must exist. (Custom columns off
+		// PostgreSQL: relay.New refuses them, as the store declares.)
+		if db.columns != nil {
 			cols, err := db.columns(ctx)
 			if err != nil {
-				return err
+				return nil, err
 			}
-			router, err := debezium.New(&debezium.Config{Options: routerOpts, Table: table, TableColumns: cols})
+			router, err := debezium.New(&debezium.Config{Options: o.routerOpts, Table: table, TableColumns: cols})
 			if err != nil {
-				return usageErr("--config %s: %v", *configPath, err)
+				return nil, usageErr("--config %s: %v", o.configPath, err)
 			}
 			cfg.Router = router
 		}
 	}
 	var store outboxdriver.Source = db.store // the relay's side; db.store serves status either way
-	if *mode == "cdc" {
-		cdcCfg.Logger, cdcCfg.Failpoint = logger, cfg.Failpoint
-		src, err := db.cdc(&cdcCfg)
+	if o.mode == "cdc" {
+		o.cdc.Logger, o.cdc.Failpoint = logger, cfg.Failpoint
+		src, err := db.cdc(&o.cdc)
 		if err != nil {
-			return usageErr("%v", err)
+			return nil, usageErr("%v", err)
 		}
 		store = src
 	}
-	bo.logger = logger
-	pub, err := openBroker(ctx, *brokerURL, bo)
+	o.broker.logger = logger
+	pub, err := openBroker(ctx, o.brokerURL, o.broker)
 	if err != nil {
-		return err
+		return nil, err
 	}
-	defer func() { _ = pub.Close() }()
+	svc.closers = append(svc.closers, func() { _ = pub.Close() })
 	reg := prometheus.NewRegistry()
 	// Probes and scrapes read the table's status through one cache: at most one
 	// status query per interval, however many requests come.
 	status := relayprom.NewStatusCache(db.store, relayprom.StatusCacheIntervalDefault)
 	metrics, err := relayprom.New(reg, status)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	cfg.Hooks = metrics
 	tracer, stopTracing, err := tracerFromEnv(ctx)
 	if err != nil {
-		return fmt.Errorf("tracing: %w", err)
+		return nil, fmt.Errorf("tracing: %w", err)
 	}
-	defer stopTracing()
+	svc.closers = append(svc.closers, stopTracing)
 	if tracer != nil {
 		cfg.Tracer = tracer
 	}
 	r, err := relay.New(store, pub, cfg)
-	if err != nil {
-		return err
+	if errors.Is(err, outboxdriver.ErrNotSupported) {
+		return nil, usageErr("%v", err) // a setting this database cannot honour
 	}
-	if *httpAddr != "" {
+	if err != nil {
+		return nil, err
+	}
+	svc.r, svc.db, svc.status, svc.reg = r, db, status, reg
+	return svc, nil
+}
+
+// serve serves the HTTP endpoints and runs the relay until ctx ends.
+func (s *relayService) serve(ctx context.Context) error {
+	o, r, logger := s.o, s.r, s.o.logger
+	if o.httpAddr != "" {
 		var dash *dashboard.Dashboard
-		if *ui {
-			dash, err = dashboard.New(&dashboard.Config{Admin: db.store, Status: status, Metrics: reg, Relay: r,
-				Table: table.String(), Mode: *mode, Broker: redact.URL(*brokerURL), Token: *uiToken, Logger: logger})
+		if o.ui {
+			var err error
+			dash, err = dashboard.New(&dashboard.Config{Admin: s.db.store, Status: s.status, Metrics: s.reg, Relay: r,
+				Table: o.table.String(), Mode: o.mode, Broker: redact.URL(o.brokerURL), Token: o.uiToken, Logger: logger})
 			if err != nil {
 				return err
 			}
 		}
-		if w := uiTokenWarning(*httpAddr, *uiToken); *ui && w != "" {
+		if w := uiTokenWarning(o.httpAddr, o.uiToken); o.ui && w != "" {
 			logger.Warn(w)
 		}
-		stopHTTP, err := serveHTTP(ctx, *httpAddr, reg, status, r, dash, logger)
+		stopHTTP, err := serveHTTP(ctx, o.httpAddr, s.reg, s.status, r, dash, logger)
 		if err != nil {
 			return err
 		}
 		defer stopHTTP()
 	}
-	logger.Info("relay starting", "mode", *mode, "db", redact.URL(*dsn), "broker", redact.URL(*brokerURL), "table", table.String())
-	for _, w := range plaintextWarnings(*dsn, *brokerURL) {
+	logger.Info("relay starting", "mode", o.mode, "db", redact.URL(o.dsn), "broker", redact.URL(o.brokerURL), "table", o.table.String())
+	for _, w := range plaintextWarnings(o.dsn, o.brokerURL) {
 		logger.Warn(w)
 	}
-	err = r.Run(ctx)
+	err := r.Run(ctx)
 	st := r.Stats()
 	logger.Info("relay stopped", "published", st.Published, "failed", st.Failed)
 	return err
@@ -272,40 +339,6 @@ func newLogger(w io.Writer, level, format string) (*slog.Logger, error) {
 		return slog.New(slog.NewJSONHandler(w, opts)), nil
 	}
 	return nil, usageErr("--log-format %q: want text or json", format)
-}
-
-// failpointFromEnv reads OUTBOX_FAILPOINT, for crash tests and the demo only. With
-// "name:n" the process kills itself with SIGKILL the n-th time it reaches that point;
-// with "name@FILE", the first time it reaches it after FILE exists.
-func failpointFromEnv() func(string) {
-	spec := os.Getenv("OUTBOX_FAILPOINT")
-	if spec == "" {
-		return nil
-	}
-	kill := func() {
-		_ = syscall.Kill(os.Getpid(), syscall.SIGKILL)
-		select {} // never returns: the signal is on its way
-	}
-	if name, file, ok := strings.Cut(spec, "@"); ok {
-		return func(point string) {
-			if point == name {
-				if _, err := os.Stat(file); err == nil {
-					kill()
-				}
-			}
-		}
-	}
-	name, nth, _ := strings.Cut(spec, ":")
-	n, err := strconv.Atoi(nth)
-	if err != nil || n < 1 {
-		n = 1
-	}
-	var hits atomic.Int64
-	return func(point string) {
-		if point == name && hits.Add(1) == int64(n) {
-			kill()
-		}
-	}
 }
 
 // retentionOrOff maps the flag's 0 ("keep them") to the relay's "disabled".
