@@ -14,6 +14,7 @@ import (
 	"github.com/outboxd/outbox"
 	"github.com/outboxd/outbox/broker"
 	"github.com/outboxd/outbox/broker/memory"
+	"github.com/outboxd/outbox/internal/testenv"
 	"github.com/outboxd/outbox/outboxdriver"
 	"github.com/outboxd/outbox/relay"
 )
@@ -87,15 +88,10 @@ func (s *steadyWriter) waitAcked(t testing.TB, ctx context.Context, o *observed)
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	for id := range s.written {
-		for {
-			if _, ok := o.ackedAt(id); ok {
-				break
-			}
-			if ctx.Err() != nil {
-				t.Fatalf("healthy event %s was never published", id)
-			}
-			time.Sleep(5 * time.Millisecond)
-		}
+		testenv.Wait(t, ctx, "healthy event "+id+" published", func() bool {
+			_, ok := o.ackedAt(id)
+			return ok
+		})
 	}
 }
 
@@ -173,13 +169,13 @@ func TestPoisonEvent(t *testing.T) {
 		t.Fatal(err)
 	}
 	var dead []outboxdriver.DeadLetter
-	for len(dead) == 0 && ctx.Err() == nil {
-		time.Sleep(10 * time.Millisecond)
+	testenv.Wait(t, ctx, "the poison event's dead letter", func() bool {
 		var err error
 		if dead, err = e.store.ListDead(ctx, nil); err != nil {
 			t.Fatal(err)
 		}
-	}
+		return len(dead) > 0
+	})
 	time.Sleep(700 * time.Millisecond) // the quarantine holds while others flow
 	poisonEnd := time.Now()
 	close(stop)
@@ -205,18 +201,15 @@ func TestPoisonEvent(t *testing.T) {
 		t.Fatalf("replay: %d, %v", n, err)
 	}
 	var got []broker.Message
-	for ctx.Err() == nil {
+	testenv.Wait(t, ctx, "the poison aggregate's two events", func() bool {
 		got = nil
 		for _, m := range mem.Messages() {
 			if m.Key == "poison" {
 				got = append(got, m)
 			}
 		}
-		if len(got) == 2 {
-			break
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+		return len(got) >= 2
+	})
 	if len(got) != 2 || got[0].ID != poison[0].ID || got[1].ID != poison[1].ID {
 		t.Fatalf("after replay the poison aggregate's events arrived as %v", got)
 	}

@@ -297,131 +297,186 @@ func (r *Relay) startClaim(termCtx, ctx context.Context, t term) chan claimResul
 // and a crash republishes at most one batch; the claim of the next batch overlaps with
 // the publishing and marking of the current one.
 func (r *Relay) lead(ctx context.Context, t term) error {
-	work, endWork := r.drainContext(ctx)
-	defer endWork()
-	wake := make(chan struct{}, 1)
-	stopBackground := r.background(ctx, wake)
-	var markWG sync.WaitGroup
-	var markFailed atomic.Bool
-	defer func() {
-		markWG.Wait()
-		stopBackground()
-	}()
-
-	bo := r.newBackoff()
-	lastCheck := time.Now()
-	var next chan claimResult
-	linger := false
-	for {
-		if ctx.Err() != nil {
-			r.releasePending(work, next)
-			return nil
+	p := r.newPipeline(ctx, t)
+	defer p.close()
+	for ctx.Err() == nil {
+		if err := p.checkTerm(); err != nil {
+			p.dropPrefetched()
+			return err
 		}
-		if time.Since(lastCheck) >= t.interval() {
-			if t.drainsBeforeCheck() {
-				// The term may change what this relay owns: nothing may be in hand.
-				r.releasePending(work, next)
-				next = nil
-				markWG.Wait()
-			}
-			if err := t.check(work); err != nil {
-				r.releasePending(work, next)
-				return err
-			}
-			lastCheck = time.Now()
-		}
-		if next == nil {
-			next = r.startClaim(ctx, work, t)
-		}
-		waitStart := time.Now()
-		cr := <-next
-		next = nil
-		claimWait := time.Since(waitStart)
-		if cr.err != nil {
+		cr, claimWait := p.claim()
+		switch {
+		case cr.err != nil:
 			r.log.Error("relay: claim failed", "err", cr.err)
-			r.waitFor(ctx, wake, bo.next())
-			continue
+			r.waitFor(ctx, p.wake, p.bo.next())
+		case len(cr.claim.Rows()) == 0:
+			p.idle()
+		default:
+			p.batch(cr, claimWait)
 		}
-		rows := cr.claim.Rows()
-		if len(rows) == 0 {
-			d := r.cfg.PollInterval
-			if linger {
-				d, linger = min(d, r.cfg.NotifyLinger), false
-			}
-			if r.waitFor(ctx, wake, d) {
-				linger = true
-			}
-			continue
-		}
-		r.cfg.Failpoint(FailpointAfterClaim)
-		// A claim cut short by MaxBatchBytes may still lock rows it did not read:
-		// no prefetch past them, and the next claim only after this one's mark.
-		cut := r.cfg.MaxBatchBytes > 0 && payloadBytes(rows) >= r.cfg.MaxBatchBytes
-		full := len(rows) == r.cfg.BatchSize && !cut
-		if full && ctx.Err() == nil {
-			next = r.startClaim(ctx, work, t) // prefetch while this batch is on the wire
-		}
-		if !t.publishable(rows) {
-			// A lease ran out (a pause, a slow database): another relay may own these
-			// rows now. Publish nothing; check the term again first.
-			r.log.Warn("relay: partition lease expired before publishing; batch given back", "rows", len(rows))
-			rctx, cancel := r.dbCtx(work)
-			_ = cr.claim.Release(rctx)
-			cancel()
-			r.releasePending(work, next)
-			next, lastCheck = nil, time.Time{}
-			continue
-		}
-		// The previous batch's mark must have landed before this one goes out: after a
-		// crash at most one batch (this one) is published again. (Letting them overlap
-		// measured no faster here: docs/benchmarks.md.)
-		markWG.Wait()
-		if markFailed.Swap(false) {
-			// The last write-back failed: its rows go out again. Back off as for a
-			// failed claim, so a database that refuses it is not hammered.
-			rctx, cancel := r.dbCtx(work)
-			_ = cr.claim.Release(rctx)
-			cancel()
-			r.releasePending(work, next)
-			next = nil
-			r.waitFor(ctx, nil, bo.next())
-			continue
-		}
-		results, pubTime := r.publish(work, rows)
-		params, failed, unavailable := r.outcome(rows, results)
-		r.count(params, failed, unavailable)
-		r.writeBack(work, &markWG, &markFailed, cr.claim, params, len(rows), claimWait, pubTime)
-
-		if cut {
-			markWG.Wait()
-		}
-		if failed == 0 {
-			bo.reset()
-			if !full {
-				linger = false
-				r.waitFor(ctx, wake, 0) // pick up a pending wake-up, then claim again
-			}
-			continue
-		}
-		// A failure: drop the prefetched batch (it may hold later events of a failed
-		// key) and let the marks land, so the next claim sees the failing rows and
-		// leaves their aggregates' later events alone.
-		r.releasePending(work, next)
-		next = nil
-		markWG.Wait()
-		if !unavailable {
-			// Only messages were refused: each waits for its own retry time; every
-			// other aggregate goes on at once.
-			bo.reset()
-			r.log.Warn("relay: broker refused messages", "failed", failed, "of", len(rows), "first_error", firstErr(results))
-			continue
-		}
-		// The broker is unreachable: back off the whole publisher. No attempt is spent.
-		d := bo.next()
-		r.log.Warn("relay: broker unavailable; backing off", "failed", failed, "of", len(rows),
-			"first_error", firstErr(results), "retry_in", d)
-		r.waitFor(ctx, nil, d)
 	}
+	p.dropPrefetched()
+	return nil
+}
+
+// pipeline is one term's publishing pipeline: the claim prefetched behind the batch
+// in hand, the last batch's write-back, the backoff, and the wake-up state.
+type pipeline struct {
+	r         *Relay
+	t         term
+	ctx       context.Context // the term
+	work      context.Context // the batch in hand's: outlives ctx by DrainTimeout
+	endWork   func()
+	wake      chan struct{}
+	stopBg    func()
+	next      chan claimResult // the prefetched claim, if any
+	marks     sync.WaitGroup   // the last batch's write-back
+	markFail  atomic.Bool      // it failed: its rows go out again
+	bo        *backoff
+	lastCheck time.Time
+	linger    bool // the last empty pass was woken by a notification
+}
+
+func (r *Relay) newPipeline(ctx context.Context, t term) *pipeline {
+	p := &pipeline{r: r, t: t, ctx: ctx, wake: make(chan struct{}, 1), bo: r.newBackoff(), lastCheck: time.Now()}
+	p.work, p.endWork = r.drainContext(ctx)
+	p.stopBg = r.background(ctx, p.wake)
+	return p
+}
+
+// close waits for the last write-back and stops the term's background work.
+func (p *pipeline) close() {
+	p.marks.Wait()
+	p.stopBg()
+	p.endWork()
+}
+
+// checkTerm proves, every term interval, that the term still holds; a term that may
+// change what this relay owns is checked with nothing in hand.
+func (p *pipeline) checkTerm() error {
+	if time.Since(p.lastCheck) < p.t.interval() {
+		return nil
+	}
+	if p.t.drainsBeforeCheck() {
+		p.dropPrefetched()
+		p.marks.Wait()
+	}
+	if err := p.t.check(p.work); err != nil {
+		return err
+	}
+	p.lastCheck = time.Now()
+	return nil
+}
+
+// claim returns the prefetched claim, or claims now, and how long it waited.
+func (p *pipeline) claim() (claimResult, time.Duration) {
+	if p.next == nil {
+		p.prefetch()
+	}
+	start := time.Now()
+	cr := <-p.next
+	p.next = nil
+	return cr, time.Since(start)
+}
+
+func (p *pipeline) prefetch() { p.next = p.r.startClaim(p.ctx, p.work, p.t) }
+
+// dropPrefetched gives the prefetched claim's rows back, if there is one.
+func (p *pipeline) dropPrefetched() {
+	p.r.releasePending(p.work, p.next)
+	p.next = nil
+}
+
+// release gives a claim's rows back unchanged.
+func (p *pipeline) release(c outboxdriver.Claim) {
+	ctx, cancel := p.r.dbCtx(p.work)
+	defer cancel()
+	_ = c.Release(ctx)
+}
+
+// idle waits for work after an empty claim: the poll interval, or a notification (and
+// after a notification-driven pass, a shorter linger for debounced writes).
+func (p *pipeline) idle() {
+	d := p.r.cfg.PollInterval
+	if p.linger {
+		d, p.linger = min(d, p.r.cfg.NotifyLinger), false
+	}
+	if p.r.waitFor(p.ctx, p.wake, d) {
+		p.linger = true
+	}
+}
+
+// batch publishes a claimed batch and writes its outcome back.
+func (p *pipeline) batch(cr claimResult, claimWait time.Duration) {
+	r, rows := p.r, cr.claim.Rows()
+	r.cfg.Failpoint(FailpointAfterClaim)
+	// A claim cut short by MaxBatchBytes may still lock rows it did not read: no
+	// prefetch past them, and the next claim only after this one's mark.
+	cut := r.cfg.MaxBatchBytes > 0 && payloadBytes(rows) >= r.cfg.MaxBatchBytes
+	full := len(rows) == r.cfg.BatchSize && !cut
+	if full && p.ctx.Err() == nil {
+		p.prefetch() // while this batch is on the wire
+	}
+	if !p.t.publishable(rows) {
+		// A lease ran out (a pause, a slow database): another relay may own these
+		// rows now. Publish nothing; check the term again first.
+		r.log.Warn("relay: partition lease expired before publishing; batch given back", "rows", len(rows))
+		p.release(cr.claim)
+		p.dropPrefetched()
+		p.lastCheck = time.Time{}
+		return
+	}
+	// The previous batch's mark must have landed before this one goes out: after a
+	// crash at most one batch (this one) is published again. (Letting them overlap
+	// measured no faster here: docs/benchmarks.md.)
+	p.marks.Wait()
+	if p.markFail.Swap(false) {
+		// The last write-back failed: its rows go out again. Back off as for a
+		// failed claim, so a database that refuses it is not hammered.
+		p.release(cr.claim)
+		p.dropPrefetched()
+		r.waitFor(p.ctx, nil, p.bo.next())
+		return
+	}
+	results, pubTime := r.publish(p.work, rows)
+	params, failed, unavailable := r.outcome(rows, results)
+	r.count(params, failed, unavailable)
+	r.writeBack(p.work, &p.marks, &p.markFail, cr.claim, params, len(rows), claimWait, pubTime)
+	if cut {
+		p.marks.Wait()
+	}
+	p.after(results, failed, unavailable, full)
+}
+
+// after decides what follows a published batch: the next claim at once, or, after a
+// failure, the failing rows' marks first and, if the broker is unreachable, a backoff.
+func (p *pipeline) after(results []broker.Result, failed int, unavailable, full bool) {
+	r := p.r
+	if failed == 0 {
+		p.bo.reset()
+		if !full {
+			p.linger = false
+			r.waitFor(p.ctx, p.wake, 0) // pick up a pending wake-up, then claim again
+		}
+		return
+	}
+	// A failure: drop the prefetched batch (it may hold later events of a failed key)
+	// and let the marks land, so the next claim sees the failing rows and leaves their
+	// aggregates' later events alone.
+	p.dropPrefetched()
+	p.marks.Wait()
+	if !unavailable {
+		// Only messages were refused: each waits for its own retry time; every other
+		// aggregate goes on at once.
+		p.bo.reset()
+		r.log.Warn("relay: broker refused messages", "failed", failed, "of", len(results), "first_error", firstErr(results))
+		return
+	}
+	// The broker is unreachable: back off the whole publisher. No attempt is spent.
+	d := p.bo.next()
+	r.log.Warn("relay: broker unavailable; backing off", "failed", failed, "of", len(results),
+		"first_error", firstErr(results), "retry_in", d)
+	r.waitFor(p.ctx, nil, d)
 }
 
 // drainContext returns the context the batch in hand runs under: it outlives ctx by

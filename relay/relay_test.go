@@ -296,9 +296,7 @@ func TestBrokerOutageOnlyDelays(t *testing.T) {
 		want = produce(t, e, 4, 45)
 	}()
 	// Take the broker away while the producers write, then bring it back.
-	for r.Stats().Published < 20 && ctx.Err() == nil {
-		time.Sleep(5 * time.Millisecond)
-	}
+	testenv.Wait(t, ctx, "20 events published", func() bool { return r.Stats().Published >= 20 })
 	srv.Stop()
 	down := r.Stats()
 	time.Sleep(500 * time.Millisecond)
@@ -467,9 +465,7 @@ func TestRelayCleanup(t *testing.T) {
 		t.Fatal(err)
 	}
 	r := startRelay(t, e, mem, &relay.Config{PollInterval: 10 * time.Millisecond, Retention: time.Millisecond, CleanupEvery: 20 * time.Millisecond})
-	for r.Stats().Cleaned < 1 && ctx.Err() == nil {
-		time.Sleep(10 * time.Millisecond)
-	}
+	testenv.Wait(t, ctx, "a cleanup", func() bool { return r.Stats().Cleaned >= 1 })
 	st, err := e.store.Status(ctx)
 	if err != nil {
 		t.Fatal(err)

@@ -12,6 +12,7 @@ import (
 
 	"github.com/outboxd/outbox"
 	"github.com/outboxd/outbox/broker/webhook"
+	"github.com/outboxd/outbox/internal/testenv"
 	"github.com/outboxd/outbox/relay"
 )
 
@@ -90,16 +91,13 @@ func TestSlowEndpointOutlivesTheClaimHold(t *testing.T) {
 	for _, ev := range evs {
 		want[ev.AggregateID] = append(want[ev.AggregateID], ev.ID)
 	}
-	for {
+	testenv.Wait(t, ctx, "every event marked published", func() bool {
 		st, err := e.store.Status(ctx)
 		if err != nil {
 			t.Fatal(err)
 		}
-		if st.Unpublished == 0 {
-			break
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+		return st.Unpublished == 0
+	})
 	if p := r.Stats().Published; p != int64(len(evs)) {
 		t.Errorf("the broker acknowledged %d messages, want %d (one per event)", p, len(evs))
 	}

@@ -1,0 +1,32 @@
+package testenv
+
+import (
+	"context"
+	"testing"
+	"time"
+)
+
+// WaitTimeoutDefault bounds Wait when ctx has no deadline of its own.
+const WaitTimeoutDefault = 60 * time.Second
+
+// Wait is the one way tests wait: it calls cond until it reports true, polling
+// quickly at first and then every 50 ms, and fails t with what it was waiting for
+// if ctx ends (or WaitTimeoutDefault passes) first. cond may fail t itself.
+func Wait(t testing.TB, ctx context.Context, what string, cond func() bool) {
+	t.Helper()
+	if _, ok := ctx.Deadline(); !ok {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, WaitTimeoutDefault)
+		defer cancel()
+	}
+	for d := time.Millisecond; ; d = min(2*d, 50*time.Millisecond) {
+		if cond() {
+			return
+		}
+		select {
+		case <-ctx.Done():
+			t.Fatalf("gave up waiting for %s: %v", what, ctx.Err())
+		case <-time.After(d):
+		}
+	}
+}
