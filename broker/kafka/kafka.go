@@ -72,13 +72,41 @@ func New(c *kgo.Client, cfg *Config) (*Publisher, error) {
 }
 
 // ClientOptions are the producer settings the relay relies on: idempotent writes
-// with acks=all and the Java-compatible key partitioner.
+// with acks=all, the Java-compatible key partitioner, and no compression, as Kafka
+// Connect's producer (compression.type=none): a consumer that read Debezium's records
+// reads these with the codecs it had (franz-go alone would compress with snappy, which
+// kafkajs cannot read without a plug-in). Compression picks another.
 func ClientOptions() []kgo.Opt {
 	return []kgo.Opt{
+		kgo.ProducerBatchCompression(kgo.NoCompression()),
 		kgo.RequiredAcks(kgo.AllISRAcks()),
 		kgo.RecordPartitioner(placedFirst{kgo.StickyKeyPartitioner(nil)}), // nil: murmur2, as the Java client
 		kgo.ProducerBatchMaxBytes(MaxMessageBytesDefault + 1024),
 	}
+}
+
+// Compressions names the codecs Compression knows; none is the default.
+const Compressions = "none, gzip, snappy, lz4 or zstd"
+
+// Compression is the client option that compresses produced batches with codec (see
+// Compressions). Every consumer must have that codec.
+func Compression(codec string) (kgo.Opt, error) {
+	var c kgo.CompressionCodec
+	switch codec {
+	case "none", "":
+		c = kgo.NoCompression()
+	case "gzip":
+		c = kgo.GzipCompression()
+	case "snappy":
+		c = kgo.SnappyCompression()
+	case "lz4":
+		c = kgo.Lz4Compression()
+	case "zstd":
+		c = kgo.ZstdCompression()
+	default:
+		return nil, fmt.Errorf("kafka compression %q: want %s", codec, Compressions)
+	}
+	return kgo.ProducerBatchCompression(c), nil
 }
 
 // ConnectOptions are the client options a kafka:// URL names:

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"testing"
 	"time"
 
@@ -255,5 +256,59 @@ func TestPlacedPartitionOutOfRange(t *testing.T) {
 	})
 	if !broker.IsPermanent(res[0].Err) || res[1].Err != nil || res[2].Err != nil {
 		t.Fatalf("results: %v / %v / %v", res[0].Err, res[1].Err, res[2].Err)
+	}
+}
+
+// TestCompression: by default the records go out uncompressed, as Kafka Connect's
+// producer sends them, so a consumer without codecs (kafkajs has no snappy) reads what
+// it read under Debezium; --kafka-compression picks a codec, and a name it does not
+// know is refused.
+func TestCompression(t *testing.T) {
+	c := newCluster(t)
+	defer c.Close()
+	for _, tc := range []struct {
+		codec string
+		want  uint8 // the record batch's compression attribute
+	}{{"", 0}, {"none", 0}, {"gzip", 1}, {"snappy", 2}, {"lz4", 3}, {"zstd", 4}} {
+		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+		extra := []kgo.Opt{kgo.AllowAutoTopicCreation()}
+		if tc.codec != "" {
+			opt, err := kafka.Compression(tc.codec)
+			if err != nil {
+				t.Fatal(err)
+			}
+			extra = append(extra, opt)
+		}
+		pub, err := kafka.Dial(ctx, "kafka://"+c.ListenAddrs()[0], nil, extra...)
+		if err != nil {
+			t.Fatal(err)
+		}
+		topic := testenv.UniqueName("compression")
+		// A compressible payload: a codec is never skipped for a batch it would grow.
+		payload := []byte(`{"text":"` + strings.Repeat("outbox ", 200) + `"}`)
+		res := pub.Publish(ctx, []broker.Message{{ID: "1", Topic: topic, Key: "k", Payload: payload}})
+		_ = pub.Close()
+		if res[0].Err != nil {
+			t.Fatal(res[0].Err)
+		}
+		consumer, err := kgo.NewClient(kgo.SeedBrokers(c.ListenAddrs()...), kgo.ConsumeTopics(topic), kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()))
+		if err != nil {
+			t.Fatal(err)
+		}
+		var got *kgo.Record
+		for got == nil && ctx.Err() == nil {
+			consumer.PollFetches(ctx).EachRecord(func(r *kgo.Record) { got = r })
+		}
+		consumer.Close()
+		cancel()
+		if got == nil {
+			t.Fatalf("codec %q: no record read", tc.codec)
+		}
+		if a := got.Attrs.CompressionType(); a != tc.want || string(got.Value) != string(payload) {
+			t.Errorf("codec %q: batch compression %d, want %d (payload intact: %v)", tc.codec, a, tc.want, string(got.Value) == string(payload))
+		}
+	}
+	if _, err := kafka.Compression("brotli"); err == nil || !strings.Contains(err.Error(), "zstd") {
+		t.Fatalf("an unknown codec: %v", err)
 	}
 }

@@ -32,6 +32,7 @@ type brokerOptions struct {
 	maxMessageBytes  int
 	amqpExchange     string
 	redisMaxLen      int64
+	kafkaCompression string
 
 	webhookSecretFile, webhookCA, webhookCert, webhookKey string
 	webhookAllowHTTP                                      bool
@@ -46,6 +47,9 @@ const brokerSchemes = "nats://, kafka://, amqp://, redis://, mqtt://, pubsub://P
 func brokerScheme(rawURL string, o brokerOptions) (string, error) {
 	if rawURL == "" {
 		return "", usageErr("--broker is required: %s", brokerSchemes)
+	}
+	if _, err := kafka.Compression(o.kafkaCompression); err != nil {
+		return "", usageErr("--kafka-compression: %v", err)
 	}
 	scheme, _, _ := strings.Cut(rawURL, ":")
 	switch scheme {
@@ -88,7 +92,11 @@ func openBroker(ctx context.Context, rawURL string, o brokerOptions) (broker.Pub
 	defer cancel()
 	switch scheme {
 	case "kafka", "kafkas":
-		return kafka.Dial(ctx, rawURL, &kafka.Config{MaxMessageBytes: o.maxMessageBytes})
+		compression, err := kafka.Compression(o.kafkaCompression)
+		if err != nil {
+			return nil, usageErr("--kafka-compression: %v", err)
+		}
+		return kafka.Dial(ctx, rawURL, &kafka.Config{MaxMessageBytes: o.maxMessageBytes}, compression)
 	case "amqp", "amqps":
 		return amqp.Dial(ctx, rawURL, &amqp.Config{Exchange: o.amqpExchange, MaxMessageBytes: o.maxMessageBytes})
 	case "redis", "rediss":

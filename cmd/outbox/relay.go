@@ -14,6 +14,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/outboxd/outbox/broker/amqp"
+	"github.com/outboxd/outbox/broker/kafka"
 	"github.com/outboxd/outbox/dashboard"
 	"github.com/outboxd/outbox/debezium"
 	"github.com/outboxd/outbox/internal/failpoint"
@@ -92,6 +93,7 @@ func parseRelayFlags(args []string, stderr io.Writer) (*relayOptions, error) {
 	fs.IntVar(&bo.maxMessageBytes, "max-message-bytes", 0, "refuse larger messages before sending them (0: the publisher's default)")
 	fs.StringVar(&bo.amqpExchange, "amqp-exchange", amqp.ExchangeDefault, "RabbitMQ: the topic exchange")
 	fs.Int64Var(&bo.redisMaxLen, "redis-maxlen", 0, "Redis: trim each stream to about this many entries (0: no trimming)")
+	fs.StringVar(&bo.kafkaCompression, "kafka-compression", "none", "Kafka: compress produced batches with "+kafka.Compressions+" (none, as Kafka Connect: every consumer can read it)")
 	leaseTTL := fs.Duration("lease-ttl", outboxsqlite.LeaseTTLDefault, "SQLite only: how long leadership lasts unrenewed; a standby takes over this long after the active relay dies")
 	group := fs.Bool("group", false, "PostgreSQL, poll mode: run as one of several active relays, each owning some of the table's partitions (every relay of the table needs it)")
 	relayID := fs.String("relay-id", "", "with --group: this relay's name in the group (default host-pid-random)")
