@@ -13,6 +13,7 @@ import (
 	"crypto/tls"
 	"errors"
 	"fmt"
+	"math"
 	"net/url"
 	"strings"
 	"time"
@@ -220,6 +221,11 @@ func (p *Publisher) Publish(ctx context.Context, msgs []broker.Message) []broker
 			if size := recordSize(m); p.cfg.MaxMessageBytes > 0 && size > p.cfg.MaxMessageBytes {
 				return broker.Permanent(fmt.Errorf("message of %d bytes exceeds the limit of %d", size, p.cfg.MaxMessageBytes))
 			}
+			if ts := m.Timestamp; !ts.IsZero() && (ts.Before(minTimestamp) || ts.After(maxTimestamp)) {
+				// franz-go computes a record's time in int64 nanoseconds: sent, this
+				// one would arrive as another time, silently.
+				return broker.Permanent(fmt.Errorf("record timestamp %d ms is outside what the Kafka client can send (years 1678 to 2262)", ts.UnixMilli()))
+			}
 			return nil
 		},
 		Send: func(_ context.Context, i int) (broker.Future, error) {
@@ -237,6 +243,12 @@ func (p *Publisher) Publish(ctx context.Context, msgs []broker.Message) []broker
 		Classify: func(err error) error { return classify(ctx, err) },
 	})
 }
+
+// The record times franz-go can send: it counts them in int64 nanoseconds.
+var (
+	minTimestamp = time.Unix(0, math.MinInt64)
+	maxTimestamp = time.Unix(0, math.MaxInt64)
+)
 
 // produced is a record's answer to come, from its produce callback.
 type produced chan error

@@ -312,3 +312,27 @@ func TestCompression(t *testing.T) {
 		t.Fatalf("an unknown codec: %v", err)
 	}
 }
+
+// TestTimestampOutOfRange: a record time the client cannot express (a router's event
+// timestamp column far in the future, 14222264625338 ms: the year 2420) is refused as
+// that message's failure, with its reason, instead of reaching Kafka as another time
+// (it used to arrive as -4224479448371); the other messages go on.
+func TestTimestampOutOfRange(t *testing.T) {
+	c := newCluster(t)
+	defer c.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	pub, err := kafka.Dial(ctx, "kafka://"+c.ListenAddrs()[0], nil, kgo.AllowAutoTopicCreation())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pub.Close()
+	topic := testenv.UniqueName("timestamp")
+	res := pub.Publish(ctx, []broker.Message{
+		{ID: "1", Topic: topic, Key: "far", Payload: []byte(`{}`), Timestamp: time.UnixMilli(14222264625338)},
+		{ID: "2", Topic: topic, Key: "near", Payload: []byte(`{}`), Timestamp: time.UnixMilli(1_700_000_000_000)},
+	})
+	if !broker.IsPermanent(res[0].Err) || !strings.Contains(res[0].Err.Error(), "14222264625338") || res[1].Err != nil {
+		t.Fatalf("results %v", res)
+	}
+}
