@@ -284,8 +284,12 @@ func (r *pushReader) next(ctx context.Context, wait time.Duration) ([]verifyArri
 func (r *pushReader) close() { r.stop() }
 
 // natsVerifyReader reads the subject's new messages from the stream that holds it,
-// with an ordered (ephemeral) consumer: nothing is left behind on the server.
+// with an ordered (ephemeral) consumer: nothing is left behind on the server. A
+// subject no stream holds yet is not an error: a relay started with
+// --nats-create-stream creates the stream on its first publish. The reader then
+// attaches once the stream appears, from the moment verify started.
 func natsVerifyReader(ctx context.Context, rawURL, subject string) (verifyReader, error) {
+	since := time.Now()
 	nc, err := nats.Connect(rawURL, nats.Name("outbox verify"))
 	if err != nil {
 		return nil, fmt.Errorf("connect to NATS at %s: %w", redact.URL(rawURL), err)
@@ -295,24 +299,55 @@ func natsVerifyReader(ctx context.Context, rawURL, subject string) (verifyReader
 		nc.Close()
 		return nil, err
 	}
-	stream, err := js.StreamNameBySubject(ctx, subject)
-	if err != nil {
-		nc.Close()
-		return nil, fmt.Errorf("no JetStream stream holds %s (the relay could not publish there either): %w", subject, err)
-	}
-	cons, err := js.OrderedConsumer(ctx, stream, jetstream.OrderedConsumerConfig{
-		FilterSubjects: []string{subject}, DeliverPolicy: jetstream.DeliverNewPolicy})
-	if err != nil {
-		nc.Close()
-		return nil, err
-	}
 	r := newPushReader()
-	cc, err := cons.Consume(func(m jetstream.Msg) { r.add(m.Headers().Get(broker.HeaderID)) })
-	if err != nil {
-		nc.Close()
-		return nil, err
+	var cc jetstream.ConsumeContext
+	attach := func(ctx context.Context, stream string, policy jetstream.OrderedConsumerConfig) error {
+		policy.FilterSubjects = []string{subject}
+		cons, err := js.OrderedConsumer(ctx, stream, policy)
+		if err == nil {
+			cc, err = cons.Consume(func(m jetstream.Msg) { r.add(m.Headers().Get(broker.HeaderID)) })
+		}
+		return err
 	}
-	r.stop = func() { cc.Stop(); nc.Close() }
+	stream, err := js.StreamNameBySubject(ctx, subject)
+	switch {
+	case err == nil:
+		if err := attach(ctx, stream, jetstream.OrderedConsumerConfig{DeliverPolicy: jetstream.DeliverNewPolicy}); err != nil {
+			nc.Close()
+			return nil, err
+		}
+		r.stop = func() { cc.Stop(); nc.Close() }
+		return r, nil
+	case !errors.Is(err, jetstream.ErrStreamNotFound):
+		nc.Close()
+		return nil, fmt.Errorf("NATS: the stream for %s: %w", subject, err)
+	}
+	// No stream yet: wait for the relay to create it.
+	wctx, stop := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for wctx.Err() == nil {
+			if stream, err := js.StreamNameBySubject(wctx, subject); err == nil {
+				start := since
+				if attach(wctx, stream, jetstream.OrderedConsumerConfig{DeliverPolicy: jetstream.DeliverByStartTimePolicy, OptStartTime: &start}) == nil {
+					return
+				}
+			}
+			select {
+			case <-wctx.Done():
+			case <-time.After(200 * time.Millisecond):
+			}
+		}
+	}()
+	r.stop = func() {
+		stop()
+		<-done
+		if cc != nil {
+			cc.Stop()
+		}
+		nc.Close()
+	}
 	return r, nil
 }
 

@@ -13,6 +13,7 @@ import (
 
 	"github.com/outboxd/outbox/broker"
 	natspub "github.com/outboxd/outbox/broker/nats"
+	"github.com/outboxd/outbox/internal/natsembed"
 	"github.com/outboxd/outbox/internal/testenv"
 	"github.com/outboxd/outbox/outboxdriver/outboxpgx"
 	"github.com/outboxd/outbox/relay"
@@ -38,6 +39,23 @@ func TestVerify(t *testing.T) {
 		stdout, stderr, code = runCLI(t, nil, args...)
 		if code != 0 || !strings.Contains(stdout, "delivered    60 of 60") || !strings.Contains(stdout, "OK") {
 			t.Fatalf("verify with the relay: %d\n%s\n%s", code, stdout, stderr)
+		}
+	})
+	t.Run("nats-create-stream", func(t *testing.T) {
+		// A NATS server without the stream, and a relay that creates it on its first
+		// publish: verify waits for the stream instead of refusing.
+		t.Parallel()
+		ns, err := natsembed.Start(t.TempDir())
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(ns.Stop)
+		table := migrateSchema(t, url, testenv.Schema(t, url), "outbox")
+		startRelayProc(t, nil, "--db", url, "--table", table.Schema+".outbox", "--broker", ns.URL(), "--nats-create-stream")
+		stdout, stderr, code := runCLI(t, nil, "verify", "--db", url, "--table", table.Schema+".outbox", "--broker", ns.URL(),
+			"--events", "40", "--deadline", "30s")
+		if code != 0 || !strings.Contains(stdout, "delivered    40 of 40") {
+			t.Fatalf("verify against a relay that creates its stream: %d\n%s\n%s", code, stdout, stderr)
 		}
 	})
 	for _, b := range []struct {
