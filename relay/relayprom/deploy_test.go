@@ -3,12 +3,14 @@ package relayprom_test
 import (
 	"encoding/json"
 	"os"
+	"os/exec"
 	"regexp"
 	"strings"
 	"testing"
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/outboxd/outbox/internal/testenv"
 	"github.com/outboxd/outbox/relay/relayprom"
 )
 
@@ -59,6 +61,26 @@ func TestDeployFilesUseRealMetrics(t *testing.T) {
 			if !known[base] && !known[name] {
 				t.Errorf("%s uses %s, which the relay does not export", f, name)
 			}
+		}
+	}
+}
+
+// TestAlertRules: promtool (from Debian's prometheus package) checks the alert rules
+// and runs their unit tests (deploy/prometheus-alerts.test.yml): the relay-gone alert
+// fires when no relay serves outbox_relay_leader at all, which max() alone never saw.
+func TestAlertRules(t *testing.T) {
+	promtool, err := exec.LookPath("promtool")
+	if err != nil {
+		testenv.Missing(t, "promtool (Debian's prometheus package): %v", err)
+	}
+	for _, args := range [][]string{
+		{"check", "rules", "prometheus-alerts.yml"},
+		{"test", "rules", "prometheus-alerts.test.yml"},
+	} {
+		cmd := exec.Command(promtool, args...)
+		cmd.Dir = "../../deploy"
+		if out, err := cmd.CombinedOutput(); err != nil {
+			t.Errorf("promtool %s: %v\n%s", strings.Join(args, " "), err, out)
 		}
 	}
 }
