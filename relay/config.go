@@ -18,6 +18,10 @@ const (
 	LeaderRetryDefault   = time.Second
 	LeaderCheckDefault   = time.Second
 	LeaderTimeoutDefault = 10 * time.Second
+	// LeaderTimeoutMax is the longest LeaderTimeout: a day.
+	LeaderTimeoutMax = 24 * time.Hour
+	// PollIntervalMin is the shortest PollInterval.
+	PollIntervalMin = time.Millisecond
 	BackoffMinDefault    = 100 * time.Millisecond
 	BackoffMaxDefault    = 30 * time.Second
 	DrainTimeoutDefault  = 30 * time.Second
@@ -240,8 +244,13 @@ func (c *Config) withDefaults() (Config, *broker.Template, error) {
 		return out, nil, fmt.Errorf("relay: BatchSize must be 1..100000, got %d", out.BatchSize)
 	case out.PollInterval < 0, out.NotifyLinger < 0, out.LeaderRetry < 0, out.LeaderCheck < 0, out.DrainTimeout < 0:
 		return out, nil, fmt.Errorf("relay: durations must not be negative")
-	case out.LeaderTimeout < 400*time.Millisecond:
-		return out, nil, fmt.Errorf("relay: LeaderTimeout must be at least 400ms, got %v", out.LeaderTimeout)
+	case out.PollInterval < PollIntervalMin:
+		// A poll every nanosecond is a transaction loop on an idle table.
+		return out, nil, fmt.Errorf("relay: PollInterval must be at least %v, got %v", PollIntervalMin, out.PollInterval)
+	case out.LeaderTimeout < 400*time.Millisecond || out.LeaderTimeout > LeaderTimeoutMax:
+		// Past the maximum the database's own timeouts (idle_session_timeout, in
+		// int32 milliseconds) cannot hold it: such a relay would never lead.
+		return out, nil, fmt.Errorf("relay: LeaderTimeout must be 400ms to %v, got %v", LeaderTimeoutMax, out.LeaderTimeout)
 	case out.CleanupEvery < 0 || out.CleanupBatch < 1:
 		return out, nil, fmt.Errorf("relay: CleanupEvery must not be negative and CleanupBatch must be positive")
 	case out.MaxAttempts < 1:

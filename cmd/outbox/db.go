@@ -35,6 +35,13 @@ type dbOptions struct {
 }
 
 func parseTable(name string, payload string) (outboxdriver.Table, error) {
+	// An empty name or part ('', '.', 'public.', an unset shell variable) would
+	// quietly mean the default table: say so instead.
+	for _, part := range strings.Split(name, ".") {
+		if part == "" {
+			return outboxdriver.Table{}, usageErr("--table %q: empty table or schema name (want [schema.]name)", name)
+		}
+	}
 	t, err := outboxdriver.ParseTable(name)
 	if err != nil {
 		return t, usageErr("--table: %v", err)

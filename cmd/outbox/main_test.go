@@ -114,6 +114,18 @@ func TestBadInputGetsOneClearLine(t *testing.T) {
 		{"ui: metrics not a URL", []string{"ui", "--db", url, "--metrics", "relay:9464"}, 2, "--metrics"},
 		{"ui: missing table", []string{"ui", "--db", url, "--table", "public.no_such_outbox"}, 1, "does not exist (run `outbox migrate`)"},
 		{"ui: port taken", []string{"ui", "--db", url, "--table", schema + ".outbox", "--listen", "127.0.0.1:5432"}, 2, "cannot listen"},
+		// Flags accepted in silence before: each is refused before anything connects
+		// (the database is unreachable, and the error is the flag's).
+		{"empty table", []string{"relay", "--db", "postgres://u@127.0.0.1:1/x", "--broker", "stdout:", "--table", ""}, 2, "empty table or schema name"},
+		{"table with an empty name", []string{"relay", "--db", "postgres://u@127.0.0.1:1/x", "--broker", "stdout:", "--table", "public."}, 2, "empty table or schema name"},
+		{"table of a dot", []string{"status", "--db", "postgres://u@127.0.0.1:1/x", "--table", "."}, 2, "empty table or schema name"},
+		{"nanosecond poll", []string{"relay", "--db", "postgres://u@127.0.0.1:1/x", "--broker", "stdout:", "--poll-interval", "1ns"}, 2, "PollInterval must be at least"},
+		{"endless leader timeout", []string{"relay", "--db", "postgres://u@127.0.0.1:1/x", "--broker", "stdout:", "--leader-timeout", "100000h"}, 2, "LeaderTimeout must be 400ms to 24h"},
+		{"negative retention", []string{"relay", "--db", "postgres://u@127.0.0.1:1/x", "--broker", "stdout:", "--retention", "-1h"}, 2, "--retention"},
+		{"negative batch bytes", []string{"relay", "--db", "postgres://u@127.0.0.1:1/x", "--broker", "stdout:", "--max-batch-bytes", "-5"}, 2, "--max-batch-bytes"},
+		{"negative redis maxlen", []string{"relay", "--db", "postgres://u@127.0.0.1:1/x", "--broker", "stdout:", "--redis-maxlen", "-1"}, 2, "--redis-maxlen"},
+		{"negative message bytes", []string{"relay", "--db", "postgres://u@127.0.0.1:1/x", "--broker", "stdout:", "--max-message-bytes", "-1"}, 2, "--max-message-bytes"},
+		{"unknown kafka compression", []string{"relay", "--db", "postgres://u@127.0.0.1:1/x", "--broker", "kafka://127.0.0.1:1", "--kafka-compression", "brotli"}, 2, "--kafka-compression"},
 		{"template the broker refuses", []string{"relay", "--db", url, "--table", schema + ".outbox", "--broker", natsURL, "--http", "",
 			"--topic-template", "outbox event.${aggregatetype}"}, 1, "holds white space"},
 	} {

@@ -146,6 +146,16 @@ func parseRelayFlags(args []string, stderr io.Writer) (*relayOptions, error) {
 	if err != nil {
 		return nil, err
 	}
+	switch {
+	case *batchBytes < -1:
+		return nil, usageErr("--max-batch-bytes %d: want a size, 0 for the default or -1 for no bound", *batchBytes)
+	case *retention < 0:
+		return nil, usageErr("--retention %v: want a duration, or 0 to keep published rows", *retention)
+	case bo.redisMaxLen < 0:
+		return nil, usageErr("--redis-maxlen %d: want a length, or 0 for no trimming", bo.redisMaxLen)
+	case bo.maxMessageBytes < 0:
+		return nil, usageErr("--max-message-bytes %d: want a size, or 0 for the publisher's default", bo.maxMessageBytes)
+	}
 	cfg := &relay.Config{
 		BatchSize:           *batch,
 		MaxBatchBytes:       *batchBytes,
