@@ -21,16 +21,16 @@ const (
 	// LeaderTimeoutMax is the longest LeaderTimeout: a day.
 	LeaderTimeoutMax = 24 * time.Hour
 	// PollIntervalMin is the shortest PollInterval.
-	PollIntervalMin = time.Millisecond
-	BackoffMinDefault    = 100 * time.Millisecond
-	BackoffMaxDefault    = 30 * time.Second
-	DrainTimeoutDefault  = 30 * time.Second
-	MaxAttemptsDefault   = 10
-	RetryMinDefault      = time.Second
-	RetryMaxDefault      = 5 * time.Minute
-	RetentionDefault     = 7 * 24 * time.Hour
-	CleanupEveryDefault  = time.Minute
-	CleanupBatchDefault  = 1000
+	PollIntervalMin     = time.Millisecond
+	BackoffMinDefault   = 100 * time.Millisecond
+	BackoffMaxDefault   = 30 * time.Second
+	DrainTimeoutDefault = 30 * time.Second
+	MaxAttemptsDefault  = 10
+	RetryMinDefault     = time.Second
+	RetryMaxDefault     = 5 * time.Minute
+	RetentionDefault    = 7 * 24 * time.Hour
+	CleanupEveryDefault = time.Minute
+	CleanupBatchDefault = 1000
 )
 
 // Failpoints named by Config.Failpoint.
