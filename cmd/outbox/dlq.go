@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"encoding/json"
-	"flag"
 	"fmt"
 	"io"
 	"strings"
@@ -40,11 +39,8 @@ func runDLQ(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	for len(args) > 0 && !strings.HasPrefix(args[0], "-") {
 		ids, args = append(ids, args[0]), args[1:]
 	}
-	if err := fs.Parse(args); err != nil {
-		if err == flag.ErrHelp {
-			return err
-		}
-		return &exitError{code: 2, err: err}
+	if err := parseFlags(fs, args); err != nil {
+		return err
 	}
 	ids = append(ids, fs.Args()...)
 	if err := applyEnv(fs); err != nil {

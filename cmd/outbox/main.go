@@ -66,6 +66,10 @@ func main() {
 }
 
 func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	if len(args) > 1 && args[0] == "help" {
+		// `outbox help relay` (or `help dlq replay`): the command's own flags.
+		return run(ctx, append(append([]string(nil), args[1:]...), "-h"), stdout, stderr)
+	}
 	if len(args) == 0 || args[0] == "-h" || args[0] == "--help" || args[0] == "help" {
 		usage(stderr)
 		if len(args) == 0 {
@@ -174,14 +178,30 @@ func applyEnv(fs *flag.FlagSet) error {
 
 // parse reads the command line, then OUTBOX_* variables for the flags it did not set.
 func parse(fs *flag.FlagSet, args []string) error {
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return err
-		}
-		return &exitError{code: 2, err: err}
+	if err := parseFlags(fs, args); err != nil {
+		return err
 	}
 	if fs.NArg() > 0 {
 		return usageErr("unexpected arguments: %s", strings.Join(fs.Args(), " "))
 	}
 	return applyEnv(fs)
+}
+
+// parseFlags parses args into fs. The flag package would print a bad flag's error
+// and then every flag's usage: the error is said once, in one line, by run, with where
+// to find the flags; -h prints them.
+func parseFlags(fs *flag.FlagSet, args []string) error {
+	out := fs.Output()
+	fs.SetOutput(io.Discard)
+	err := fs.Parse(args)
+	fs.SetOutput(out)
+	if errors.Is(err, flag.ErrHelp) {
+		fmt.Fprintf(out, "Usage of %s:\n", fs.Name())
+		fs.PrintDefaults()
+		return err
+	}
+	if err != nil {
+		return &exitError{code: 2, err: fmt.Errorf("%w (`outbox help %s` lists the flags)", err, strings.TrimPrefix(fs.Name(), "outbox "))}
+	}
+	return nil
 }

@@ -74,6 +74,21 @@ func runCLI(t *testing.T, env []string, args ...string) (stdout, stderr string, 
 	return out.String(), errOut.String(), code
 }
 
+// TestHelpCommand: `outbox help CMD` prints that command's flags (and a subcommand's),
+// not the top-level help.
+func TestHelpCommand(t *testing.T) {
+	for _, args := range [][]string{{"help", "relay"}, {"help", "dlq", "replay"}, {"relay", "-h"}} {
+		_, stderr, code := runCLI(t, nil, args...)
+		want := "Usage of outbox " + strings.Join(args[1:], " ")
+		if args[0] != "help" {
+			want = "Usage of outbox relay"
+		}
+		if code != 0 || !strings.Contains(stderr, want) || strings.Contains(stderr, "Commands:") {
+			t.Errorf("outbox %s: exit %d, want its own flags (%q):\n%s", strings.Join(args, " "), code, want, stderr)
+		}
+	}
+}
+
 func TestBadInputGetsOneClearLine(t *testing.T) {
 	url := testenv.DatabaseURL(t)
 	schema := testenv.Schema(t, url)
@@ -125,6 +140,8 @@ func TestBadInputGetsOneClearLine(t *testing.T) {
 		{"negative batch bytes", []string{"relay", "--db", "postgres://u@127.0.0.1:1/x", "--broker", "stdout:", "--max-batch-bytes", "-5"}, 2, "--max-batch-bytes"},
 		{"negative redis maxlen", []string{"relay", "--db", "postgres://u@127.0.0.1:1/x", "--broker", "stdout:", "--redis-maxlen", "-1"}, 2, "--redis-maxlen"},
 		{"negative message bytes", []string{"relay", "--db", "postgres://u@127.0.0.1:1/x", "--broker", "stdout:", "--max-message-bytes", "-1"}, 2, "--max-message-bytes"},
+		{"bad duration", []string{"relay", "--poll-interval", "5x"}, 2, "invalid value \"5x\" for flag -poll-interval: parse error (`outbox help relay` lists the flags)"},
+		{"unknown flag", []string{"dlq", "replay", "--nope"}, 2, "flag provided but not defined: -nope (`outbox help dlq replay` lists the flags)"},
 		{"unknown kafka compression", []string{"relay", "--db", "postgres://u@127.0.0.1:1/x", "--broker", "kafka://127.0.0.1:1", "--kafka-compression", "brotli"}, 2, "--kafka-compression"},
 		{"template the broker refuses", []string{"relay", "--db", url, "--table", schema + ".outbox", "--broker", natsURL, "--http", "",
 			"--topic-template", "outbox event.${aggregatetype}"}, 1, "holds white space"},
