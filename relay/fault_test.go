@@ -2,10 +2,12 @@ package relay_test
 
 import (
 	"context"
+	"database/sql"
 	"errors"
 	"flag"
 	"fmt"
 	"os"
+	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
@@ -17,10 +19,14 @@ import (
 	"github.com/outboxd/outbox"
 	"github.com/outboxd/outbox/broker"
 	"github.com/outboxd/outbox/broker/memory"
+	"github.com/outboxd/outbox/internal/testenv"
+	"github.com/outboxd/outbox/outboxdriver"
+	"github.com/outboxd/outbox/outboxdriver/outboxmysql"
+	"github.com/outboxd/outbox/outboxdriver/outboxsqlite"
 	"github.com/outboxd/outbox/relay"
 )
 
-// The generated fault suite: rapid makes a backlog (aggregates, events, payloads over
+// The generated fault suite, on PostgreSQL, MariaDB and SQLite: rapid makes a backlog (aggregates, events, payloads over
 // the broker's limit among them) and a broker's behaviour, publish call by publish
 // call (answer, be down, take and never answer, answer after the deadline, refuse a
 // message, close the connection mid-batch); the real relay relays the backlog from the
@@ -140,9 +146,81 @@ func faultChecks() {
 	_ = flag.Set("rapid.checks", n)
 }
 
+// faultStore is one database's outbox for the fault suite: one table for every case,
+// emptied before each.
+type faultStore struct {
+	store outboxdriver.Store
+	write func(ctx context.Context, evs ...outbox.Event) error
+	empty func(ctx context.Context) error
+}
+
 func TestGeneratedFaults(t *testing.T) {
 	faultChecks()
-	e := setupB(t) // one table for every case, emptied before each
+	t.Run("postgres", func(t *testing.T) {
+		e := setupB(t)
+		generatedFaults(t, faultStore{store: e.store, write: e.w.Write, empty: func(ctx context.Context) error {
+			_, err := e.pool.Exec(ctx, "TRUNCATE "+pgx.Identifier{e.table.Schema, e.table.Name}.Sanitize()+", "+
+				pgx.Identifier{e.table.Schema, e.table.Name + "_dead"}.Sanitize())
+			return err
+		}})
+	})
+	t.Run("mariadb", func(t *testing.T) {
+		dsn := testenv.ServiceURL(t, "TEST_MYSQL_DSN", "root@tcp(127.0.0.1:3306)/test?parseTime=true", "127.0.0.1:3306", "MariaDB")
+		db, err := sql.Open("mysql", dsn)
+		if err != nil {
+			t.Fatal(err)
+		}
+		name := testenv.UniqueName("outbox_")
+		t.Cleanup(func() {
+			for _, tbl := range []string{name, name + "_dead", name + "_migrations"} {
+				_, _ = db.ExecContext(context.Background(), "DROP TABLE IF EXISTS `"+tbl+"`")
+			}
+			_ = db.Close()
+		})
+		generatedFaults(t, sqlFaultStore(t, outboxmysql.New(db, &outboxdriver.Table{Name: name}), func(ctx context.Context) error {
+			for _, tbl := range []string{name, name + "_dead"} {
+				if _, err := db.ExecContext(ctx, "DELETE FROM `"+tbl+"`"); err != nil {
+					return err
+				}
+			}
+			return nil
+		}))
+	})
+	t.Run("sqlite", func(t *testing.T) {
+		db, err := outboxsqlite.Open(filepath.Join(t.TempDir(), "outbox.db"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = db.Close() })
+		generatedFaults(t, sqlFaultStore(t, outboxsqlite.New(db, nil), func(ctx context.Context) error {
+			_, err := db.ExecContext(ctx, "DELETE FROM outbox; DELETE FROM outbox_dead")
+			return err
+		}))
+	})
+}
+
+// sqlFaultStore migrates a database/sql driver's table and writes through it.
+func sqlFaultStore(t *testing.T, drv outboxdriver.Driver[*sql.Tx], empty func(context.Context) error) faultStore {
+	t.Helper()
+	m, err := drv.Migrator()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := m.Migrate(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	store, err := drv.Store()
+	if err != nil {
+		t.Fatal(err)
+	}
+	w, err := outbox.NewWriter(drv, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return faultStore{store: store, write: w.Write, empty: empty}
+}
+
+func generatedFaults(t *testing.T, e faultStore) {
 	rapid.Check(t, func(rt *rapid.T) {
 		aggs := rapid.IntRange(1, 6).Draw(rt, "aggregates")
 		type ev struct {
@@ -155,8 +233,7 @@ func TestGeneratedFaults(t *testing.T) {
 		script := rapid.SliceOfN(rapid.SampledFrom(faults), 0, 12).Draw(rt, "faults")
 		batch := rapid.IntRange(1, 20).Draw(rt, "batch size")
 
-		if _, err := e.pool.Exec(context.Background(), "TRUNCATE "+pgx.Identifier{e.table.Schema, e.table.Name}.Sanitize()+", "+
-			pgx.Identifier{e.table.Schema, e.table.Name + "_dead"}.Sanitize()); err != nil {
+		if err := e.empty(context.Background()); err != nil {
 			rt.Fatal(err)
 		}
 		f := &faulty{mem: memory.New(0), script: script}
@@ -179,7 +256,7 @@ func TestGeneratedFaults(t *testing.T) {
 		}
 		ctx, cancel := context.WithTimeout(context.Background(), faultDeadline+10*time.Second)
 		defer cancel()
-		if err := e.w.Write(ctx, written...); err != nil {
+		if err := e.write(ctx, written...); err != nil {
 			rt.Fatal(err)
 		}
 		for i, x := range evs {
