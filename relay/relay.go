@@ -186,6 +186,7 @@ func (r *Relay) Run(ctx context.Context) error {
 		return r.runGroup(ctx)
 	}
 	bo := r.newBackoff()
+	standby := false // said once per wait, not every retry
 	for ctx.Err() == nil {
 		acquired := time.Now()
 		actx, cancel := r.dbCtx(ctx)
@@ -205,9 +206,14 @@ func (r *Relay) Run(ctx context.Context) error {
 		}
 		bo.reset()
 		if lead == nil {
+			if !standby {
+				standby = true
+				r.log.Info("relay: standby: another relay is active; taking over when it goes", "retry_every", r.cfg.LeaderRetry)
+			}
 			sleep(ctx, r.cfg.LeaderRetry)
 			continue
 		}
+		standby = false
 		r.log.Info("relay: active", "table_lock", "acquired")
 		r.stats.leader.Store(true)
 		r.hook("LeaderChanged", func(h Hooks) { h.LeaderChanged(true) })

@@ -53,6 +53,9 @@ func parseTable(name string, payload string) (outboxdriver.Table, error) {
 	return t, nil
 }
 
+// dbFlagHelp is every command's --db help: the one list of the databases.
+const dbFlagHelp = "database URL: postgres://user@host:5432/db, mysql://user@host:3306/db or sqlite://PATH"
+
 // openDB connects to dsn and checks the database answers.
 func openDB(ctx context.Context, dsn string, table outboxdriver.Table, opts dbOptions) (*database, error) {
 	scheme, _, ok := strings.Cut(dsn, "://")

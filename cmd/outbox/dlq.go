@@ -24,7 +24,7 @@ func runDLQ(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 		return usageErr("unknown subcommand %q (want list, show, replay or purge)", sub)
 	}
 	fs := newFlags("dlq "+sub, stderr)
-	dsn := fs.String("db", "", "database URL: postgres://user@host:5432/db or sqlite://PATH")
+	dsn := fs.String("db", "", dbFlagHelp)
 	tableName := fs.String("table", outboxdriver.DefaultSchema+"."+outboxdriver.DefaultTable, "outbox table, [schema.]name")
 	var f outboxdriver.DeadFilter
 	fs.StringVar(&f.AggregateType, "aggregate-type", "", "only dead letters of this aggregate type")

@@ -453,7 +453,10 @@ func TestFailover(t *testing.T) {
 	want := writeEvents(t, pool, table, 5, 200)
 	waitUnpublished(t, pool, table, 0, 30*time.Second)
 	standby := startRelayProc(t, nil, args...)
-	time.Sleep(300 * time.Millisecond) // the standby is up and waiting
+	// The standby says it waits (once), rather than nothing at all.
+	testenv.Wait(t, context.Background(), "the standby relay's 'standby' line", func() bool {
+		return strings.Contains(standby.output(), "relay: standby")
+	})
 
 	var more map[string][]string
 	done := make(chan struct{})

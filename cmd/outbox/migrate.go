@@ -14,7 +14,7 @@ import (
 
 func runMigrate(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := newFlags("migrate", stderr)
-	dsn := fs.String("db", "", "database URL: postgres://user@host:5432/db or sqlite://PATH")
+	dsn := fs.String("db", "", dbFlagHelp)
 	tableName := fs.String("table", outboxdriver.DefaultSchema+"."+outboxdriver.DefaultTable, "outbox table, [schema.]name")
 	payload := fs.String("payload-type", string(outboxdriver.PayloadJSON), "payload column type: json (jsonb) or bytes (bytea)")
 	print := fs.Bool("print", false, "print the SQL instead of running it")

@@ -60,7 +60,7 @@ type relayOptions struct {
 // relayOptions, and refuses a bad one before anything connects.
 func parseRelayFlags(args []string, stderr io.Writer) (*relayOptions, error) {
 	fs := newFlags("relay", stderr)
-	dsn := fs.String("db", "", "database URL: postgres://user@host:5432/db or sqlite://PATH")
+	dsn := fs.String("db", "", dbFlagHelp)
 	brokerURL := fs.String("broker", "", "broker URL: "+brokerSchemes)
 	tableName := fs.String("table", outboxdriver.DefaultSchema+"."+outboxdriver.DefaultTable, "outbox table, [schema.]name")
 	mode := fs.String("mode", "poll", "poll (claim rows with FOR UPDATE SKIP LOCKED) or cdc (PostgreSQL: read the events from the WAL by logical replication)")

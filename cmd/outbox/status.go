@@ -13,7 +13,7 @@ import (
 
 func runStatus(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := newFlags("status", stderr)
-	dsn := fs.String("db", "", "database URL: postgres://user@host:5432/db or sqlite://PATH")
+	dsn := fs.String("db", "", dbFlagHelp)
 	tableName := fs.String("table", outboxdriver.DefaultSchema+"."+outboxdriver.DefaultTable, "outbox table, [schema.]name")
 	asJSON := fs.Bool("json", false, "print JSON, for scripts")
 	if err := parse(fs, args); err != nil {

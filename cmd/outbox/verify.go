@@ -162,6 +162,8 @@ func runVerify(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	rep := analyzeVerify(sent, got)
 	fmt.Fprintf(stdout, "verify: %d canary events over %d aggregates on %s (table %s)\n", len(sent), *aggregates, subject, table)
 	fmt.Fprint(stdout, rep.String())
+	fmt.Fprintf(stdout, "The canaries stay in %s as any published event does (aggregate type %s): the relay's cleanup removes them after its retention.\n",
+		table, verifyAggregateType)
 	if !rep.ok() {
 		return fmt.Errorf("verify failed: %s", rep.summary())
 	}

@@ -54,7 +54,7 @@ func TestVerify(t *testing.T) {
 		startRelayProc(t, nil, "--db", url, "--table", table.Schema+".outbox", "--broker", ns.URL(), "--nats-create-stream")
 		stdout, stderr, code := runCLI(t, nil, "verify", "--db", url, "--table", table.Schema+".outbox", "--broker", ns.URL(),
 			"--events", "40", "--deadline", "30s")
-		if code != 0 || !strings.Contains(stdout, "delivered    40 of 40") {
+		if code != 0 || !strings.Contains(stdout, "delivered    40 of 40") || !strings.Contains(stdout, "The canaries stay in") {
 			t.Fatalf("verify against a relay that creates its stream: %d\n%s\n%s", code, stdout, stderr)
 		}
 	})
