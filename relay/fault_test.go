@@ -165,18 +165,7 @@ func TestGeneratedFaults(t *testing.T) {
 		}})
 	})
 	t.Run("mariadb", func(t *testing.T) {
-		dsn := testenv.ServiceURL(t, "TEST_MYSQL_DSN", "root@tcp(127.0.0.1:3306)/test?parseTime=true", "127.0.0.1:3306", "MariaDB")
-		db, err := sql.Open("mysql", dsn)
-		if err != nil {
-			t.Fatal(err)
-		}
-		name := testenv.UniqueName("outbox_")
-		t.Cleanup(func() {
-			for _, tbl := range []string{name, name + "_dead", name + "_migrations"} {
-				_, _ = db.ExecContext(context.Background(), "DROP TABLE IF EXISTS `"+tbl+"`")
-			}
-			_ = db.Close()
-		})
+		db, name := testenv.MariaDB(t, "outbox_")
 		generatedFaults(t, sqlFaultStore(t, outboxmysql.New(db, &outboxdriver.Table{Name: name}), func(ctx context.Context) error {
 			for _, tbl := range []string{name, name + "_dead"} {
 				if _, err := db.ExecContext(ctx, "DELETE FROM `"+tbl+"`"); err != nil {

@@ -109,18 +109,7 @@ func postgres(t *testing.T) *db {
 }
 
 func mariadb(t *testing.T) *db {
-	dsn := testenv.ServiceURL(t, "TEST_MYSQL_DSN", "root@tcp(127.0.0.1:3306)/test?parseTime=true", "127.0.0.1:3306", "MariaDB")
-	sdb, err := sql.Open("mysql", dsn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	name := testenv.UniqueName("poison_")
-	t.Cleanup(func() {
-		for _, tbl := range []string{name, name + "_dead", name + "_migrations"} {
-			_, _ = sdb.ExecContext(context.Background(), "DROP TABLE IF EXISTS `"+tbl+"`")
-		}
-		_ = sdb.Close()
-	})
+	sdb, name := testenv.MariaDB(t, "poison_")
 	drv := outboxmysql.New(sdb, &outboxdriver.Table{Name: name, Payload: outboxdriver.PayloadBytes})
 	m, err := drv.Migrator()
 	migrate(t, m, err)

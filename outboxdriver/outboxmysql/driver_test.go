@@ -21,19 +21,7 @@ func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 // the tables made beside it.
 func tableName(t *testing.T) (*sql.DB, string) {
 	t.Helper()
-	dsn := testenv.ServiceURL(t, "TEST_MYSQL_DSN", "root@tcp(127.0.0.1:3306)/test?parseTime=true", "127.0.0.1:3306", "MariaDB")
-	db, err := sql.Open("mysql", dsn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	name := testenv.UniqueName("outbox_")
-	t.Cleanup(func() {
-		for _, tbl := range []string{name, name + "_dead", name + "_migrations"} {
-			_, _ = db.ExecContext(context.Background(), "DROP TABLE IF EXISTS `"+tbl+"`")
-		}
-		_ = db.Close()
-	})
-	return db, name
+	return testenv.MariaDB(t, "outbox_")
 }
 
 // TestConformance runs the driver suite on the machine's MariaDB.
