@@ -160,6 +160,12 @@ type Capabilities struct {
 	MaxSeq bool
 	// Listen: Listen delivers the writer's wake-ups (without it, polling alone).
 	Listen bool
+	// Split: a claim can be completed in parts. Complete writes only the rows it
+	// names (the others are left unpublished and unlocked: still in flight at the
+	// broker), the claim is a Settler that writes their outcome later, and claims
+	// skip the aggregates in flight (ClaimParams.Skip). The relay uses it so that a
+	// slow key holds only itself.
+	Split bool
 }
 
 // Completes reports whether Complete honours completion c.
@@ -297,6 +303,32 @@ type ClaimParams struct {
 	// custom columns) to read into Row.Columns. PostgreSQL only: other drivers
 	// return ErrNotSupported when it is set.
 	Columns []string
+	// Skip are aggregates whose events the claim must not take: the relay's
+	// stragglers, still in flight at the broker after their batch was completed
+	// without them, and their aggregates' later events, which must wait for them.
+	// Sources without Capabilities.Split return ErrNotSupported when it is set.
+	Skip []Aggregate
+}
+
+// Aggregate names one aggregate, the unit of ordering.
+type Aggregate struct {
+	Type, ID string
+}
+
+// SkipSQL is the claim's condition for ClaimParams.Skip on a driver with "?"
+// placeholders: the row's aggregate is none of n aggregates, given as 2n parameters
+// (SkipArgs).
+func SkipSQL(n int) string {
+	return "(o.aggregatetype, o.aggregateid) NOT IN (" + strings.Repeat("(?, ?), ", n-1) + "(?, ?))"
+}
+
+// SkipArgs are SkipSQL's parameters.
+func SkipArgs(skip []Aggregate) []any {
+	args := make([]any, 0, 2*len(skip))
+	for _, a := range skip {
+		args = append(args, a.Type, a.ID)
+	}
+	return args
 }
 
 // Enough reports whether a claim holding bytes of payload has reached MaxBytes.
@@ -367,6 +399,16 @@ type Claim interface {
 	Complete(ctx context.Context, params *CompleteParams) error
 	// Release gives the rows back without changing them. Safe to call after Complete.
 	Release(ctx context.Context) error
+}
+
+// Settler is implemented by the claims of a source with Capabilities.Split. Settle
+// writes p, for rows of the claim that Complete left out, in a transaction of its
+// own, restricted as Complete's fallback is (Restrict: rows still unpublished, held
+// by no claim, with the attempts claimed). Its caller's claims skip those rows'
+// aggregates until it returns (ClaimParams.Skip), so it needs only the claim fence
+// shared.
+type Settler interface {
+	Settle(ctx context.Context, p *CompleteParams) error
 }
 
 // ClaimKeeper is implemented by a Claim whose hold lapses when it idles for

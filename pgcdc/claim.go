@@ -19,6 +19,9 @@ func (s *Source) Capabilities() outboxdriver.Capabilities {
 // being published it claims them from the table; then it hands out events from the
 // WAL in commit order, holding back an aggregate behind its waiting event.
 func (s *Source) Claim(ctx context.Context, p *outboxdriver.ClaimParams) (outboxdriver.Claim, error) {
+	if len(p.Skip) > 0 {
+		return nil, fmt.Errorf("claim skipping aggregates: %w", outboxdriver.ErrNotSupported)
+	}
 	ss := s.current()
 	if ss == nil {
 		return nil, outboxdriver.ErrLeadershipLost

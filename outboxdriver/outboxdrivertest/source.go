@@ -25,6 +25,7 @@ func sourceCases[TTx any]() []suiteCase[TTx] {
 		{"DelayedEvents", testDelayed[TTx]},
 		{"Listen", testListen[TTx]},
 		{"TraceContextStored", testTraceContext[TTx]},
+		{"SplitComplete", testSplitComplete[TTx]},
 	}
 }
 

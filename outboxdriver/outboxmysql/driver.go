@@ -221,7 +221,11 @@ func scanRow(rows *sql.Rows, extra ...any) (outboxdriver.Row, error) {
 
 // Claim implements outboxdriver.Store.
 // Capabilities implements outboxdriver.Source: mark and delete completion only.
-func (d *Driver) Capabilities() outboxdriver.Capabilities { return outboxdriver.Basic() }
+func (d *Driver) Capabilities() outboxdriver.Capabilities {
+	c := outboxdriver.Basic()
+	c.Split = true
+	return c
+}
 
 func (d *Driver) Claim(ctx context.Context, p *outboxdriver.ClaimParams) (outboxdriver.Claim, error) {
 	if p.MaxSeq > 0 {
@@ -257,11 +261,15 @@ func (d *Driver) Claim(ctx context.Context, p *outboxdriver.ClaimParams) (outbox
 		_ = c.Release(ctx)
 		return nil, interpretError(err)
 	}
+	skip, args := "", []any{p.Limit}
+	if len(p.Skip) > 0 {
+		skip, args = "\n  AND "+outboxdriver.SkipSQL(len(p.Skip)), append(outboxdriver.SkipArgs(p.Skip), args...)
+	}
 	rows, err := tx.QueryContext(ctx, `SELECT `+rowColumns+` FROM `+d.q+` AS o
 WHERE o.published_at IS NULL AND (o.available_at IS NULL OR o.available_at <= UTC_TIMESTAMP(6))
   AND `+outboxdriver.NotBehindFailingSQL(d.q)+`
-  AND `+outboxdriver.NotHeldSQL(d.qDead)+`
-ORDER BY o.seq LIMIT ? FOR UPDATE SKIP LOCKED`, p.Limit)
+  AND `+outboxdriver.NotHeldSQL(d.qDead)+skip+`
+ORDER BY o.seq LIMIT ? FOR UPDATE SKIP LOCKED`, args...)
 	if err != nil {
 		_ = c.Release(ctx)
 		return nil, interpretError(err)
@@ -348,24 +356,35 @@ func (c *claim) Complete(ctx context.Context, p *outboxdriver.CompleteParams) er
 	if err == nil || ctx.Err() != nil {
 		return interpretError(err)
 	}
-	if serr := outboxdriver.Settle(ctx, p, c.settleTx); serr != nil {
+	settle := func(ctx context.Context, p *outboxdriver.CompleteParams) error { return c.settleTx(ctx, p, len(p.Failed) > 0) }
+	if serr := outboxdriver.Settle(ctx, p, settle); serr != nil {
 		return fmt.Errorf("%w (settling in a fresh transaction: %w)", interpretError(err), interpretError(serr))
 	}
 	return nil
 }
 
+// Settle implements outboxdriver.Settler: the rows Complete left out, written in
+// fresh transactions under the claim fence, shared (the caller's claims skip their
+// aggregates meanwhile).
+func (c *claim) Settle(ctx context.Context, p *outboxdriver.CompleteParams) error {
+	return interpretError(outboxdriver.Settle(ctx, p, func(ctx context.Context, p *outboxdriver.CompleteParams) error {
+		return c.settleTx(ctx, p, false)
+	}))
+}
+
 // settleTx applies p, restricted to the rows it may still touch
 // (outboxdriver.CompleteParams.Restrict), in a transaction of its own. It holds the
-// claim fence: shared to mark what was published; to record failures, exclusive (a
-// while at most), so no other claim can pass the failing rows it locks.
-func (c *claim) settleTx(ctx context.Context, p *outboxdriver.CompleteParams) error {
+// claim fence: shared, or exclusive (a while at most) to record failures beside
+// claims that may not skip them, so no other claim can pass the failing rows it
+// locks.
+func (c *claim) settleTx(ctx context.Context, p *outboxdriver.CompleteParams, exclusive bool) error {
 	conn, err := c.d.db.Conn(ctx)
 	if err != nil {
 		return err
 	}
 	defer func() { _ = conn.Close() }()
 	mode := "LOCK IN SHARE MODE"
-	if len(p.Failed) > 0 {
+	if exclusive {
 		if _, err := conn.ExecContext(ctx, "SET SESSION innodb_lock_wait_timeout = 2"); err != nil {
 			return err
 		}

@@ -252,7 +252,7 @@ func nowMillis() int64 { return time.Now().UnixMilli() }
 // wake-ups from writers in this process.
 func (d *Driver) Capabilities() outboxdriver.Capabilities {
 	c := outboxdriver.Basic()
-	c.Listen = true
+	c.Listen, c.Split = true, true
 	return c
 }
 
@@ -270,6 +270,10 @@ func (d *Driver) Claim(ctx context.Context, p *outboxdriver.ClaimParams) (outbox
 	for _, r := range d.inFlight {
 		where.WriteString(" AND seq NOT BETWEEN ? AND ?")
 		args = append(args, r[0], r[1])
+	}
+	if len(p.Skip) > 0 {
+		where.WriteString(" AND " + outboxdriver.SkipSQL(len(p.Skip)))
+		args = append(args, outboxdriver.SkipArgs(p.Skip)...)
 	}
 	args = append([]any{nowMillis()}, append(args, p.Limit)...)
 	// Due rows, not behind a failing row of their aggregate, not held by a dead letter.
@@ -337,23 +341,61 @@ func (c *claim) Complete(ctx context.Context, p *outboxdriver.CompleteParams) er
 		return nil
 	}
 	defer c.finish()
+	if p.Completion == outboxdriver.CompleteArchive && len(p.Published) > 0 {
+		return fmt.Errorf("archive completion: %w", outboxdriver.ErrNotSupported)
+	}
 	tx, err := c.d.db.BeginTx(ctx, nil)
 	if err != nil {
 		return interpretError(err)
 	}
 	defer func() { _ = tx.Rollback() }()
+	if err := c.write(ctx, tx, p); err != nil {
+		return interpretError(err)
+	}
+	return interpretError(tx.Commit())
+}
+
+// Settle implements outboxdriver.Settler: the rows Complete left out, written in a
+// transaction of their own, restricted to those still unpublished with the attempts
+// claimed.
+func (c *claim) Settle(ctx context.Context, p *outboxdriver.CompleteParams) error {
+	return interpretError(outboxdriver.Settle(ctx, p, func(ctx context.Context, p *outboxdriver.CompleteParams) error {
+		tx, err := c.d.db.BeginTx(ctx, nil)
+		if err != nil {
+			return err
+		}
+		defer func() { _ = tx.Rollback() }()
+		rows, err := tx.QueryContext(ctx, `SELECT id, attempts FROM `+c.d.q+` WHERE id IN (SELECT value FROM json_each(?)) AND published_at IS NULL`, jsonIDs(p.IDs()))
+		if err != nil {
+			return err
+		}
+		now, err := outboxdriver.ScanAttempts(rows.Next, rows.Scan)
+		_ = rows.Close()
+		if err == nil {
+			err = rows.Err()
+		}
+		if err != nil {
+			return err
+		}
+		if err := c.write(ctx, tx, p.Restrict(c.rows, now)); err != nil {
+			return err
+		}
+		return tx.Commit()
+	}))
+}
+
+// write applies p in tx: marks (or deletes) the published rows, and records the
+// failures.
+func (c *claim) write(ctx context.Context, tx *sql.Tx, p *outboxdriver.CompleteParams) error {
 	if len(p.Published) > 0 {
 		stmt := `UPDATE ` + c.d.q + ` SET published_at = ?, last_error = NULL WHERE id IN (SELECT value FROM json_each(?))`
 		args := []any{nowMillis(), jsonIDs(p.Published)}
-		switch p.Completion {
-		case outboxdriver.CompleteDelete:
+		if p.Completion == outboxdriver.CompleteDelete {
 			stmt = `DELETE FROM ` + c.d.q + ` WHERE id IN (SELECT value FROM json_each(?))`
 			args = args[1:]
-		case outboxdriver.CompleteArchive:
-			return fmt.Errorf("archive completion: %w", outboxdriver.ErrNotSupported)
 		}
 		if _, err := tx.ExecContext(ctx, stmt, args...); err != nil {
-			return interpretError(err)
+			return err
 		}
 	}
 	for _, f := range p.Failed {
@@ -366,10 +408,10 @@ func (c *claim) Complete(ctx context.Context, p *outboxdriver.CompleteParams) er
   tracingspancontext, seq, created_at, attempts, error, dead_at, holds_key)
 SELECT id, aggregatetype, aggregateid, type, payload, headers, tracingspancontext, seq, created_at, attempts + ?, ?, ?, ?
 FROM `+c.d.q+` WHERE id = ?`, n, f.Error, nowMillis(), f.HoldKey, f.ID); err != nil {
-				return interpretError(err)
+				return err
 			}
 			if _, err := tx.ExecContext(ctx, `DELETE FROM `+c.d.q+` WHERE id = ?`, f.ID); err != nil {
-				return interpretError(err)
+				return err
 			}
 			continue
 		}
@@ -379,10 +421,10 @@ FROM `+c.d.q+` WHERE id = ?`, n, f.Error, nowMillis(), f.HoldKey, f.ID); err != 
 		}
 		if _, err := tx.ExecContext(ctx, `UPDATE `+c.d.q+` SET attempts = attempts + ?, last_error = ?,
   available_at = coalesce(?, available_at) WHERE id = ?`, n, f.Error, retry, f.ID); err != nil {
-			return interpretError(err)
+			return err
 		}
 	}
-	return interpretError(tx.Commit())
+	return nil
 }
 
 func (c *claim) Release(context.Context) error {

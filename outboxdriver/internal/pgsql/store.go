@@ -347,6 +347,7 @@ func (s *Store) Capabilities() outboxdriver.Capabilities {
 		Columns:     true,
 		MaxSeq:      true,
 		Listen:      s.ListenFunc != nil,
+		Split:       true,
 	}
 }
 
@@ -382,7 +383,11 @@ func (s *Store) Claim(ctx context.Context, p *outboxdriver.ClaimParams) (outboxd
 			return nil, InterpretError(err)
 		}
 	}
-	rows, err := tx.Query(ctx, s.Statements.claimWith(p.Columns), p.Limit, p.MaxSeq, parts)
+	stmt, args := s.Statements.claimWith(p.Columns), []any{p.Limit, p.MaxSeq, parts}
+	if len(p.Skip) > 0 {
+		stmt, args = skipping(stmt), append(args, skipArgs(p.Skip)...)
+	}
+	rows, err := tx.Query(ctx, stmt, args...)
 	if err != nil {
 		_ = tx.Rollback(context.WithoutCancel(ctx))
 		return nil, InterpretError(err)
@@ -451,6 +456,22 @@ func scanRows(rows Rows, p *outboxdriver.ClaimParams) ([]outboxdriver.Row, error
 	return out, rows.Err()
 }
 
+// skipping is a claim statement that also skips the aggregates of ClaimParams.Skip,
+// given as two arrays ($4 types, $5 ids).
+func skipping(claim string) string {
+	return strings.Replace(claim, "\nORDER BY o.seq", `
+  AND NOT EXISTS (SELECT 1 FROM unnest($4::text[], $5::text[]) AS k(t, i) WHERE k.t = o.aggregatetype AND k.i = o.aggregateid)
+ORDER BY o.seq`, 1)
+}
+
+func skipArgs(skip []outboxdriver.Aggregate) []any {
+	types, ids := make([]string, len(skip)), make([]string, len(skip))
+	for i, a := range skip {
+		types[i], ids[i] = a.Type, a.ID
+	}
+	return []any{types, ids}
+}
+
 type claim struct {
 	s     *Store
 	tx    Tx
@@ -499,10 +520,21 @@ func (c *claim) Complete(ctx context.Context, p *outboxdriver.CompleteParams) er
 	if ctx.Err() != nil {
 		return InterpretError(err)
 	}
-	if serr := outboxdriver.Settle(ctx, p, c.settleTx); serr != nil {
+	if serr := outboxdriver.Settle(ctx, p, func(ctx context.Context, p *outboxdriver.CompleteParams) error {
+		return c.settleTx(ctx, p, c.settleFence(len(p.Failed) > 0))
+	}); serr != nil {
 		return fmt.Errorf("%w (settling in a fresh transaction: %w)", InterpretError(err), InterpretError(serr))
 	}
 	return nil
+}
+
+// Settle implements outboxdriver.Settler: the rows Complete left out, written in
+// fresh transactions under the claim fence, shared (the caller's claims skip their
+// aggregates meanwhile).
+func (c *claim) Settle(ctx context.Context, p *outboxdriver.CompleteParams) error {
+	return InterpretError(outboxdriver.Settle(ctx, p, func(ctx context.Context, p *outboxdriver.CompleteParams) error {
+		return c.settleTx(ctx, p, sharedFence)
+	}))
 }
 
 // write applies p in tx: marks (or deletes, or archives) the published rows, and
@@ -538,21 +570,24 @@ func (c *claim) write(ctx context.Context, tx Tx, p *outboxdriver.CompleteParams
 // while) until no claim is in flight. A group's fenced statements need no more.
 func (c *claim) settleFence(failures bool) string {
 	if !failures || c.group != nil {
-		return "SELECT pg_advisory_xact_lock_shared($1)"
+		return sharedFence
 	}
 	return "SELECT set_config('lock_timeout', '2s', true), pg_advisory_xact_lock($1)"
 }
 
+const sharedFence = "SELECT pg_advisory_xact_lock_shared($1)"
+
 // settleTx applies p, restricted to the rows it may still touch
-// (outboxdriver.CompleteParams.Restrict), in a transaction of its own: the
-// fallback of Complete (outboxdriver.Settle).
-func (c *claim) settleTx(ctx context.Context, p *outboxdriver.CompleteParams) error {
+// (outboxdriver.CompleteParams.Restrict), in a transaction of its own under the
+// claim fence taken by fence: the fallback of Complete, and Settle
+// (outboxdriver.Settle).
+func (c *claim) settleTx(ctx context.Context, p *outboxdriver.CompleteParams, fence string) error {
 	tx, err := c.s.DB.Begin(ctx)
 	if err != nil {
 		return err
 	}
 	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
-	if err := tx.Exec(ctx, c.settleFence(len(p.Failed) > 0), c.s.Statements.claimFence); err != nil {
+	if err := tx.Exec(ctx, fence, c.s.Statements.claimFence); err != nil {
 		return err
 	}
 	rows, err := tx.Query(ctx, `SELECT o.id::text, o.attempts FROM `+c.s.Statements.qualified+` AS o
