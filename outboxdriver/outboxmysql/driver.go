@@ -356,7 +356,9 @@ func (c *claim) Complete(ctx context.Context, p *outboxdriver.CompleteParams) er
 	if err == nil || ctx.Err() != nil {
 		return interpretError(err)
 	}
-	settle := func(ctx context.Context, p *outboxdriver.CompleteParams) error { return c.settleTx(ctx, p, len(p.Failed) > 0) }
+	settle := func(ctx context.Context, p *outboxdriver.CompleteParams) error {
+		return c.settleTx(ctx, p, len(p.Failed) > 0)
+	}
 	if serr := outboxdriver.Settle(ctx, p, settle); serr != nil {
 		return fmt.Errorf("%w (settling in a fresh transaction: %w)", interpretError(err), interpretError(serr))
 	}
