@@ -29,8 +29,14 @@ import (
 //     answer that does not come is the connection's failure.
 //
 // The results are one per message, in msgs order.
+//
+// Under a context from WithAnswers for msgs, each result is also reported as soon as
+// it is decided.
 func Sequence(ctx context.Context, msgs []Message, sch Schedule, s Sender) []Result {
 	q := &sequencer{ctx: ctx, msgs: msgs, s: s, sch: sch, res: make([]Result, len(msgs))}
+	if a, ok := ctx.Value(answersKey{}).(*answers); ok && a.of(msgs) {
+		q.report = a.fn
+	}
 	switch {
 	case sch.Sequential && s.Flush != nil:
 		q.rounds()
@@ -93,12 +99,36 @@ func (a Answered) Wait(context.Context) error { return a.Err }
 // Schedule.AckTimeout: the connection's (a cut network, a paused server).
 var ErrNoAnswer = errors.New("no answer from the broker in time")
 
-type sequencer struct {
-	ctx  context.Context
+type answersKey struct{}
+
+type answers struct {
 	msgs []Message
-	s    Sender
-	sch  Schedule
-	res  []Result
+	fn   func(i int, r Result)
+}
+
+// of reports whether msgs is the batch the answers were asked for (not a part of
+// it a publisher sequences on its own, whose indexes would differ).
+func (a *answers) of(msgs []Message) bool {
+	return len(msgs) == len(a.msgs) && (len(msgs) == 0 || &msgs[0] == &a.msgs[0])
+}
+
+// WithAnswers returns a context under which Sequence, publishing msgs, calls fn with
+// each message's index and result as soon as that result is decided: once per
+// message, from whichever goroutine decided it. The relay uses it to write back what
+// the broker answered while a slow key's answers are still out. A publisher that
+// does not publish through Sequence reports nothing early: every result then comes
+// when Publish returns.
+func WithAnswers(ctx context.Context, msgs []Message, fn func(i int, r Result)) context.Context {
+	return context.WithValue(ctx, answersKey{}, &answers{msgs: msgs, fn: fn})
+}
+
+type sequencer struct {
+	ctx    context.Context
+	msgs   []Message
+	s      Sender
+	sch    Schedule
+	res    []Result
+	report func(i int, r Result) // WithAnswers' fn, or nil
 
 	mu       sync.Mutex
 	stop     error
@@ -129,7 +159,7 @@ func (q *sequencer) admit(i int) bool {
 	}
 	q.mu.Unlock()
 	if err != nil {
-		q.res[i].Err = err
+		q.decide(i, err)
 		return false
 	}
 	if err := q.s.Prepare(q.ctx, i); err != nil {
@@ -145,8 +175,8 @@ func (q *sequencer) fail(i int, err error) {
 		err = q.ctx.Err() // ended, not refused: no attempt is charged
 	}
 	m := &q.msgs[i]
-	q.res[i].Err = err
 	q.mu.Lock()
+	defer q.decide(i, err) // once what follows for the others is recorded
 	defer q.mu.Unlock()
 	switch {
 	case IsUnavailable(err), errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded):
@@ -213,6 +243,16 @@ func (q *sequencer) await(actx context.Context, i int, f Future) {
 	}
 	if err != nil {
 		q.fail(i, err)
+		return
+	}
+	q.decide(i, nil)
+}
+
+// decide sets message i's result, and reports it (WithAnswers).
+func (q *sequencer) decide(i int, err error) {
+	q.res[i].Err = err
+	if q.report != nil {
+		q.report(i, q.res[i])
 	}
 }
 

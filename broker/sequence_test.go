@@ -128,9 +128,22 @@ func TestSequenceRules(t *testing.T) {
 				if sch == "rounds" {
 					sender.Flush = func(context.Context) error { return nil }
 				}
-				res := broker.Sequence(context.Background(), tc.msgs, broker.Schedule{Sequential: sch != "pipelined", Concurrency: 4}, sender)
+				var mu sync.Mutex
+				told := make([][]broker.Result, len(tc.msgs))
+				ctx := broker.WithAnswers(context.Background(), tc.msgs, func(i int, r broker.Result) {
+					mu.Lock()
+					told[i] = append(told[i], r)
+					mu.Unlock()
+				})
+				res := broker.Sequence(ctx, tc.msgs, broker.Schedule{Sequential: sch != "pipelined", Concurrency: 4}, sender)
 				if got := fmt.Sprint(errs(res)); got != tc.want {
 					t.Fatalf("results %s, want %s", got, tc.want)
+				}
+				// Each result was reported early, once, as returned.
+				for i := range res {
+					if len(told[i]) != 1 || told[i][0] != res[i] {
+						t.Fatalf("message %d: reported %v, returned %v", i, told[i], res[i])
+					}
 				}
 			})
 		}
@@ -140,6 +153,20 @@ func TestSequenceRules(t *testing.T) {
 // TestSequenceStopSequential: in a sequential schedule the keys run at once, so which
 // of them a stop reaches first varies; no message after the stop is sent, and every
 // message not acknowledged is unavailable.
+// TestSequenceAnswersOnlyForTheirBatch: answers asked for one batch are not
+// reported for another (a part of it a publisher sequences on its own).
+func TestSequenceAnswersOnlyForTheirBatch(t *testing.T) {
+	msgs := batch("t a", "t b")
+	reported := 0
+	ctx := broker.WithAnswers(context.Background(), msgs, func(int, broker.Result) { reported++ })
+	part := msgs[1:]
+	s := script{}
+	broker.Sequence(ctx, part, broker.Schedule{}, s.sender(part))
+	if reported != 0 {
+		t.Fatalf("%d answers reported for another batch", reported)
+	}
+}
+
 func TestSequenceStopSequential(t *testing.T) {
 	msgs := batch("t a", "t a", "t a", "t b", "t b")
 	s := script{send: map[string]error{"1": broker.Unavailable(errors.New("down"))}}

@@ -25,12 +25,14 @@ const (
 	BackoffMinDefault   = 100 * time.Millisecond
 	BackoffMaxDefault   = 30 * time.Second
 	DrainTimeoutDefault = 30 * time.Second
-	MaxAttemptsDefault  = 10
-	RetryMinDefault     = time.Second
-	RetryMaxDefault     = 5 * time.Minute
-	RetentionDefault    = 7 * 24 * time.Hour
-	CleanupEveryDefault = time.Minute
-	CleanupBatchDefault = 1000
+	// StragglerAfterDefault is Config.StragglerAfter's default.
+	StragglerAfterDefault = 500 * time.Millisecond
+	MaxAttemptsDefault    = 10
+	RetryMinDefault       = time.Second
+	RetryMaxDefault       = 5 * time.Minute
+	RetentionDefault      = 7 * 24 * time.Hour
+	CleanupEveryDefault   = time.Minute
+	CleanupBatchDefault   = 1000
 )
 
 // Failpoints named by Config.Failpoint.
@@ -59,9 +61,10 @@ type Outcome struct {
 	Err   error  // nil: the broker acknowledged it
 }
 
-// Hooks observe the relay. Calls come from the relay's goroutine: keep them fast.
+// Hooks observe the relay. Calls come from the relay's goroutines: keep them fast.
 type Hooks interface {
-	// BatchPublished reports a batch after the broker answered for every row.
+	// BatchPublished reports a batch after the broker answered for every row. Two
+	// calls may overlap (a slow key's batch answered while the next batch's is).
 	BatchPublished(outcomes []Outcome, publishTime time.Duration)
 	// LeaderChanged reports whether this relay became (true) or stopped being the
 	// active one.
@@ -121,6 +124,14 @@ type Config struct {
 	BackoffMin, BackoffMax time.Duration
 	// DrainTimeout bounds how long shutdown waits for in-flight work.
 	DrainTimeout time.Duration
+	// StragglerAfter is how long a batch waits, once its answers stop coming while
+	// some keys' are still out (a receiver holding one aggregate's requests), before
+	// it writes back what was answered and leaves those keys in flight: a slow key
+	// holds only itself, and its aggregate's later events wait for it (see
+	// docs/architecture.md). It needs a store that completes claims in parts
+	// (outboxdriver.Capabilities.Split) and one active relay. Zero means
+	// StragglerAfterDefault; negative: every batch waits for all of its answers.
+	StragglerAfter time.Duration
 	// MaxAttempts is how many times the broker may refuse an event before it moves to
 	// the dead letters. A permanent refusal (too large, invalid) moves it at once;
 	// an unreachable broker never counts. Default MaxAttemptsDefault.
@@ -204,6 +215,7 @@ func (c *Config) withDefaults() (Config, *broker.Template, error) {
 	def(&out.BackoffMin, BackoffMinDefault)
 	def(&out.BackoffMax, BackoffMaxDefault)
 	def(&out.DrainTimeout, DrainTimeoutDefault)
+	def(&out.StragglerAfter, StragglerAfterDefault)
 	def(&out.RetryMin, RetryMinDefault)
 	def(&out.Retention, RetentionDefault)
 	def(&out.CleanupEvery, CleanupEveryDefault)

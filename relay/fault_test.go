@@ -1,11 +1,13 @@
 package relay_test
 
 import (
+	"bytes"
 	"context"
 	"database/sql"
 	"errors"
 	"flag"
 	"fmt"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"strings"
@@ -59,16 +61,24 @@ const (
 	late                     // every message taken, the answers come after the deadline
 	refuseFirst              // the call's first message refused (a retry), the rest answered
 	cut                      // the connection closes after half the call's messages
+	slowLast                 // the call's last message is answered late, but in time: a straggler
 )
 
-var faults = []fault{answer, down, lostAck, late, refuseFirst, cut}
+var faults = []fault{answer, down, lostAck, late, refuseFirst, cut, slowLast}
 
 func (f fault) String() string {
-	return [...]string{"answer", "down", "lost-ack", "late", "refuse-first", "cut"}[f]
+	return [...]string{"answer", "down", "lost-ack", "late", "refuse-first", "cut", "slow-last"}[f]
 }
 
-// faultAckTimeout is the faulty broker's deadline for an answer.
-const faultAckTimeout = 20 * time.Millisecond
+// faultAckTimeout is the faulty broker's deadline for an answer; faultSlow how late
+// a slow answer comes, and faultStraggler the relay's StragglerAfter, so a slow
+// answer makes a straggler (a busy machine may make it late instead: it counts as
+// possibly lost).
+const (
+	faultAckTimeout = 20 * time.Millisecond
+	faultSlow       = 12 * time.Millisecond
+	faultStraggler  = 3 * time.Millisecond
+)
 
 // faulty is a broker that misbehaves as its script says, one entry per publish call,
 // then behaves. It decides through broker.Sequence, as every publisher does, and
@@ -78,7 +88,8 @@ type faulty struct {
 
 	mu       sync.Mutex
 	script   []fault
-	lostSent int // messages taken whose answer never came in time
+	lostSent int      // messages taken whose answer never came in time
+	story    []string // each call: its fault and each message's fate, told on failure
 }
 
 func (f *faulty) Publish(ctx context.Context, msgs []broker.Message) []broker.Result {
@@ -88,6 +99,18 @@ func (f *faulty) Publish(ctx context.Context, msgs []broker.Message) []broker.Re
 		now, f.script = f.script[0], f.script[1:]
 	}
 	f.mu.Unlock()
+	res := f.sequence(ctx, now, msgs)
+	line := now.String() + ":"
+	for i := range msgs {
+		line += fmt.Sprintf(" %s/%s=%v", msgs[i].Key, msgs[i].ID[len(msgs[i].ID)-4:], res[i].Err)
+	}
+	f.mu.Lock()
+	f.story = append(f.story, line)
+	f.mu.Unlock()
+	return res
+}
+
+func (f *faulty) sequence(ctx context.Context, now fault, msgs []broker.Message) []broker.Result {
 	return broker.Sequence(ctx, msgs, broker.Schedule{AckTimeout: faultAckTimeout}, broker.Sender{
 		Prepare: func(_ context.Context, i int) error {
 			switch {
@@ -106,22 +129,66 @@ func (f *faulty) Publish(ctx context.Context, msgs []broker.Message) []broker.Re
 			if err := f.mem.Publish(ctx, msgs[i:i+1])[0].Err; err != nil {
 				return nil, err
 			}
-			switch now {
-			case lostAck, late:
+			switch {
+			case now == lostAck, now == late:
 				f.mu.Lock()
 				f.lostSent++
 				f.mu.Unlock()
 				return noAnswer{}, nil
+			case now == slowLast && i == len(msgs)-1:
+				f.mu.Lock()
+				f.lostSent++
+				f.mu.Unlock()
+				return slowAnswer{at: time.Now().Add(faultSlow)}, nil
 			}
 			return broker.Answered{}, nil
 		},
 	})
 }
 
+// tell is the story of a failed case: each publish call, then the relay's warnings.
+func (f *faulty) tell(logs *lockedBuffer) string {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return "calls:\n" + strings.Join(f.story, "\n") + "\nrelay:\n" + logs.String()
+}
+
+// lockedBuffer is a buffer the relay's goroutines write their logs to.
+type lockedBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *lockedBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *lockedBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
+}
+
 // noAnswer is an answer that comes only after the deadline (or never).
 type noAnswer struct{}
 
 func (noAnswer) Wait(ctx context.Context) error { <-ctx.Done(); return ctx.Err() }
+
+// slowAnswer is an acknowledgement that comes at a given time.
+type slowAnswer struct{ at time.Time }
+
+func (a slowAnswer) Wait(ctx context.Context) error {
+	t := time.NewTimer(time.Until(a.at))
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
 
 func (f *faulty) Features() broker.Features { return f.mem.Features() }
 func (f *faulty) Close() error              { return f.mem.Close() }
@@ -226,10 +293,12 @@ func generatedFaults(t *testing.T, e faultStore) {
 			rt.Fatal(err)
 		}
 		f := &faulty{mem: memory.New(0), script: script}
+		logs := &lockedBuffer{} // the relay's warnings, told on failure
 		r, err := relay.New(e.store, f, &relay.Config{
 			BatchSize: batch, PollInterval: 10 * time.Millisecond, FlowPastDeadLetters: true,
 			MaxAttempts: 1000, RetryMin: 5 * time.Millisecond, RetryMax: 20 * time.Millisecond,
-			BackoffMin: 5 * time.Millisecond, BackoffMax: 20 * time.Millisecond, Logger: quietLogger(),
+			BackoffMin: 5 * time.Millisecond, BackoffMax: 20 * time.Millisecond, StragglerAfter: faultStraggler,
+			Logger: slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelWarn})),
 		})
 		if err != nil {
 			rt.Fatal(err)
@@ -306,7 +375,11 @@ func generatedFaults(t *testing.T, e faultStore) {
 				rt.Fatalf("bad event %s was delivered", m.ID)
 			}
 			if p, ok := last[m.Key]; ok && pos[m.ID] < p {
-				rt.Fatalf("aggregate %s: event %d delivered after %d", m.Key, pos[m.ID], p)
+				var ids []string
+				for _, w := range written {
+					ids = append(ids, w.AggregateID+"/"+w.ID[len(w.ID)-4:])
+				}
+				rt.Fatalf("aggregate %s: event %d delivered after %d\nevents: %v\n%s", m.Key, pos[m.ID], p, ids, f.tell(logs))
 			}
 			last[m.Key], seen[m.ID] = pos[m.ID], true
 		}
@@ -328,7 +401,7 @@ func generatedFaults(t *testing.T, e faultStore) {
 		lost := f.lostSent
 		f.mu.Unlock()
 		if dups := f.mem.Duplicates(); dups > lost {
-			rt.Fatalf("%d events delivered again, but only %d answers were lost", dups, lost)
+			rt.Fatalf("%d events delivered again, but only %d answers were lost\n%s", dups, lost, f.tell(logs))
 		}
 	})
 }

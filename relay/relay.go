@@ -277,10 +277,11 @@ type claimResult struct {
 
 // startClaim claims the next batch in the background, under work; the claim is kept
 // alive (keepClaim) until it is completed or released, or the term (termCtx) ends.
-func (r *Relay) startClaim(termCtx, ctx context.Context, t term) chan claimResult {
+func (r *Relay) startClaim(termCtx, ctx context.Context, t term, skip []outboxdriver.Aggregate) chan claimResult {
 	ch := make(chan claimResult, 1)
 	p := t.claimParams(r.cfg.BatchSize) // taken now: the term may change before the claim runs
 	p.MaxBytes = max(r.cfg.MaxBatchBytes, 0)
+	p.Skip = skip
 	p.FlowPastDeadLetters = r.cfg.FlowPastDeadLetters
 	if cr, ok := r.cfg.Router.(ColumnRouter); ok {
 		p.Columns = cr.Columns()
@@ -306,6 +307,7 @@ func (r *Relay) lead(ctx context.Context, t term) error {
 	p := r.newPipeline(ctx, t)
 	defer p.close()
 	for ctx.Err() == nil {
+		p.land(false)
 		if err := p.checkTerm(); err != nil {
 			p.dropPrefetched()
 			return err
@@ -336,6 +338,7 @@ type pipeline struct {
 	wake      chan struct{}
 	stopBg    func()
 	next      chan claimResult // the prefetched claim, if any
+	fly       flying           // the slow keys' rows still out (flight.go)
 	marks     sync.WaitGroup   // the last batch's write-back
 	markFail  atomic.Bool      // it failed: its rows go out again
 	bo        *backoff
@@ -344,15 +347,19 @@ type pipeline struct {
 }
 
 func (r *Relay) newPipeline(ctx context.Context, t term) *pipeline {
-	p := &pipeline{r: r, t: t, ctx: ctx, wake: make(chan struct{}, 1), bo: r.newBackoff(), lastCheck: time.Now()}
+	p := &pipeline{r: r, t: t, ctx: ctx, wake: make(chan struct{}, 1), bo: r.newBackoff(), lastCheck: time.Now(),
+		fly: flying{keys: map[outboxdriver.Aggregate]bool{}, landed: make(chan *straggler, r.cfg.BatchSize)}}
 	p.work, p.endWork = r.drainContext(ctx)
 	p.stopBg = r.background(ctx, p.wake)
 	return p
 }
 
-// close waits for the last write-back and stops the term's background work.
+// close waits for the last write-back and the slow keys' answers, and stops the
+// term's background work.
 func (p *pipeline) close() {
 	p.marks.Wait()
+	p.land(true)
+	p.dropPrefetched()
 	p.stopBg()
 	p.endWork()
 }
@@ -385,7 +392,7 @@ func (p *pipeline) claim() (claimResult, time.Duration) {
 	return cr, time.Since(start)
 }
 
-func (p *pipeline) prefetch() { p.next = p.r.startClaim(p.ctx, p.work, p.t) }
+func (p *pipeline) prefetch() { p.next = p.r.startClaim(p.ctx, p.work, p.t, p.fly.skip()) }
 
 // dropPrefetched gives the prefetched claim's rows back, if there is one.
 func (p *pipeline) dropPrefetched() {
@@ -444,10 +451,29 @@ func (p *pipeline) batch(cr claimResult, claimWait time.Duration) {
 		r.waitFor(p.ctx, nil, p.bo.next())
 		return
 	}
-	results, pubTime := r.publish(p.work, rows)
+	// Rows behind a slow key's, still out, wait (claimed before it was found slow).
+	if rows, _ = p.fly.held(rows); len(rows) == 0 {
+		p.release(cr.claim)
+		return
+	}
+	f := r.startPublish(p.work, rows)
+	s := p.await(f, cr.claim)
+	var (
+		results []broker.Result
+		pubTime time.Duration // the whole batch's (0 while a slow key's answers are out)
+	)
+	if s == nil {
+		results, pubTime = f.results, f.took
+	} else {
+		rows, results = s.answered()
+	}
 	params, failed, unavailable := r.outcome(rows, results)
 	r.count(params, failed, unavailable)
-	r.writeBack(p.work, &p.marks, &p.markFail, cr.claim, params, len(rows), claimWait, pubTime)
+	marked := r.writeBack(p.work, &p.marks, &p.markFail, cr.claim, params, len(rows), claimWait, pubTime)
+	if s != nil {
+		s.marks = marked
+		r.log.Info("relay: slow keys left in flight; the rest of the batch goes on", "keys", len(s.keys), "rows", len(s.idx))
+	}
 	if cut {
 		p.marks.Wait()
 	}
@@ -510,37 +536,6 @@ func (r *Relay) background(ctx context.Context, wake chan<- struct{}) func() {
 	return func() { cancel(); wg.Wait() }
 }
 
-// publish routes a claimed batch, sends it to the broker with tracing, and reports it
-// to the hooks: one result per row (a row the router refused fails permanently).
-func (r *Relay) publish(work context.Context, rows []outboxdriver.Row) ([]broker.Result, time.Duration) {
-	msgs, idx, results := r.route(rows)
-	start := time.Now()
-	var endTrace func([]broker.Result)
-	if r.cfg.Tracer != nil {
-		endTrace = r.cfg.Tracer.StartPublish(msgs)
-	}
-	pubResults := r.pub.Publish(work, msgs)
-	if endTrace != nil {
-		endTrace(pubResults)
-	}
-	for j, res := range pubResults {
-		results[idx[j]] = res
-	}
-	took := time.Since(start)
-	r.cfg.Failpoint(FailpointAfterPublish)
-	if r.cfg.Hooks != nil {
-		outcomes := make([]Outcome, len(rows))
-		for i := range rows {
-			outcomes[i] = Outcome{Row: &rows[i], Err: results[i].Err}
-		}
-		for j, i := range idx {
-			outcomes[i].Topic = msgs[j].Topic
-		}
-		r.hook("BatchPublished", func(h Hooks) { h.BatchPublished(outcomes, took) })
-	}
-	return results, took
-}
-
 // keepClaim keeps a claim's hold alive from the moment it is made until it is
 // completed or released: a publish slower than the claim's HoldTimeout (a receiver
 // slower than the leadership bound) must not let the database end the claim in hand,
@@ -589,6 +584,15 @@ func (k *keptClaim) Complete(ctx context.Context, p *outboxdriver.CompleteParams
 	return k.Claim.Complete(ctx, p)
 }
 
+// Settle forwards to the claim's Settler (a claim completed in parts).
+func (k *keptClaim) Settle(ctx context.Context, p *outboxdriver.CompleteParams) error {
+	s, ok := k.Claim.(outboxdriver.Settler)
+	if !ok {
+		return errNoSettler
+	}
+	return s.Settle(ctx, p)
+}
+
 func (k *keptClaim) Release(ctx context.Context) error {
 	k.once.Do(k.stop)
 	return k.Claim.Release(ctx)
@@ -609,12 +613,14 @@ func (r *Relay) count(p *outboxdriver.CompleteParams, failed int, unavailable bo
 
 // writeBack marks (or deletes) what the broker acknowledged and records the failures,
 // in the claim's transaction, in the background; marks is waited on before the next
-// batch goes out.
+// batch goes out. The returned channel is closed once it ended.
 func (r *Relay) writeBack(work context.Context, marks *sync.WaitGroup, failed *atomic.Bool, c outboxdriver.Claim, p *outboxdriver.CompleteParams,
-	rows int, claimWait, pubTime time.Duration) {
+	rows int, claimWait, pubTime time.Duration) <-chan struct{} {
 	marks.Add(1)
+	ended := make(chan struct{})
 	go func() {
 		defer marks.Done()
+		defer close(ended)
 		start := time.Now()
 		ctx, cancel := r.dbCtx(work)
 		defer cancel()
@@ -625,6 +631,7 @@ func (r *Relay) writeBack(work context.Context, marks *sync.WaitGroup, failed *a
 		}
 		r.log.Debug("relay: batch", "rows", rows, "claim_wait", claimWait, "publish", pubTime, "mark", time.Since(start))
 	}()
+	return ended
 }
 
 // outcome turns the broker's results into what to write back: published ids, and for

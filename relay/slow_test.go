@@ -113,3 +113,104 @@ func TestSlowEndpointOutlivesTheClaimHold(t *testing.T) {
 		}
 	}
 }
+
+// TestSlowKeyHoldsOnlyItself: a receiver holds one aggregate's answer until the test
+// lets it go. Before, the whole batch waited for it, and so did every aggregate
+// written after. Now the batch's other aggregates are marked as soon as they are
+// answered, later events of other aggregates flow, and the slow aggregate's later
+// events wait behind it: all of that while its answer is still held. Once answered,
+// it is marked without being sent again, and its aggregate goes on in order.
+func TestSlowKeyHoldsOnlyItself(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	release := make(chan struct{})
+	rc := &gate{release: release, holdKey: "slow", receiver: receiver{count: map[string]int{}, order: map[string][]string{}}}
+	srv := httptest.NewServer(rc)
+	defer srv.Close()
+	defer rc.open()
+	pub, err := webhook.Dial(context.Background(), srv.URL, &webhook.Config{Secret: "s3cret", Timeout: time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := startRelay(t, e, pub, &relay.Config{BatchSize: 10, PollInterval: 20 * time.Millisecond, StragglerAfter: 50 * time.Millisecond})
+	ctx := waitCtx(t)
+
+	write := func(keys ...string) []outbox.Event {
+		var evs []outbox.Event
+		for _, key := range keys {
+			evs = append(evs, outbox.Event{AggregateType: "order", AggregateID: key, Type: "T", Payload: []byte(`{}`)})
+		}
+		if err := e.w.Write(ctx, evs...); err != nil {
+			t.Fatal(err)
+		}
+		return evs
+	}
+	published := func(evs []outbox.Event) bool {
+		for _, ev := range evs {
+			info, err := e.store.Event(ctx, ev.ID)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if info.State != "published" {
+				return false
+			}
+		}
+		return true
+	}
+	first := write("slow", "a", "b", "c")
+	testenv.Wait(t, ctx, "the batch's other aggregates marked while the slow one is held", func() bool { return published(first[1:]) })
+	second := write("a", "slow", "d", "b")
+	testenv.Wait(t, ctx, "later events of other aggregates published while the slow one is held", func() bool {
+		return published([]outbox.Event{second[0], second[2], second[3]})
+	})
+	count, _ := rc.snapshot()
+	if n := count[first[0].ID]; n != 1 {
+		t.Fatalf("the held event was sent %d times while held, want once", n)
+	}
+	if n := count[second[1].ID]; n != 0 {
+		t.Fatalf("the slow aggregate's next event went out before the held one was answered (%d times)", n)
+	}
+
+	rc.open()
+	testenv.Wait(t, ctx, "the slow aggregate published once answered", func() bool { return published([]outbox.Event{first[0], second[1]}) })
+	count, order := rc.snapshot()
+	for id, n := range count {
+		if n != 1 {
+			t.Errorf("event %s delivered %d times, want once", id, n)
+		}
+	}
+	if got, want := order["slow"], []string{first[0].ID, second[1].ID}; fmt.Sprint(got) != fmt.Sprint(want) {
+		t.Errorf("the slow aggregate delivered as %v, want %v", got, want)
+	}
+	if p := r.Stats().Published; p != 8 {
+		t.Errorf("the broker acknowledged %d messages, want 8", p)
+	}
+}
+
+// gate is a receiver that holds one key's answers until opened.
+type gate struct {
+	receiver
+	holdKey string
+	release chan struct{}
+	once    sync.Once
+}
+
+func (g *gate) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	_, _ = io.Copy(io.Discard, r.Body)
+	key, id := r.Header.Get(webhook.HeaderKey), r.Header.Get(webhook.HeaderID)
+	g.mu.Lock()
+	g.count[id]++
+	if g.count[id] == 1 {
+		g.order[key] = append(g.order[key], id)
+	}
+	g.mu.Unlock()
+	if key == g.holdKey {
+		select {
+		case <-g.release:
+		case <-r.Context().Done():
+		}
+	}
+	w.WriteHeader(http.StatusNoContent)
+}
+
+func (g *gate) open() { g.once.Do(func() { close(g.release) }) }

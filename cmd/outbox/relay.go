@@ -79,6 +79,7 @@ func parseRelayFlags(args []string, stderr io.Writer) (*relayOptions, error) {
 	maxAttempts := fs.Int("max-attempts", relay.MaxAttemptsDefault, "refusals before an event moves to the dead letters (a permanent refusal moves it at once)")
 	retryMin := fs.Duration("retry-min", relay.RetryMinDefault, "first wait before retrying a refused event (doubling, with jitter)")
 	retryMax := fs.Duration("retry-max", relay.RetryMaxDefault, "longest wait between attempts of a refused event")
+	straggler := fs.Duration("straggler-after", relay.StragglerAfterDefault, "once a batch's answers stop coming this long while some aggregates' are still out (a slow receiver), write back the rest and let those aggregates wait alone (0: wait for every answer)")
 	retention := fs.Duration("retention", relay.RetentionDefault, "delete published rows older than this (0: keep them)")
 	flowPast := fs.Bool("flow-past-dead-letters", false, "let later events of a dead letter's aggregate go on (default: they wait for a replay or purge)")
 	topic := fs.String("topic-template", "", "topic template (default outbox.event.${aggregatetype}; outbox/event/${aggregatetype} for MQTT)")
@@ -149,6 +150,8 @@ func parseRelayFlags(args []string, stderr io.Writer) (*relayOptions, error) {
 	switch {
 	case *batchBytes < -1:
 		return nil, usageErr("--max-batch-bytes %d: want a size, 0 for the default or -1 for no bound", *batchBytes)
+	case *straggler < 0:
+		return nil, usageErr("--straggler-after %v: want a duration, or 0 to wait for every answer", *straggler)
 	case *retention < 0:
 		return nil, usageErr("--retention %v: want a duration, or 0 to keep published rows", *retention)
 	case bo.redisMaxLen < 0:
@@ -166,7 +169,8 @@ func parseRelayFlags(args []string, stderr io.Writer) (*relayOptions, error) {
 		RetryMin:            *retryMin,
 		RetryMax:            *retryMax,
 		FlowPastDeadLetters: *flowPast,
-		Retention:           retentionOrOff(*retention),
+		Retention:           zeroIsOff(*retention),
+		StragglerAfter:      zeroIsOff(*straggler),
 		TopicTemplate:       *topic,
 		Logger:              logger,
 		Failpoint:           failpoint.FromEnv(),
@@ -353,8 +357,9 @@ func newLogger(w io.Writer, level, format string) (*slog.Logger, error) {
 	return nil, usageErr("--log-format %q: want text or json", format)
 }
 
-// retentionOrOff maps the flag's 0 ("keep them") to the relay's "disabled".
-func retentionOrOff(d time.Duration) time.Duration {
+// zeroIsOff maps a flag's 0 (off: keep rows, wait for every answer) to the relay's
+// "disabled", a negative duration (its zero is the default).
+func zeroIsOff(d time.Duration) time.Duration {
 	if d == 0 {
 		return -1
 	}

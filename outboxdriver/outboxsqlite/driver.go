@@ -83,9 +83,12 @@ type Driver struct {
 	mu        sync.Mutex
 	listeners map[*listener]struct{}
 
-	// Claims in flight, as seq ranges later claims skip.
+	// Claims in flight, by the seqs of their rows, which later claims skip: the
+	// rows themselves, as SKIP LOCKED skips locked rows. (Not their seq range: a row
+	// inside it that was not claimable then, behind a failing row or of an aggregate
+	// the claim skipped, must not be passed by its aggregate's later rows once it is.)
 	claimMu  sync.Mutex
-	inFlight map[*claim][2]int64
+	inFlight map[*claim][]int64
 }
 
 // New returns a driver on db (opened with Open, or with the same settings).
@@ -99,7 +102,7 @@ func New(db *sql.DB, opts *Options) *Driver {
 		t.Schema = "main"
 	}
 	t = t.WithDefaults()
-	d := &Driver{db: db, table: t, ttl: o.LeaseTTL, listeners: map[*listener]struct{}{}, inFlight: map[*claim][2]int64{}}
+	d := &Driver{db: db, table: t, ttl: o.LeaseTTL, listeners: map[*listener]struct{}{}, inFlight: map[*claim][]int64{}}
 	if d.ttl <= 0 {
 		d.ttl = LeaseTTLDefault
 	}
@@ -267,9 +270,14 @@ func (d *Driver) Claim(ctx context.Context, p *outboxdriver.ClaimParams) (outbox
 	defer d.claimMu.Unlock()
 	var where strings.Builder
 	args := []any{}
-	for _, r := range d.inFlight {
-		where.WriteString(" AND seq NOT BETWEEN ? AND ?")
-		args = append(args, r[0], r[1])
+	if len(d.inFlight) > 0 {
+		var seqs []int64
+		for _, c := range d.inFlight {
+			seqs = append(seqs, c...)
+		}
+		b, _ := json.Marshal(seqs)
+		where.WriteString(" AND seq NOT IN (SELECT value FROM json_each(?))")
+		args = append(args, string(b))
 	}
 	if len(p.Skip) > 0 {
 		where.WriteString(" AND " + outboxdriver.SkipSQL(len(p.Skip)))
@@ -311,7 +319,11 @@ FROM `+d.q+` AS o WHERE published_at IS NULL AND available_at <= ?
 		return nil, interpretError(err)
 	}
 	if len(c.rows) > 0 {
-		d.inFlight[c] = [2]int64{c.rows[0].Seq, c.rows[len(c.rows)-1].Seq}
+		seqs := make([]int64, len(c.rows))
+		for i := range c.rows {
+			seqs[i] = c.rows[i].Seq
+		}
+		d.inFlight[c] = seqs
 	}
 	return c, nil
 }
