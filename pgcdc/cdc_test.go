@@ -185,15 +185,9 @@ func checkDelivery(t testing.TB, msgs []broker.Message, aggs, perAgg int) (dups 
 
 func waitMessages(t testing.TB, b *memory.Broker, n int) []broker.Message {
 	t.Helper()
-	deadline := time.Now().Add(60 * time.Second)
-	for time.Now().Before(deadline) {
-		if msgs := b.Messages(); len(msgs) >= n {
-			return msgs
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-	t.Fatalf("only %d of %d messages arrived", len(b.Messages()), n)
-	return nil
+	testenv.WaitTell(t, context.Background(), fmt.Sprintf("%d messages", n), func() bool { return len(b.Messages()) >= n },
+		func() string { return fmt.Sprintf("only %d arrived", len(b.Messages())) })
+	return b.Messages()
 }
 
 func TestRowsInOrderNoPhantoms(t *testing.T) {

@@ -123,22 +123,16 @@ func TestDeadLettersAndReplay(t *testing.T) {
 				}
 			}
 			ctx := context.Background()
-			deadline := time.Now().Add(20 * time.Second)
-			for {
-				dead, err := e.admin(t).ListDead(ctx, &outboxdriver.DeadFilter{AggregateID: "agg-0"})
-				if err != nil {
+			var dead []outboxdriver.DeadLetter
+			testenv.WaitTell(t, ctx, "the refused aggregate's 20 events in the dead letters", func() bool {
+				var err error
+				if dead, err = e.admin(t).ListDead(ctx, &outboxdriver.DeadFilter{AggregateID: "agg-0"}); err != nil {
 					t.Fatal(err)
 				}
-				if len(dead) == 20 {
-					if !dead[0].HoldsKey || !strings.Contains(dead[1].Error, "waiting behind a dead letter") {
-						t.Fatalf("dead letters: %+v / %+v", dead[0], dead[1])
-					}
-					break
-				}
-				if time.Now().After(deadline) {
-					t.Fatalf("%d of 20 events of the refused aggregate in the dead letters", len(dead))
-				}
-				time.Sleep(50 * time.Millisecond)
+				return len(dead) == 20
+			}, func() string { return fmt.Sprintf("%d of 20", len(dead)) })
+			if !dead[0].HoldsKey || !strings.Contains(dead[1].Error, "waiting behind a dead letter") {
+				t.Fatalf("dead letters: %+v / %+v", dead[0], dead[1])
 			}
 			b.RefuseNone("agg-0")
 			if n, err := e.admin(t).ReplayDead(ctx, &outboxdriver.DeadFilter{AggregateID: "agg-0"}); err != nil || n != 20 {
@@ -174,20 +168,14 @@ func TestDelayedAndNonTransactional(t *testing.T) {
 	if got := time.Now(); got.Before(at) || msgs[0].AggregateID != "late" {
 		t.Fatalf("delayed event published %v early: %+v", at.Sub(got), msgs[0])
 	}
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		dead, err := e.admin(t).ListDead(ctx, &outboxdriver.DeadFilter{})
-		if err != nil {
+	var dead []outboxdriver.DeadLetter
+	testenv.WaitTell(t, ctx, "the non-transactional message's dead letter", func() bool {
+		var err error
+		if dead, err = e.admin(t).ListDead(ctx, &outboxdriver.DeadFilter{}); err != nil {
 			t.Fatal(err)
 		}
-		if len(dead) == 1 && strings.Contains(dead[0].Error, "transactional = false") {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("dead letters: %+v", dead)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+		return len(dead) == 1 && strings.Contains(dead[0].Error, "transactional = false")
+	}, func() string { return fmt.Sprintf("dead letters: %+v", dead) })
 	if n := len(b.Messages()); n != 1 {
 		t.Fatalf("%d messages published, want only the delayed one", n)
 	}
@@ -262,19 +250,17 @@ func TestLargeTransactionBoundedMemory(t *testing.T) {
 	}()
 	start := time.Now()
 	e.startRelay(t, src, pub, &relay.Config{TopicTemplate: stream + ".${aggregatetype}"})
-	for {
+	wctx, cancel := context.WithTimeout(ctx, 120*time.Second)
+	defer cancel()
+	var msgs uint64
+	testenv.WaitTell(t, wctx, "every event in the stream", func() bool {
 		info, err := s.Info(ctx)
 		if err != nil {
 			t.Fatal(err)
 		}
-		if info.State.Msgs >= n {
-			break
-		}
-		if time.Since(start) > 120*time.Second {
-			t.Fatalf("%d of %d events published", info.State.Msgs, n)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+		msgs = info.State.Msgs
+		return msgs >= n
+	}, func() string { return fmt.Sprintf("%d of %d events published", msgs, n) })
 	close(stop)
 	sampled.Wait()
 	live := peak.Load()

@@ -12,6 +12,7 @@ import (
 
 	"github.com/outboxd/outbox/broker"
 	"github.com/outboxd/outbox/broker/kafka"
+	"github.com/outboxd/outbox/internal/testenv"
 	"github.com/outboxd/outbox/relay"
 )
 
@@ -46,19 +47,12 @@ func TestKafkaClusterFailover(t *testing.T) {
 		{700, func() error { cluster.ShufflePartitionLeaders(); return nil }},
 		{1100, func() error { return cluster.RemoveNode(cluster.LeaderFor(topic, 2)) }},
 	} {
-		for r.Stats().Published < step.after && ctx.Err() == nil {
-			time.Sleep(time.Millisecond)
-		}
+		testenv.Wait(t, ctx, "the step's point of the drain", func() bool { return r.Stats().Published >= step.after })
 		if err := step.do(); err != nil {
 			t.Fatal(err)
 		}
 	}
-	for r.Stats().Published < aggs*perAgg && ctx.Err() == nil {
-		time.Sleep(10 * time.Millisecond)
-	}
-	if ctx.Err() != nil {
-		t.Fatalf("published %d of %d", r.Stats().Published, aggs*perAgg)
-	}
+	testenv.Wait(t, ctx, "every event published", func() bool { return r.Stats().Published >= aggs*perAgg })
 
 	cl, err := kgo.NewClient(kgo.SeedBrokers(cluster.ListenAddrs()...), kgo.ConsumeTopics(topic),
 		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()))

@@ -47,18 +47,12 @@ func TestNATSClusterLeaderRestart(t *testing.T) {
 	js, _ := jetstream.New(nc)
 	const stream, aggs, perAgg = "ORDERS", 20, 60
 	// The cluster elects its JetStream meta leader after it forms: retry until then.
-	for {
+	testenv.Wait(t, ctx, "the R3 stream created", func() bool {
 		actx, acancel := context.WithTimeout(ctx, 2*time.Second)
+		defer acancel()
 		_, err = js.CreateStream(actx, jetstream.StreamConfig{Name: stream, Subjects: []string{"outbox.event.>"}, Replicas: 3})
-		acancel()
-		if err == nil {
-			break
-		}
-		if ctx.Err() != nil {
-			t.Fatalf("create the R3 stream: %v", err)
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
+		return err == nil
+	})
 	pub, err := natspub.Dial(ctx, url, nil)
 	if err != nil {
 		t.Fatal(err)
@@ -67,9 +61,7 @@ func TestNATSClusterLeaderRestart(t *testing.T) {
 	want := produce(t, e, aggs, perAgg)
 	r := startRelay(t, e, pub, &relay.Config{BatchSize: 50})
 
-	for r.Stats().Published < 300 && ctx.Err() == nil {
-		time.Sleep(time.Millisecond)
-	}
+	testenv.Wait(t, ctx, "300 events published", func() bool { return r.Stats().Published >= 300 })
 	info, err := js.Stream(ctx, stream)
 	if err != nil {
 		t.Fatal(err)
@@ -84,17 +76,13 @@ func TestNATSClusterLeaderRestart(t *testing.T) {
 	if stopped == nil {
 		t.Fatalf("stream leader %q is no member", leader)
 	}
+	before := r.Stats().Published
 	stopped.Stop() // the stream elects another leader; publishes wait, then go on
-	time.Sleep(2 * time.Second)
+	testenv.Wait(t, ctx, "publishing to go on under another stream leader", func() bool { return r.Stats().Published > before })
 	if err := stopped.Restart(); err != nil {
 		t.Fatal(err)
 	}
-	for r.Stats().Published < aggs*perAgg && ctx.Err() == nil {
-		time.Sleep(10 * time.Millisecond)
-	}
-	if ctx.Err() != nil {
-		t.Fatalf("published %d of %d", r.Stats().Published, aggs*perAgg)
-	}
+	testenv.Wait(t, ctx, "every event published", func() bool { return r.Stats().Published >= aggs*perAgg })
 	msgs, err := testenv.ReadNATS(ctx, url, stream, "outbox.event.order", aggs*perAgg)
 	if err != nil {
 		t.Fatal(err)

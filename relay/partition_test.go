@@ -25,34 +25,26 @@ func TestPartitionedLeader(t *testing.T) {
 	mem := memory.New(0)
 	pubA, pubB := &testenv.Counted{Publisher: mem}, &testenv.Counted{Publisher: mem}
 	a := testenv.StartRelay(t, storeA, pubA, &relay.Config{PollInterval: 50 * time.Millisecond})
-	for !a.Stats().Leader {
-		time.Sleep(10 * time.Millisecond)
-	}
+	ctx := waitCtx(t)
+	testenv.Wait(t, ctx, "the first relay to lead", func() bool { return a.Stats().Leader })
 	b := testenv.StartRelay(t, e.store, pubB, &relay.Config{PollInterval: 50 * time.Millisecond})
 
 	produced := make(chan map[string][]string, 1)
 	go func() { produced <- produce(t, e, 8, 150) }()
-	for pubA.N.Load() == 0 {
-		time.Sleep(5 * time.Millisecond)
-	}
+	testenv.Wait(t, ctx, "the leader publishing", func() bool { return pubA.N.Load() > 0 })
 	proxy.Blackhole()
 	cut := time.Now()
 	var stepped time.Duration // when the cut-off relay stopped believing it leads
-	for pubB.N.Load() == 0 {
-		if time.Since(cut) > 20*time.Second {
-			t.Fatalf("the standby published nothing %v after the leader was cut off", time.Since(cut))
-		}
+	testenv.Wait(t, ctx, "the standby publishing after the leader was cut off", func() bool {
 		if stepped == 0 && !a.Stats().Leader {
 			stepped = time.Since(cut)
 		}
-		time.Sleep(20 * time.Millisecond)
-	}
-	took := time.Since(cut)
+		return pubB.N.Load() > 0
+	})
+	// How long it took is measured, not asserted (the bound is the database's
+	// LeaderTimeout; relay/doc.go records the takeover times).
 	t.Logf("the cut-off relay stepped down %v and the standby took over %v after the cut (LeaderTimeout %v)",
-		stepped.Round(time.Millisecond), took.Round(time.Millisecond), relay.LeaderTimeoutDefault)
-	if took > 15*time.Second {
-		t.Fatalf("the standby took %v to publish, want at most 15 s", took)
-	}
+		stepped.Round(time.Millisecond), time.Since(cut).Round(time.Millisecond), relay.LeaderTimeoutDefault)
 	if !b.Stats().Leader {
 		t.Fatal("the standby publishes but is not the leader")
 	}
@@ -84,24 +76,19 @@ func TestPartitionedGroupMember(t *testing.T) {
 	}
 	a := testenv.StartRelay(t, storeA, pubA, cfg("a"))
 	b := testenv.StartRelay(t, e.store, pubB, cfg("b"))
-	for a.Stats().Partitions == 0 || b.Stats().Partitions == 0 || a.Stats().Partitions+b.Stats().Partitions < 64 {
-		time.Sleep(20 * time.Millisecond)
-	}
+	ctx := waitCtx(t)
+	testenv.Wait(t, ctx, "both members owning partitions", func() bool {
+		return a.Stats().Partitions > 0 && b.Stats().Partitions > 0 && a.Stats().Partitions+b.Stats().Partitions >= 64
+	})
 	produced := make(chan map[string][]string, 1)
 	go func() { produced <- produce(t, e, 16, 100) }()
-	for pubA.N.Load() == 0 {
-		time.Sleep(5 * time.Millisecond)
-	}
+	testenv.Wait(t, ctx, "the member to be cut off publishing", func() bool { return pubA.N.Load() > 0 })
 	proxy.Blackhole()
-	cut := time.Now()
-	for b.Stats().Partitions < 64 {
-		if time.Since(cut) > 10*lease {
-			t.Fatalf("the live member owns %d partitions %v after the other was cut off", b.Stats().Partitions, time.Since(cut))
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	cut, n := time.Now(), pubB.N.Load()
+	testenv.Wait(t, ctx, "the live member owning every partition", func() bool { return b.Stats().Partitions >= 64 })
 	t.Logf("the live member owned every partition %v after the cut (lease %v)", time.Since(cut).Round(time.Millisecond), lease)
-	time.Sleep(500 * time.Millisecond)
+	// The cut lasts until the live member published since it (the cut-off one's backlog).
+	testenv.Wait(t, ctx, "the live member publishing after the takeover", func() bool { return pubB.N.Load() > n })
 	proxy.Heal()
 	deliveredInOrder(t, mem, <-produced)
 }
@@ -114,9 +101,6 @@ func deliveredInOrder(t *testing.T, mem *memory.Broker, want map[string][]string
 	for _, ids := range want {
 		total += len(ids)
 	}
-	ctx := waitCtx(t)
-	for len(mem.Messages()) < total && ctx.Err() == nil {
-		time.Sleep(20 * time.Millisecond)
-	}
+	testenv.Wait(t, waitCtx(t), "every produced event delivered", func() bool { return len(mem.Messages()) >= total })
 	checkDelivery(t, want, mem.Messages())
 }

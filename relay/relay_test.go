@@ -246,19 +246,13 @@ func TestRelayCompletionModes(t *testing.T) {
 				t.Fatal(err)
 			}
 			// Completion happens after the broker's answer; wait for the rows to go.
-			for {
+			testenv.Wait(t, ctx, "every row completed", func() bool {
 				st, err := e.store.Status(ctx)
 				if err != nil {
 					t.Fatal(err)
 				}
-				if st.Unpublished == 0 && st.Published == tc.kept {
-					break
-				}
-				if ctx.Err() != nil {
-					t.Fatalf("rows left: %+v", st)
-				}
-				time.Sleep(10 * time.Millisecond)
-			}
+				return st.Unpublished == 0 && st.Published == tc.kept
+			})
 			var inTable, stamped int64
 			if err := e.pool.QueryRow(ctx, `SELECT (SELECT count(*) FROM `+pgx.Identifier{e.table.Schema, "outbox"}.Sanitize()+`),
        (SELECT count(*) FROM `+pgx.Identifier{e.table.Schema, "outbox_published"}.Sanitize()+` WHERE published_at IS NOT NULL)`).Scan(&inTable, &stamped); err != nil {
@@ -298,8 +292,10 @@ func TestBrokerOutageOnlyDelays(t *testing.T) {
 	// Take the broker away while the producers write, then bring it back.
 	testenv.Wait(t, ctx, "20 events published", func() bool { return r.Stats().Published >= 20 })
 	srv.Stop()
+	testenv.Wait(t, ctx, "the relay finding the broker down", func() bool {
+		return !r.Stats().BrokerDownSince.IsZero() || r.Stats().Published >= 4*45 // or nothing was left to send
+	})
 	down := r.Stats()
-	time.Sleep(500 * time.Millisecond)
 	if err := srv.Restart(); err != nil {
 		t.Fatal(err)
 	}
@@ -386,9 +382,7 @@ func TestListenerKilled(t *testing.T) {
 	startRelay(t, e, b, &relay.Config{PollInterval: 3 * time.Second})
 	ctx := waitCtx(t)
 	// Wait for the listener, then check a write is delivered well before the poll.
-	for terminateCount(t, e) == 0 {
-		time.Sleep(10 * time.Millisecond)
-	}
+	testenv.Wait(t, ctx, "the relay listening", func() bool { return terminateCount(t, e) > 0 })
 	writeOne(t, e, "a")
 	fast, cancel := context.WithTimeout(ctx, 2*time.Second)
 	defer cancel()
@@ -402,9 +396,7 @@ func TestListenerKilled(t *testing.T) {
 	if _, err := b.Wait(ctx, "", 2); err != nil {
 		t.Fatal(err)
 	}
-	for terminateCount(t, e) == 0 { // listening again
-		time.Sleep(10 * time.Millisecond)
-	}
+	testenv.Wait(t, ctx, "the relay listening again", func() bool { return terminateCount(t, e) > 0 })
 	writeOne(t, e, "c")
 	fast2, cancel2 := context.WithTimeout(ctx, 2*time.Second)
 	defer cancel2()
@@ -483,13 +475,7 @@ func TestGroupExcludesSingleRelay(t *testing.T) {
 	single := startRelay(t, e, b, nil)
 	waitFor := func(what string, cond func() bool) {
 		t.Helper()
-		deadline := time.Now().Add(15 * time.Second)
-		for !cond() {
-			if time.Now().After(deadline) {
-				t.Fatalf("timed out waiting for %s", what)
-			}
-			time.Sleep(20 * time.Millisecond)
-		}
+		testenv.Wait(t, waitCtx(t), what, cond)
 	}
 	waitFor("the single relay to lead", func() bool { return single.Stats().Leader })
 	member := startRelay(t, e, b, &relay.Config{Group: &relay.GroupConfig{RelayID: "m", LeaseTTL: time.Second}})

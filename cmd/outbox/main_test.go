@@ -12,6 +12,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"sync"
 	"syscall"
@@ -85,6 +86,18 @@ func TestHelpCommand(t *testing.T) {
 		}
 		if code != 0 || !strings.Contains(stderr, want) || strings.Contains(stderr, "Commands:") {
 			t.Errorf("outbox %s: exit %d, want its own flags (%q):\n%s", strings.Join(args, " "), code, want, stderr)
+		}
+	}
+}
+
+// TestVersion: `outbox version` and `outbox --version` say the module version, the
+// VCS revision and the Go version, in one line.
+func TestVersion(t *testing.T) {
+	re := regexp.MustCompile(`^outbox \S+ \(revision \S+, go1\.\d+\S* \w+/\w+\)\n$`)
+	for _, args := range [][]string{{"version"}, {"--version"}} {
+		stdout, stderr, code := runCLI(t, nil, args...)
+		if code != 0 || !re.MatchString(stdout) {
+			t.Errorf("outbox %s: exit %d, stdout %q, stderr %q", args[0], code, stdout, stderr)
 		}
 	}
 }
@@ -376,21 +389,16 @@ func checkOrder(t *testing.T, want map[string][]string, got []broker.Message) {
 
 func waitUnpublished(t *testing.T, pool *pgxpool.Pool, table outboxdriver.Table, want int64, timeout time.Duration) {
 	t.Helper()
-	deadline := time.Now().Add(timeout)
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
 	q := "SELECT count(*) FROM " + pgx.Identifier{table.Schema, table.Name}.Sanitize() + " WHERE published_at IS NULL"
-	for {
-		var n int64
+	var n int64
+	testenv.WaitTell(t, ctx, fmt.Sprintf("%d events unpublished", want), func() bool {
 		if err := pool.QueryRow(context.Background(), q).Scan(&n); err != nil {
 			t.Fatal(err)
 		}
-		if n == want {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%d events still unpublished after %v", n, timeout)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+		return n == want
+	}, func() string { return fmt.Sprintf("%d events still unpublished", n) })
 }
 
 // TestKillMidBatch: a relay killed with SIGKILL after the broker acknowledged a batch
@@ -423,12 +431,13 @@ func TestKillMidBatch(t *testing.T) {
 
 	checkOrder(t, want, ns.read(t, n))
 	// The core subscription may still be receiving; wait for every id to show.
-	deadline := time.Now().Add(10 * time.Second)
-	dups, distinct := ns.duplicates()
-	for distinct < n && time.Now().Before(deadline) {
-		time.Sleep(20 * time.Millisecond)
+	var dups, distinct int
+	wctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	testenv.Wait(t, wctx, "every id on the subscription", func() bool {
 		dups, distinct = ns.duplicates()
-	}
+		return distinct >= n
+	})
 	if distinct != n || dups > batch {
 		t.Fatalf("%d distinct events published with %d duplicates; want %d and at most one batch (%d)", distinct, dups, n, batch)
 	}
@@ -458,13 +467,21 @@ func TestFailover(t *testing.T) {
 		return strings.Contains(standby.output(), "relay: standby")
 	})
 
+	count := func() (n int64) {
+		if err := pool.QueryRow(context.Background(), "SELECT count(*) FROM "+pgx.Identifier{table.Schema, table.Name}.Sanitize()).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	before := count()
 	var more map[string][]string
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
 		more = writeEvents(t, pool, table, 5, 1000)
 	}()
-	time.Sleep(100 * time.Millisecond)
+	// The active relay is killed while the producers write.
+	testenv.Wait(t, context.Background(), "the producers writing", func() bool { return count() > before })
 	_ = active.cmd.Process.Kill()
 	<-active.done
 	killed := time.Now()
@@ -566,30 +583,23 @@ func TestRelayToStdout(t *testing.T) {
 	table := migrateSchema(t, url, testenv.Schema(t, url), "outbox")
 	want := writeEvents(t, pool, table, 3, 30)
 	p := startRelayProc(t, nil, "--db", url, "--table", table.Schema+"."+table.Name, "--broker", "stdout:", "--log-level", "error")
-	deadline := time.Now().Add(30 * time.Second)
-	for {
-		out := p.output()
-		if n := strings.Count(out, "\n"); n >= 30 {
-			var first struct {
-				ID      string            `json:"id"`
-				Topic   string            `json:"topic"`
-				Key     string            `json:"key"`
-				Headers map[string]string `json:"headers"`
-				Payload json.RawMessage   `json:"payload"`
-			}
-			if err := json.Unmarshal([]byte(strings.SplitN(out, "\n", 2)[0]), &first); err != nil {
-				t.Fatalf("not a JSON line: %v\n%s", err, out)
-			}
-			if first.ID != want["agg-0"][0] || first.Topic != "outbox.event.order" || first.Key != "agg-0" ||
-				first.Headers["id"] != first.ID || first.Headers["eventType"] != "Step" || len(first.Payload) == 0 {
-				t.Fatalf("first line = %+v", first)
-			}
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("relay wrote %d lines, want 30:\n%s", strings.Count(out, "\n"), out)
-		}
-		time.Sleep(20 * time.Millisecond)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	testenv.WaitTell(t, ctx, "30 JSON lines", func() bool { return strings.Count(p.output(), "\n") >= 30 }, p.output)
+	out := p.output()
+	var first struct {
+		ID      string            `json:"id"`
+		Topic   string            `json:"topic"`
+		Key     string            `json:"key"`
+		Headers map[string]string `json:"headers"`
+		Payload json.RawMessage   `json:"payload"`
+	}
+	if err := json.Unmarshal([]byte(strings.SplitN(out, "\n", 2)[0]), &first); err != nil {
+		t.Fatalf("not a JSON line: %v\n%s", err, out)
+	}
+	if first.ID != want["agg-0"][0] || first.Topic != "outbox.event.order" || first.Key != "agg-0" ||
+		first.Headers["id"] != first.ID || first.Headers["eventType"] != "Step" || len(first.Payload) == 0 {
+		t.Fatalf("first line = %+v", first)
 	}
 }
 
@@ -615,20 +625,16 @@ transforms.outbox.table.fields.additional.placement=type:header:eventType
 		t.Fatal(err)
 	}
 	p := startRelayProc(t, nil, "--config", cfg) // (its --log-level debug wins over the file's)
-	deadline := time.Now().Add(30 * time.Second)
 	var line string
-	for line == "" {
+	testenv.WaitTell(t, context.Background(), "a JSON line", func() bool {
 		for _, l := range strings.Split(p.output(), "\n") {
 			if strings.HasPrefix(l, "{") {
 				line = l
-				break
+				return true
 			}
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("relay output:\n%s", p.output())
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+		return false
+	}, p.output)
 	if !strings.Contains(line, `"topic":"order.events"`) || !strings.Contains(line, `"eventType":"Step"`) || strings.Contains(line, `"aggregateType"`) {
 		t.Fatalf("first line: %s", line)
 	}
@@ -667,13 +673,9 @@ func TestRelayConnectorJSON(t *testing.T) {
 		t.Fatal(err)
 	}
 	p := startRelayProc(t, nil, "--config", cfg, "--db", url, "--table", table.Schema+".outbox", "--broker", "stdout:")
-	deadline := time.Now().Add(30 * time.Second)
-	for !strings.Contains(p.output(), `"topic":"order.events"`) {
-		if time.Now().After(deadline) {
-			t.Fatalf("relay output:\n%s", p.output())
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	testenv.WaitTell(t, context.Background(), "a record on order.events", func() bool {
+		return strings.Contains(p.output(), `"topic":"order.events"`)
+	}, p.output)
 	out := p.output()
 	// JsonConverter, schemas off: the jsonb payload is a JSON string.
 	// JsonConverter with schemas off: the jsonb payload is a JSON string literal;
@@ -739,18 +741,14 @@ func TestRelayHTTP(t *testing.T) {
 		b, _ := io.ReadAll(resp.Body)
 		return resp.StatusCode, string(b)
 	}
-	deadline := time.Now().Add(30 * time.Second)
-	for {
-		code, body := get("/metrics")
-		if code == 200 && strings.Contains(body, `outbox_relay_published_total{topic="outbox.event.order"} 10`) &&
-			strings.Contains(body, "outbox_unpublished_events 0") && strings.Contains(body, "outbox_relay_leader 1") {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("/metrics: %d\n%s", code, body)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+	var code int
+	var body string
+	testenv.WaitTell(t, context.Background(), "/metrics to show the 10 events published", func() bool {
+		code, body = get("/metrics")
+		return code == 200 && strings.Contains(body, `outbox_relay_published_total{topic="outbox.event.order"} 10`) &&
+			strings.Contains(body, "outbox_unpublished_events 0") && strings.Contains(body, "outbox_relay_leader 1") &&
+			strings.Contains(body, "outbox_build_info{goversion=")
+	}, func() string { return fmt.Sprintf("/metrics: %d\n%s", code, body) })
 	if code, body := get("/healthz"); code != 200 {
 		t.Fatalf("/healthz: %d %s", code, body)
 	}
@@ -780,22 +778,19 @@ func TestUICommand(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
-	deadline := time.Now().Add(20 * time.Second)
-	for {
+	testenv.WaitTell(t, context.Background(), "outbox ui showing the backlog of 5", func() bool {
 		resp, err := http.Get("http://" + addr + "/ui/")
-		if err == nil {
-			b, _ := io.ReadAll(resp.Body)
-			resp.Body.Close()
-			if resp.StatusCode == 200 && strings.Contains(string(b), `id="backlog">5<`) {
-				break
-			}
+		if err != nil {
+			return false
 		}
-		if time.Now().After(deadline) {
-			out.mu.Lock()
-			t.Fatalf("outbox ui never showed the backlog of 5: %v\n%s", err, out.w.String())
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		return resp.StatusCode == 200 && strings.Contains(string(b), `id="backlog">5<`)
+	}, func() string {
+		out.mu.Lock()
+		defer out.mu.Unlock()
+		return out.w.String()
+	})
 }
 
 func TestReadYAMLConfig(t *testing.T) {
@@ -853,22 +848,15 @@ func TestRelayExportsSpans(t *testing.T) {
 	}
 	p := startRelayProc(t, []string{"OTEL_EXPORTER_OTLP_TRACES_ENDPOINT=" + srv.URL + "/v1/traces", "OTEL_BSP_SCHEDULE_DELAY=50"},
 		"--db", url, "--table", table.Schema+"."+table.Name, "--broker", "stdout:", "--log-level", "error")
-	deadline := time.Now().Add(20 * time.Second)
-	for {
+	var n int
+	testenv.WaitTell(t, context.Background(), "a span exported and the publish span's traceparent on the message", func() bool {
 		mu.Lock()
-		n := exports
+		n = exports
 		mu.Unlock()
-		out := p.output()
-		if n > 0 && strings.Contains(out, `"traceparent":"00-`+traceID+`-`) {
-			if strings.Contains(out, parentSpan) {
-				t.Fatalf("the broker header still names the producer's span, not the publish span:\n%s", out)
-			}
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("exports=%d, output:\n%s", n, out)
-		}
-		time.Sleep(20 * time.Millisecond)
+		return n > 0 && strings.Contains(p.output(), `"traceparent":"00-`+traceID+`-`)
+	}, func() string { return fmt.Sprintf("exports=%d, output:\n%s", n, p.output()) })
+	if out := p.output(); strings.Contains(out, parentSpan) {
+		t.Fatalf("the broker header still names the producer's span, not the publish span:\n%s", out)
 	}
 }
 
@@ -902,5 +890,48 @@ func TestMySQLCommands(t *testing.T) {
 	_, stderr, code = runCLI(t, nil, "status", "--db", "mysql://root@127.0.0.1")
 	if code != 2 || !strings.Contains(stderr, "want mysql://") {
 		t.Fatalf("MySQL URL without a database: %d %s", code, stderr)
+	}
+}
+
+// TestSchemaVersionChecked: the relay refuses a table migrated by a newer version, or
+// lacking a migration this version knows, in one line that says what to do; status
+// says where the schema stands.
+func TestSchemaVersionChecked(t *testing.T) {
+	t.Parallel()
+	url := testenv.DatabaseURL(t)
+	pool := testenv.Pool(t, url)
+	table := migrateSchema(t, url, testenv.Schema(t, url), "outbox")
+	name := table.Schema + "." + table.Name
+	versions := pgx.Identifier{table.Schema, table.Name + "_migrations"}.Sanitize()
+	stdout, stderr, code := runCLI(t, nil, "status", "--db", url, "--table", name)
+	if code != 0 || !strings.Contains(stdout, "version 8 (current)") {
+		t.Fatalf("status: exit %d\n%s%s", code, stdout, stderr)
+	}
+	relay := []string{"relay", "--db", url, "--table", name, "--broker", "stdout:", "--http", ""}
+	execSQL := func(sql string) {
+		if _, err := pool.Exec(context.Background(), sql); err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	execSQL("INSERT INTO " + versions + " (version) VALUES (999)")
+	_, stderr, code = runCLI(t, nil, relay...)
+	if code != 1 || !strings.Contains(stderr, "newer than this build") || strings.Count(stderr, "\n") != 1 {
+		t.Fatalf("relay on a newer schema: exit %d\n%s", code, stderr)
+	}
+	// A rollback runs an older relay on the newer schema, when told to.
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
+	defer cancel()
+	var out, errOut bytes.Buffer
+	if code := run(ctx, append(relay, "--allow-newer-schema"), &out, &errOut); code != 0 || !strings.Contains(errOut.String(), "--allow-newer-schema") {
+		t.Fatalf("relay --allow-newer-schema: exit %d\n%s", code, errOut.String())
+	}
+	execSQL("DELETE FROM " + versions + " WHERE version IN (8, 999)")
+	_, stderr, code = runCLI(t, nil, relay...)
+	if code != 1 || !strings.Contains(stderr, "older than this build") || !strings.Contains(stderr, "outbox migrate") {
+		t.Fatalf("relay on an older schema: exit %d\n%s", code, stderr)
+	}
+	if stdout, _, _ := runCLI(t, nil, "status", "--db", url, "--table", name); !strings.Contains(stdout, "lacks migrations [8]") {
+		t.Fatalf("status of an older schema:\n%s", stdout)
 	}
 }

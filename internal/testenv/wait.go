@@ -14,6 +14,13 @@ const WaitTimeoutDefault = 60 * time.Second
 // if ctx ends (or WaitTimeoutDefault passes) first. cond may fail t itself.
 func Wait(t testing.TB, ctx context.Context, what string, cond func() bool) {
 	t.Helper()
+	WaitTell(t, ctx, what, cond, nil)
+}
+
+// WaitTell is Wait whose failure also tells what tell returns then (the output of
+// the process under test, the last response).
+func WaitTell(t testing.TB, ctx context.Context, what string, cond func() bool, tell func() string) {
+	t.Helper()
 	if _, ok := ctx.Deadline(); !ok {
 		var cancel context.CancelFunc
 		ctx, cancel = context.WithTimeout(ctx, WaitTimeoutDefault)
@@ -25,6 +32,9 @@ func Wait(t testing.TB, ctx context.Context, what string, cond func() bool) {
 		}
 		select {
 		case <-ctx.Done():
+			if tell != nil {
+				t.Fatalf("gave up waiting for %s: %v\n%s", what, ctx.Err(), tell())
+			}
 			t.Fatalf("gave up waiting for %s: %v", what, ctx.Err())
 		case <-time.After(d):
 		}
