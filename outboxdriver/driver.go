@@ -16,6 +16,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"time"
 	"unicode/utf8"
@@ -644,6 +645,75 @@ type Migrator interface {
 	Migrate(ctx context.Context) ([]int, error)
 	// SQL returns the full schema as SQL, for teams with their own migration tool.
 	SQL() (string, error)
+	// Schema reads which migrations the table has, against those this build knows.
+	Schema(ctx context.Context) (*SchemaState, error)
+}
+
+// Sentinel errors of SchemaState.Check.
+var (
+	// ErrSchemaBehind: the table lacks migrations this build knows: run `outbox
+	// migrate` with this version first.
+	ErrSchemaBehind = errors.New("the outbox schema is older than this build")
+	// ErrSchemaAhead: a newer build migrated the table: run that version.
+	ErrSchemaAhead = errors.New("the outbox schema is newer than this build")
+)
+
+// SchemaState is where a table's schema stands against the migrations a build knows.
+type SchemaState struct {
+	// Managed: the table has its migrations table (a table made by hand, or by
+	// another tool, has not: nothing can be said of its version).
+	Managed bool
+	// Applied are the versions recorded, ascending; Latest is the last this build
+	// knows.
+	Applied []int
+	Latest  int
+	// Pending are migrations this build knows and the table lacks; Unknown are
+	// versions recorded that this build does not know (a newer build migrated it).
+	Pending, Unknown []int
+}
+
+// NewSchemaState compares the versions a build knows with those recorded (nil: the
+// table has no migrations table).
+func NewSchemaState(known []int, applied map[int]bool) *SchemaState {
+	st := &SchemaState{Managed: applied != nil}
+	isKnown := map[int]bool{}
+	for _, v := range known {
+		isKnown[v] = true
+		st.Latest = max(st.Latest, v)
+		if st.Managed && !applied[v] {
+			st.Pending = append(st.Pending, v)
+		}
+	}
+	for v := range applied {
+		st.Applied = append(st.Applied, v)
+		if !isKnown[v] {
+			st.Unknown = append(st.Unknown, v)
+		}
+	}
+	slices.Sort(st.Applied)
+	slices.Sort(st.Unknown)
+	return st
+}
+
+// Version is the last version applied (0: none).
+func (s *SchemaState) Version() int {
+	if len(s.Applied) == 0 {
+		return 0
+	}
+	return s.Applied[len(s.Applied)-1]
+}
+
+// Check returns ErrSchemaBehind or ErrSchemaAhead, with what to do, when the table's
+// schema is not the one this build knows; nil when it is, or when the table is not
+// managed by the migrations.
+func (s *SchemaState) Check() error {
+	switch {
+	case len(s.Unknown) > 0:
+		return fmt.Errorf("%w: it has migration %d, this build knows up to %d (run the newer outbox, or roll the schema back)", ErrSchemaAhead, s.Unknown[len(s.Unknown)-1], s.Latest)
+	case len(s.Pending) > 0:
+		return fmt.Errorf("%w: it lacks migrations %v (run `outbox migrate` with this version first)", ErrSchemaBehind, s.Pending)
+	}
+	return nil
 }
 
 // HeaderHeadersInvalid names the header a row gets when its headers column is not a flat JSON

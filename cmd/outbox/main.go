@@ -15,7 +15,10 @@ import (
 	"strings"
 	"syscall"
 
+	"github.com/prometheus/client_golang/prometheus"
+
 	"github.com/outboxd/outbox/internal/redact"
+	"github.com/outboxd/outbox/internal/version"
 )
 
 // exitError carries an exit code; the message is printed as one line.
@@ -46,6 +49,7 @@ func commands() []command {
 		{"ui", "serve the dashboard (backlog, flow, relays, dead letters, events) for a table", runUI},
 		{"verify", "write canary events and check they reach the broker, all, once, in order", runVerify},
 		{"demo", "run the whole pattern on SQLite and an in-process NATS server", runDemo},
+		{"version", "print the version, the VCS revision and the Go version of this binary", runVersion},
 	}
 }
 
@@ -69,6 +73,9 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	if len(args) > 1 && args[0] == "help" {
 		// `outbox help relay` (or `help dlq replay`): the command's own flags.
 		return run(ctx, append(append([]string(nil), args[1:]...), "-h"), stdout, stderr)
+	}
+	if len(args) > 0 && (args[0] == "--version" || args[0] == "-version") {
+		args = []string{"version"}
 	}
 	if len(args) == 0 || args[0] == "-h" || args[0] == "--help" || args[0] == "help" {
 		usage(stderr)
@@ -100,6 +107,27 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	fmt.Fprintf(stderr, "outbox: unknown command %q\n", args[0])
 	usage(stderr)
 	return 2
+}
+
+// runVersion prints what the binary knows of its build.
+func runVersion(_ context.Context, args []string, stdout, stderr io.Writer) error {
+	fs := newFlags("version", stderr)
+	if err := parse(fs, args); err != nil {
+		return err
+	}
+	fmt.Fprintln(stdout, version.Get())
+	return nil
+}
+
+// buildInfo is the outbox_build_info metric: 1, labelled with the build's version,
+// revision and Go version, so dashboards and alerts can tell which relay runs what.
+func buildInfo() prometheus.Collector {
+	v := version.Get()
+	g := prometheus.NewGauge(prometheus.GaugeOpts{Name: "outbox_build_info",
+		Help:        "Always 1; the labels say which build of outbox this process runs.",
+		ConstLabels: prometheus.Labels{"version": v.Version, "revision": v.Short(), "goversion": v.Go}})
+	g.Set(1)
+	return g
 }
 
 // secretsOf returns the passwords and secrets in the command line and the OUTBOX_*

@@ -19,6 +19,7 @@ import (
 	"github.com/outboxd/outbox/debezium"
 	"github.com/outboxd/outbox/internal/failpoint"
 	"github.com/outboxd/outbox/internal/redact"
+	"github.com/outboxd/outbox/internal/version"
 	"github.com/outboxd/outbox/outboxdriver"
 	"github.com/outboxd/outbox/outboxdriver/outboxsqlite"
 	"github.com/outboxd/outbox/pgcdc"
@@ -52,7 +53,7 @@ type relayOptions struct {
 	routerOpts                       map[string]string
 	leaseTTL                         time.Duration
 	httpAddr, uiToken                string
-	ui                               bool
+	ui, allowNewerSchema             bool
 	logger                           *slog.Logger
 }
 
@@ -64,6 +65,7 @@ func parseRelayFlags(args []string, stderr io.Writer) (*relayOptions, error) {
 	brokerURL := fs.String("broker", "", "broker URL: "+brokerSchemes)
 	tableName := fs.String("table", outboxdriver.DefaultSchema+"."+outboxdriver.DefaultTable, "outbox table, [schema.]name")
 	mode := fs.String("mode", "poll", "poll (claim rows with FOR UPDATE SKIP LOCKED) or cdc (PostgreSQL: read the events from the WAL by logical replication)")
+	allowNewer := fs.Bool("allow-newer-schema", false, "start on a table a newer version migrated (a rollback: migrations only add, so an older relay runs on it; docs/upgrading.md)")
 	var cdcCfg pgcdc.Config
 	fs.StringVar(&cdcCfg.Slot, "slot", "", "cdc: the replication slot (default outbox_<schema>_<table>)")
 	fs.StringVar(&cdcCfg.Publication, "publication", "", "cdc: the publication (default: the slot's name)")
@@ -199,7 +201,7 @@ func parseRelayFlags(args []string, stderr io.Writer) (*relayOptions, error) {
 	}
 	return &relayOptions{dsn: *dsn, brokerURL: *brokerURL, mode: *mode, configPath: *configPath, table: table, cfg: cfg,
 		cdc: cdcCfg, broker: bo, routerOpts: routerOpts, leaseTTL: *leaseTTL, httpAddr: *httpAddr, uiToken: *uiToken,
-		ui: *ui, logger: logger}, nil
+		ui: *ui, allowNewerSchema: *allowNewer, logger: logger}, nil
 }
 
 // relayService is a built relay and what it holds open.
@@ -210,6 +212,30 @@ type relayService struct {
 	status  *relayprom.StatusCache
 	reg     *prometheus.Registry
 	closers []func()
+}
+
+// checkSchema refuses a table whose schema this relay does not know: older (a
+// migration missing: the relay would use what is not there) or newer (migrated by a
+// newer version: docs/upgrading.md). A table no migration made is relayed as it is,
+// with a warning.
+func checkSchema(ctx context.Context, m outboxdriver.Migrator, allowNewer bool, logger *slog.Logger) error {
+	st, err := m.Schema(ctx)
+	if err != nil {
+		// A role without SELECT on the migrations table (granted before the check
+		// existed: docs/security.md) is relayed as before, and told.
+		logger.Warn("relay: cannot read the schema version; not checked (grant SELECT on the table's _migrations table)", "err", err)
+		return nil
+	}
+	if !st.Managed {
+		logger.Warn("relay: the table has no migrations table (made by hand or by another tool); its schema version is not checked", "known", st.Latest)
+		return nil
+	}
+	err = st.Check()
+	if errors.Is(err, outboxdriver.ErrSchemaAhead) && allowNewer {
+		logger.Warn("relay: running on a schema a newer version migrated (--allow-newer-schema)", "err", err)
+		return nil
+	}
+	return err
 }
 
 func (s *relayService) close() {
@@ -237,6 +263,9 @@ func buildRelay(ctx context.Context, o *relayOptions) (_ *relayService, err erro
 		cfg.LeaderCheck = min(relay.LeaderCheckDefault, db.leaseTTL/4) // renew well before it lapses
 	}
 	if _, err := db.store.Status(ctx); err != nil {
+		return nil, fmt.Errorf("%s: %w", table, err)
+	}
+	if err := checkSchema(ctx, db.migrator, o.allowNewerSchema, logger); err != nil {
 		return nil, fmt.Errorf("%s: %w", table, err)
 	}
 	if cfg.Router != nil {
@@ -271,6 +300,7 @@ func buildRelay(ctx context.Context, o *relayOptions) (_ *relayService, err erro
 	}
 	svc.closers = append(svc.closers, func() { _ = pub.Close() })
 	reg := prometheus.NewRegistry()
+	reg.MustRegister(buildInfo())
 	// Probes and scrapes read the table's status through one cache: at most one
 	// status query per interval, however many requests come.
 	status := relayprom.NewStatusCache(db.store, relayprom.StatusCacheIntervalDefault)
@@ -320,7 +350,8 @@ func (s *relayService) serve(ctx context.Context) error {
 		}
 		defer stopHTTP()
 	}
-	logger.Info("relay starting", "mode", o.mode, "db", redact.URL(o.dsn), "broker", redact.URL(o.brokerURL), "table", o.table.String())
+	v := version.Get()
+	logger.Info("relay starting", "version", v.Version, "revision", v.Short(), "mode", o.mode, "db", redact.URL(o.dsn), "broker", redact.URL(o.brokerURL), "table", o.table.String())
 	for _, w := range plaintextWarnings(o.dsn, o.brokerURL) {
 		logger.Warn(w)
 	}

@@ -28,6 +28,10 @@ func runStatus(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	if err != nil {
 		return fmt.Errorf("status of %s: %w", table, err)
 	}
+	schema, err := db.migrator.Schema(ctx)
+	if err != nil {
+		schema = nil // said below: a role may see the table but not its migrations
+	}
 	if *asJSON {
 		enc := json.NewEncoder(stdout)
 		enc.SetIndent("", "  ")
@@ -69,8 +73,12 @@ func runStatus(ctx context.Context, args []string, stdout, stderr io.Writer) err
 			Slots              []slot      `json:"cdc_slots"`
 			Relays             []relayJSON `json:"relays"`
 			PartitionBacklog   []int64     `json:"partition_backlog"`
+			SchemaVersion      int         `json:"schema_version"`
+			SchemaKnown        int         `json:"schema_version_known"`
+			SchemaError        string      `json:"schema_error,omitempty"`
 		}{st.Table, st.Unpublished, st.OldestAge.Seconds(), st.Published, st.Failing, st.Dead, st.HeldKeys,
-			st.ActiveRelay, timeOrNil(st.ActiveSince), slots, relays, st.PartitionBacklog})
+			st.ActiveRelay, timeOrNil(st.ActiveSince), slots, relays, st.PartitionBacklog,
+			schemaVersion(schema), latest(schema), schemaErr(schema, err)})
 	}
 	fmt.Fprintf(stdout, "table:                 %s\n", st.Table)
 	fmt.Fprintf(stdout, "unpublished:           %d\n", st.Unpublished)
@@ -78,6 +86,7 @@ func runStatus(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	fmt.Fprintf(stdout, "failing (attempts>0):  %d\n", st.Failing)
 	fmt.Fprintf(stdout, "published, kept:       %d\n", st.Published)
 	fmt.Fprintf(stdout, "dead letters:          %d (holding %d aggregates; see `outbox dlq list`)\n", st.Dead, st.HeldKeys)
+	fmt.Fprintf(stdout, "schema:                %s\n", schemaLine(schema, err))
 	switch {
 	case st.ActiveRelay == "":
 		fmt.Fprintf(stdout, "active relay:          none\n")
@@ -126,4 +135,42 @@ func timeOrNil(t time.Time) *time.Time {
 		return nil
 	}
 	return &t
+}
+
+// schemaLine says a table's schema version against this build's (st is nil when it
+// could not be read: err).
+func schemaLine(st *outboxdriver.SchemaState, err error) string {
+	switch {
+	case st == nil:
+		return fmt.Sprintf("unknown (%v)", err)
+	case !st.Managed:
+		return fmt.Sprintf("not managed by outbox migrate (this build knows version %d)", st.Latest)
+	case st.Check() != nil:
+		return fmt.Sprintf("version %d: %v", st.Version(), st.Check())
+	}
+	return fmt.Sprintf("version %d (current)", st.Version())
+}
+
+func schemaVersion(st *outboxdriver.SchemaState) int {
+	if st == nil {
+		return 0
+	}
+	return st.Version()
+}
+
+func latest(st *outboxdriver.SchemaState) int {
+	if st == nil {
+		return 0
+	}
+	return st.Latest
+}
+
+func schemaErr(st *outboxdriver.SchemaState, err error) string {
+	if st != nil {
+		err = st.Check()
+	}
+	if err == nil {
+		return ""
+	}
+	return err.Error()
 }

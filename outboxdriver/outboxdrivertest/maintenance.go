@@ -24,6 +24,11 @@ func testMigrate[TTx any](t *testing.T, h *Harness[TTx]) {
 	if err != nil || len(sql) == 0 {
 		t.Fatalf("SQL() = %q, %v", sql, err)
 	}
+	// The migrated table is at the version this build knows.
+	st, err := m.Schema(ctxT(t))
+	if err != nil || !st.Managed || st.Version() != st.Latest || len(st.Pending)+len(st.Unknown) != 0 || st.Check() != nil {
+		t.Fatalf("schema after migrate: %+v, %v", st, err)
+	}
 }
 
 func testMissingTable[TTx any](t *testing.T, h *Harness[TTx]) {
@@ -34,6 +39,11 @@ func testMissingTable[TTx any](t *testing.T, h *Harness[TTx]) {
 	_, err = store(t, h).Status(ctxT(t))
 	if !errors.Is(err, outboxdriver.ErrTableMissing) {
 		t.Fatalf("status on a missing table: err = %v, want ErrTableMissing", err)
+	}
+	// A table no migration made is not managed: its version cannot be told.
+	m, _ := h.Driver.Migrator()
+	if st, err := m.Schema(ctxT(t)); err != nil || st.Managed || st.Check() != nil {
+		t.Fatalf("schema of a table never migrated: %+v, %v", st, err)
 	}
 }
 

@@ -605,6 +605,30 @@ func (m migrator) SQL() (string, error) {
 		"INSERT OR IGNORE INTO "+m.versionTable()+" (version, applied_at) VALUES (%d, 0)"), nil
 }
 
+// Schema implements outboxdriver.Migrator.
+func (m migrator) Schema(ctx context.Context) (*outboxdriver.SchemaState, error) {
+	if m.d.db == nil {
+		return nil, outboxdriver.ErrNoPool
+	}
+	ms, err := m.migrations()
+	if err != nil {
+		return nil, err
+	}
+	rows, err := m.d.db.QueryContext(ctx, "SELECT version FROM "+m.versionTable())
+	if err != nil {
+		if err = interpretError(err); errors.Is(err, outboxdriver.ErrTableMissing) {
+			return outboxdriver.NewSchemaState(migrations.Known(ms), nil), nil
+		}
+		return nil, err
+	}
+	done, err := migrations.Versions(rows)
+	_ = rows.Close()
+	if err != nil {
+		return nil, err
+	}
+	return outboxdriver.NewSchemaState(migrations.Known(ms), done), nil
+}
+
 // Migrate applies pending migrations in one immediate (write-locked) transaction.
 func (m migrator) Migrate(ctx context.Context) (applied []int, err error) {
 	if m.d.db == nil {

@@ -66,6 +66,15 @@ func Script(title string, ms []Migration, createVersions, recordVersion string) 
 	return b.String()
 }
 
+// Known are the versions of ms.
+func Known(ms []Migration) []int {
+	out := make([]int, len(ms))
+	for i, m := range ms {
+		out[i] = m.Version
+	}
+	return out
+}
+
 // Rows is the part of a result set Versions reads (database/sql's and pgx's both fit).
 type Rows interface {
 	Next() bool

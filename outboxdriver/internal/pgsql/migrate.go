@@ -72,6 +72,34 @@ func (s *Statements) createVersionTable() string {
 		" (version integer PRIMARY KEY, applied_at timestamptz NOT NULL DEFAULT now())"
 }
 
+// Schema implements outboxdriver.Migrator.
+func (m *Migrator) Schema(ctx context.Context) (*outboxdriver.SchemaState, error) {
+	if m.DB == nil {
+		return nil, outboxdriver.ErrNoPool
+	}
+	ms, err := m.Statements.Migrations()
+	if err != nil {
+		return nil, err
+	}
+	var exists bool
+	if err := QueryRow(ctx, m.DB, "SELECT to_regclass($1) IS NOT NULL", []any{m.Statements.versionTable()}, &exists); err != nil {
+		return nil, InterpretError(err)
+	}
+	var done map[int]bool
+	if exists {
+		rows, err := m.DB.Query(ctx, "SELECT version FROM "+m.Statements.versionTable())
+		if err != nil {
+			return nil, InterpretError(err)
+		}
+		done, err = migrations.Versions(rows)
+		rows.Close()
+		if err != nil {
+			return nil, err
+		}
+	}
+	return outboxdriver.NewSchemaState(migrations.Known(ms), done), nil
+}
+
 // Migrate implements outboxdriver.Migrator. It runs in one transaction of its own
 // (never a caller's) under a transaction advisory lock, so concurrent migrators
 // queue instead of racing.
