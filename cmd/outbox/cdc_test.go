@@ -105,7 +105,9 @@ func TestCDCStatusAndLostSlot(t *testing.T) {
 		} `json:"cdc_slots"`
 	}
 	var stdout string
-	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+	wctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	testenv.WaitTell(t, wctx, "status to show the slot backfilled", func() bool {
 		out, stderr, code := runCLI(t, nil, "status", "--db", url, "--table", table.Schema+".outbox", "--json")
 		if code != 0 {
 			t.Fatal(stderr)
@@ -114,10 +116,8 @@ func TestCDCStatusAndLostSlot(t *testing.T) {
 		if err := json.Unmarshal([]byte(stdout), &st); err != nil {
 			t.Fatal(err)
 		}
-		if len(st.Slots) == 1 && st.Slots[0].Backfilled || time.Now().After(deadline) {
-			break
-		}
-	}
+		return len(st.Slots) == 1 && st.Slots[0].Backfilled
+	}, func() string { return stdout })
 	if len(st.Slots) != 1 || st.Slots[0].Name != slot || !st.Slots[0].Exists || !st.Slots[0].Active || !st.Slots[0].Backfilled || st.Unpublished != 0 {
 		t.Fatalf("status: %s", stdout)
 	}
@@ -126,15 +126,13 @@ func TestCDCStatusAndLostSlot(t *testing.T) {
 	<-relay.done
 	ctx := context.Background()
 	// The stopped relay's walsender may still be ending: retry while the slot is active.
-	for deadline := time.Now().Add(20 * time.Second); ; time.Sleep(50 * time.Millisecond) {
-		_, err := pool.Exec(ctx, `SELECT pg_drop_replication_slot($1)`, slot)
-		if err == nil {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatal(err)
-		}
-	}
+	var dropErr error
+	dctx, dcancel := context.WithTimeout(ctx, 20*time.Second)
+	defer dcancel()
+	testenv.WaitTell(t, dctx, "the slot dropped", func() bool {
+		_, dropErr = pool.Exec(ctx, `SELECT pg_drop_replication_slot($1)`, slot)
+		return dropErr == nil
+	}, func() string { return fmt.Sprint(dropErr) })
 	// Rows written while the slot was gone: only the table has them.
 	more := writeMode(t, pool, table, outboxdriver.WriteRows, 3, 30)
 	stdout, _, _ = runCLI(t, nil, "status", "--db", url, "--table", table.Schema+".outbox")

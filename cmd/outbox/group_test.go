@@ -96,12 +96,15 @@ func TestGroupOfRelays(t *testing.T) {
 	}
 
 	// The survivors share the partitions between them.
-	deadline := time.Now().Add(20 * time.Second)
-	for {
-		stdout, stderr, code := runCLI(t, nil, "status", "--db", url, "--table", table.Schema+"."+table.Name, "--json")
+	var stdout string
+	wctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	testenv.WaitTell(t, wctx, "the partitions shared by the three live relays", func() bool {
+		out, stderr, code := runCLI(t, nil, "status", "--db", url, "--table", table.Schema+"."+table.Name, "--json")
 		if code != 0 {
 			t.Fatal(stderr)
 		}
+		stdout = out
 		var st struct {
 			Relays []struct {
 				ID         string `json:"id"`
@@ -118,16 +121,10 @@ func TestGroupOfRelays(t *testing.T) {
 				live++
 			}
 		}
-		if owned == 64 && live == 3 {
-			text, _, _ := runCLI(t, nil, "status", "--db", url, "--table", table.Schema+"."+table.Name)
-			if !strings.Contains(text, "relays in the group") {
-				t.Fatalf("status text lacks the group:\n%s", text)
-			}
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("partitions not shared by the three live relays: %s", stdout)
-		}
-		time.Sleep(200 * time.Millisecond)
+		return owned == 64 && live == 3
+	}, func() string { return stdout })
+	text, _, _ := runCLI(t, nil, "status", "--db", url, "--table", table.Schema+"."+table.Name)
+	if !strings.Contains(text, "relays in the group") {
+		t.Fatalf("status text lacks the group:\n%s", text)
 	}
 }
