@@ -120,7 +120,7 @@ func ForDriver(d *outboxpgx.Driver, cfg *Config) (*Source, error) {
 	if err != nil {
 		return nil, err
 	}
-	return New(d.Pool(), store, d.Table(), cfg)
+	return New(d.Sessions(), store, d.Table(), cfg)
 }
 
 // New returns a CDC source for the table of inner (the PostgreSQL store of the same

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"crypto/rand"
 	"fmt"
 	"strings"
 	"time"
@@ -32,6 +33,11 @@ type database struct {
 // dbOptions are driver settings from flags.
 type dbOptions struct {
 	leaseTTL time.Duration // SQLite relay lease
+	// relay: the relay opens it, which needs real sessions (leadership lock,
+	// LISTEN, replication): a transaction-pooling proxy in front of --db is refused
+	// unless leaderDSN, a direct URL, takes those.
+	relay     bool
+	leaderDSN string
 }
 
 func parseTable(name string, payload string) (outboxdriver.Table, error) {
@@ -67,7 +73,7 @@ func openDB(ctx context.Context, dsn string, table outboxdriver.Table, opts dbOp
 	}
 	switch scheme {
 	case "postgres", "postgresql":
-		return openPostgres(ctx, dsn, table)
+		return openPostgres(ctx, dsn, table, opts)
 	case "sqlite":
 		return openSQLite(ctx, dsn, table, opts)
 	case "mysql":
@@ -76,11 +82,66 @@ func openDB(ctx context.Context, dsn string, table outboxdriver.Table, opts dbOp
 	return nil, usageErr("--db %q: unknown scheme %q (want postgres://, mysql://, sqlite://)", redact.URL(dsn), scheme)
 }
 
-func openPostgres(ctx context.Context, dsn string, table outboxdriver.Table) (*database, error) {
+func openPostgres(ctx context.Context, dsn string, table outboxdriver.Table, opts dbOptions) (*database, error) {
+	if opts.leaderDSN != "" && !strings.HasPrefix(opts.leaderDSN, "postgres://") && !strings.HasPrefix(opts.leaderDSN, "postgresql://") {
+		return nil, usageErr("--leader-db %s: want a postgres:// URL", redact.URL(opts.leaderDSN))
+	}
+	// Behind a transaction pooler (--leader-db given), statements are not prepared
+	// by name: a pooled server connection may not have them (PgBouncer before 1.21).
+	pool, err := openPool(ctx, "--db", dsn, opts.leaderDSN != "")
+	if err != nil {
+		return nil, err
+	}
+	drv := outboxpgx.New(pool, &table)
+	closeAll := pool.Close
+	if opts.relay {
+		if pooled, err := transactionPooled(ctx, pool); err != nil {
+			pool.Close()
+			return nil, fmt.Errorf("database %s: %w", redact.URL(dsn), err)
+		} else if pooled && opts.leaderDSN == "" {
+			pool.Close()
+			return nil, usageErr("--db %s goes through a transaction-pooling proxy (PgBouncer's pool_mode = transaction): the relay's leadership lock, LISTEN and CDC need a session of their own; give --leader-db a direct URL to PostgreSQL, or use session pooling (docs/operations.md)", redact.URL(dsn))
+		}
+	}
+	if opts.leaderDSN != "" {
+		sessions, err := openPool(ctx, "--leader-db", opts.leaderDSN, false)
+		if err != nil {
+			pool.Close()
+			return nil, err
+		}
+		if pooled, err := transactionPooled(ctx, sessions); err != nil || pooled {
+			pool.Close()
+			sessions.Close()
+			if err != nil {
+				return nil, fmt.Errorf("database %s: %w", redact.URL(opts.leaderDSN), err)
+			}
+			return nil, usageErr("--leader-db %s goes through a transaction-pooling proxy too: give it a direct URL to PostgreSQL", redact.URL(opts.leaderDSN))
+		}
+		drv = drv.WithSessions(sessions)
+		closeAll = func() { pool.Close(); sessions.Close() }
+	}
+	store, err := drv.Store()
+	if err != nil {
+		closeAll()
+		return nil, err
+	}
+	m, err := drv.Migrator()
+	if err != nil {
+		closeAll()
+		return nil, err
+	}
+	return &database{store: store, migrator: m, close: closeAll,
+		cdc:     func(cfg *pgcdc.Config) (*pgcdc.Source, error) { return pgcdc.ForDriver(drv, cfg) },
+		columns: func(ctx context.Context) ([]debezium.Column, error) { return pgColumns(ctx, pool, drv.Table()) },
+	}, nil
+}
+
+// openPool opens and pings a pool on dsn (flag names it in errors).
+func openPool(ctx context.Context, flag, dsn string, unnamedStatements bool) (*pgxpool.Pool, error) {
 	cfg, err := pgxpool.ParseConfig(dsn)
 	if err != nil {
 		// pgx's parse error quotes pieces of the URL, password included: not shown.
-		return nil, usageErr("--db %s: not a valid PostgreSQL URL (characters such as / ? # @ in the password must be percent-encoded)", redact.URL(dsn))
+		return nil, usageErr("%s %s: not a valid PostgreSQL URL (characters such as / ? # @ in the password must be percent-encoded)", flag, redact.URL(dsn))
 	}
 	if _, ok := cfg.ConnConfig.RuntimeParams["application_name"]; !ok {
 		cfg.ConnConfig.RuntimeParams["application_name"] = "outbox" // named in pg_stat_activity and `outbox status`
@@ -88,6 +149,9 @@ func openPostgres(ctx context.Context, dsn string, table outboxdriver.Table) (*d
 	if !strings.Contains(dsn, "pool_max_conns") {
 		// leadership + listener + up to three batches in flight, with room to spare
 		cfg.MaxConns = 8
+	}
+	if unnamedStatements && !strings.Contains(dsn, "default_query_exec_mode") {
+		cfg.ConnConfig.DefaultQueryExecMode = pgx.QueryExecModeExec
 	}
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {
@@ -99,21 +163,44 @@ func openPostgres(ctx context.Context, dsn string, table outboxdriver.Table) (*d
 		pool.Close()
 		return nil, fmt.Errorf("cannot reach the database %s: %w", redact.URL(dsn), err)
 	}
-	drv := outboxpgx.New(pool, &table)
-	store, err := drv.Store()
+	return pool, nil
+}
+
+// transactionPooled reports whether pool's connections go through a proxy that
+// hands a server session to a client per transaction (PgBouncer's pool_mode =
+// transaction): a setting one connection makes for its session is then lost to it,
+// or seen by another connection. Its statements run in the simple protocol, which any
+// pooler passes.
+func transactionPooled(ctx context.Context, pool *pgxpool.Pool) (bool, error) {
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	a, err := pool.Acquire(ctx)
 	if err != nil {
-		pool.Close()
-		return nil, err
+		return false, err
 	}
-	m, err := drv.Migrator()
+	defer a.Release()
+	b, err := pool.Acquire(ctx)
 	if err != nil {
-		pool.Close()
-		return nil, err
+		return false, err
 	}
-	return &database{store: store, migrator: m, close: pool.Close,
-		cdc:     func(cfg *pgcdc.Config) (*pgcdc.Source, error) { return pgcdc.ForDriver(drv, cfg) },
-		columns: func(ctx context.Context) ([]debezium.Column, error) { return pgColumns(ctx, pool, drv.Table()) },
-	}, nil
+	defer b.Release()
+	const set, get = "SELECT set_config('outbox.pooler_probe', $1, false)", "SELECT coalesce(current_setting('outbox.pooler_probe', true), '')"
+	token := rand.Text()
+	simple := pgx.QueryExecModeSimpleProtocol
+	if _, err := a.Exec(ctx, set, simple, token); err != nil {
+		return false, err
+	}
+	var again, other string
+	if err := a.QueryRow(ctx, get, simple).Scan(&again); err != nil {
+		return false, err
+	}
+	if err := b.QueryRow(ctx, get, simple).Scan(&other); err != nil {
+		return false, err
+	}
+	for _, c := range []*pgxpool.Conn{a, b} {
+		_, _ = c.Exec(ctx, set, simple, "")
+	}
+	return again != token || other == token, nil
 }
 
 // pgColumns describes a table's columns as the Debezium router needs them.

@@ -45,16 +45,17 @@ func runRelay(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 
 // relayOptions are the relay command's settings, validated.
 type relayOptions struct {
-	dsn, brokerURL, mode, configPath string
-	table                            outboxdriver.Table
-	cfg                              *relay.Config
-	cdc                              pgcdc.Config
-	broker                           brokerOptions
-	routerOpts                       map[string]string
-	leaseTTL                         time.Duration
-	httpAddr, uiToken                string
-	ui, allowNewerSchema             bool
-	logger                           *slog.Logger
+	dsn, leaderDSN, brokerURL, mode string
+	configPath                      string
+	table                           outboxdriver.Table
+	cfg                             *relay.Config
+	cdc                             pgcdc.Config
+	broker                          brokerOptions
+	routerOpts                      map[string]string
+	leaseTTL                        time.Duration
+	httpAddr, uiToken               string
+	ui, allowNewerSchema            bool
+	logger                          *slog.Logger
 }
 
 // parseRelayFlags reads the flags, the config file and OUTBOX_* variables into
@@ -62,6 +63,7 @@ type relayOptions struct {
 func parseRelayFlags(args []string, stderr io.Writer) (*relayOptions, error) {
 	fs := newFlags("relay", stderr)
 	dsn := fs.String("db", "", dbFlagHelp)
+	leaderDSN := fs.String("leader-db", "", "PostgreSQL: a direct URL for the leadership lock, LISTEN and CDC when --db goes through a transaction-pooling proxy (PgBouncer); claims still go through --db")
 	brokerURL := fs.String("broker", "", "broker URL: "+brokerSchemes)
 	tableName := fs.String("table", outboxdriver.DefaultSchema+"."+outboxdriver.DefaultTable, "outbox table, [schema.]name")
 	mode := fs.String("mode", "poll", "poll (claim rows with FOR UPDATE SKIP LOCKED) or cdc (PostgreSQL: read the events from the WAL by logical replication)")
@@ -138,6 +140,9 @@ func parseRelayFlags(args []string, stderr io.Writer) (*relayOptions, error) {
 	if *mode == "cdc" && !isPG {
 		return nil, usageErr("--mode cdc needs PostgreSQL (--db postgres://...)")
 	}
+	if *leaderDSN != "" && !isPG {
+		return nil, usageErr("--leader-db needs PostgreSQL (--db postgres://...)")
+	}
 	if *group && (*mode != "poll" || !isPG) {
 		return nil, usageErr("--group needs PostgreSQL in poll mode")
 	}
@@ -199,7 +204,7 @@ func parseRelayFlags(args []string, stderr io.Writer) (*relayOptions, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, usageErr("%v", err) // bad flags, before connecting anywhere
 	}
-	return &relayOptions{dsn: *dsn, brokerURL: *brokerURL, mode: *mode, configPath: *configPath, table: table, cfg: cfg,
+	return &relayOptions{dsn: *dsn, leaderDSN: *leaderDSN, brokerURL: *brokerURL, mode: *mode, configPath: *configPath, table: table, cfg: cfg,
 		cdc: cdcCfg, broker: bo, routerOpts: routerOpts, leaseTTL: *leaseTTL, httpAddr: *httpAddr, uiToken: *uiToken,
 		ui: *ui, allowNewerSchema: *allowNewer, logger: logger}, nil
 }
@@ -254,7 +259,7 @@ func buildRelay(ctx context.Context, o *relayOptions) (_ *relayService, err erro
 		}
 	}()
 	cfg, logger, table := o.cfg, o.logger, o.table
-	db, err := openDB(ctx, o.dsn, table, dbOptions{leaseTTL: o.leaseTTL})
+	db, err := openDB(ctx, o.dsn, table, dbOptions{leaseTTL: o.leaseTTL, relay: true, leaderDSN: o.leaderDSN})
 	if err != nil {
 		return nil, err
 	}

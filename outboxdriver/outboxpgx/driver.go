@@ -23,10 +23,11 @@ import (
 
 // Driver binds outbox to a pgx pool. Build it with New.
 type Driver struct {
-	pool  *pgxpool.Pool
-	table outboxdriver.Table
-	s     *pgsql.Statements
-	err   error // a bad table name, reported by every method that needs it
+	pool     *pgxpool.Pool
+	sessions *pgxpool.Pool // WithSessions; nil: pool
+	table    outboxdriver.Table
+	s        *pgsql.Statements
+	err      error // a bad table name, reported by every method that needs it
 }
 
 // New returns a driver on pool (nil is allowed for a writer that only uses WriteTx).
@@ -54,8 +55,28 @@ func (d *Driver) Table() outboxdriver.Table { return d.table }
 // one place knows the SQLSTATE codes.
 func InterpretError(err error) error { return pgsql.InterpretError(err) }
 
-// Pool returns the pool the driver was built with (CDC sources build on it).
+// Pool returns the pool the driver was built with.
 func (d *Driver) Pool() *pgxpool.Pool { return d.pool }
+
+// WithSessions returns a driver whose relay takes its leadership lock, listens for
+// wake-ups and (CDC) replicates on sessions, a pool with direct connections to
+// PostgreSQL, while claims and writes go through the driver's own pool: for a pool
+// behind a transaction-pooling proxy (PgBouncer), where a session-level lock, LISTEN
+// and replication cannot work (docs/operations.md).
+func (d *Driver) WithSessions(sessions *pgxpool.Pool) *Driver {
+	out := *d
+	out.sessions = sessions
+	return &out
+}
+
+// Sessions returns the pool of real sessions: WithSessions', or the driver's own
+// (CDC sources build on it).
+func (d *Driver) Sessions() *pgxpool.Pool {
+	if d.sessions != nil {
+		return d.sessions
+	}
+	return d.pool
+}
 
 // Err implements outboxdriver.Driver.
 func (d *Driver) Err() error { return d.err }
@@ -78,7 +99,11 @@ func (d *Driver) Store() (outboxdriver.Store, error) {
 	if err := d.check(); err != nil {
 		return nil, err
 	}
-	return &pgsql.Store{Statements: d.s, DB: db{d.pool}, ListenFunc: d.listen}, nil
+	st := &pgsql.Store{Statements: d.s, DB: db{d.pool}, ListenFunc: d.listen}
+	if d.sessions != nil {
+		st.Sessions = db{d.sessions}
+	}
+	return st, nil
 }
 
 // Migrator implements outboxdriver.Driver. Without a pool its SQL method still
@@ -104,7 +129,7 @@ func (d *Driver) check() error {
 }
 
 func (d *Driver) listen(ctx context.Context) (outboxdriver.Listener, error) {
-	conn, err := d.pool.Acquire(ctx)
+	conn, err := d.Sessions().Acquire(ctx)
 	if err != nil {
 		return nil, pgsql.InterpretError(err)
 	}

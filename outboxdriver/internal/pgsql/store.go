@@ -334,6 +334,11 @@ func (e Executor) Notify(ctx context.Context) error {
 type Store struct {
 	Statements *Statements
 	DB         DB
+	// Sessions, when set, is where the leadership lock is taken: a direct
+	// connection to PostgreSQL when DB goes through a transaction-pooling proxy
+	// (PgBouncer), where a session-level lock would stay behind on a pooled server
+	// connection. nil: DB.
+	Sessions DB
 	// ListenFunc, when set, opens a listener (only the pgx driver can LISTEN).
 	ListenFunc func(ctx context.Context) (outboxdriver.Listener, error)
 }
@@ -684,7 +689,11 @@ func (s *Store) AcquireMembership(ctx context.Context) (outboxdriver.Leadership,
 }
 
 func (s *Store) advisoryLock(ctx context.Context, try, unlock string, timeout time.Duration) (outboxdriver.Leadership, error) {
-	conn, err := s.DB.Conn(ctx)
+	sessions := s.DB
+	if s.Sessions != nil {
+		sessions = s.Sessions
+	}
+	conn, err := sessions.Conn(ctx)
 	if err != nil {
 		return nil, InterpretError(err)
 	}
