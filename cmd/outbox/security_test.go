@@ -163,6 +163,13 @@ func leastPrivilegeRelay(t *testing.T, completion string) {
 	if out := relayProc.output(); strings.Contains(out, "permission denied") {
 		t.Fatalf("the relay met a missing grant:\n%s", out)
 	}
+	// The documented operator role reads the status while another role's relay holds
+	// the lock (pg_stat_activity hides that session's details from it).
+	operatorURL := grantRole(t, pool, url, "operator-grants", "outbox_operator", schema)
+	stdout, stderr, code = runCLI(t, nil, "status", "--db", operatorURL, "--table", schema+".outbox")
+	if code != 0 || !strings.Contains(stdout, "active relay:          pid ") {
+		t.Fatalf("status as the operator role while a relay runs: exit %d\n%s%s", code, stdout, stderr)
+	}
 }
 
 func waitUnpublishedOK(pool *pgxpool.Pool, table outboxdriver.Table, timeout time.Duration) bool {

@@ -786,31 +786,36 @@ func (s *Store) Status(ctx context.Context) (*outboxdriver.Status, error) {
 		return nil, InterpretError(err)
 	}
 	st.OldestAge = time.Duration(ageSec * float64(time.Second))
-	// Who holds the leadership lock: a session, so pg_stat_activity says who it is.
-	rows, err := s.DB.Query(ctx, `SELECT a.pid, coalesce(host(a.client_addr), 'local'), a.application_name, a.backend_start, l.mode
+	// Who holds the leadership lock: a session, so pg_stat_activity says who it is;
+	// to a role without pg_read_all_stats it hides another role's session details
+	// (NULL), but never its pid.
+	rows, err := s.DB.Query(ctx, `SELECT a.pid, host(a.client_addr), a.application_name, a.backend_start, l.mode
 FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid
 WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 1 AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
   AND l.classid::bigint = (($1::bigint >> 32) & 4294967295) AND l.objid::bigint = ($1::bigint & 4294967295)
-ORDER BY a.backend_start`, s.Statements.lockKey)
+ORDER BY a.backend_start NULLS LAST, a.pid`, s.Statements.lockKey)
 	if err != nil {
 		return nil, InterpretError(err)
 	}
 	defer rows.Close()
 	for n := 1; rows.Next(); n++ {
 		var pid int
-		var addr, app, mode string
-		var since time.Time
+		var addr, app *string
+		var mode string
+		var since *time.Time
 		if err := rows.Scan(&pid, &addr, &app, &since, &mode); err != nil {
 			return nil, InterpretError(err)
 		}
 		switch {
 		case mode == "ShareLock": // members of a group of relays hold it shared
 			st.ActiveRelay = fmt.Sprintf("%d relays in a group (see below)", n)
+		case app == nil && since == nil:
+			st.ActiveRelay = fmt.Sprintf("pid %d (another role's session: its details need pg_read_all_stats)", pid)
 		default:
-			st.ActiveRelay = fmt.Sprintf("pid %d on %s (%s)", pid, addr, app)
+			st.ActiveRelay = fmt.Sprintf("pid %d on %s (%s)", pid, orString(addr, "local"), orString(app, ""))
 		}
-		if n == 1 {
-			st.ActiveSince = since
+		if n == 1 && since != nil {
+			st.ActiveSince = *since
 		}
 	}
 	if err := rows.Err(); err != nil {
@@ -896,4 +901,11 @@ SELECT count(*) FROM del`, []any{p.Before, p.Limit}, &n)
   RETURNING 1)
 SELECT count(*) FROM del`, []any{p.Before, p.Limit}, &archived)
 	return dropped + n + archived, InterpretError(err)
+}
+
+func orString(s *string, def string) string {
+	if s == nil {
+		return def
+	}
+	return *s
 }
