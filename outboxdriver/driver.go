@@ -196,6 +196,11 @@ type Admin interface {
 	ReplayDead(ctx context.Context, f *DeadFilter) (int, error)
 	// PurgeDead deletes matching dead letters, releasing their keys.
 	PurgeDead(ctx context.Context, f *DeadFilter) (int, error)
+	// RetryNow makes matching events that wait for a retry (refused before: attempts
+	// > 0, due later) due now, their attempts kept: an operator's "retry now" once a
+	// destination is fixed. A delayed event that never failed is left alone. It
+	// returns how many.
+	RetryNow(ctx context.Context, f *WaitFilter) (int, error)
 	// Event finds one event by id wherever it is (waiting in the outbox, published
 	// and kept, archived, dead) and tells its story. ErrEventNotFound when no table
 	// holds it (an id that is not a UUID included).
@@ -244,6 +249,13 @@ type DeadFilter struct {
 	Type          string
 	OlderThan     time.Duration // dead for at least this long
 	Limit         int           // 0: no limit
+}
+
+// WaitFilter selects waiting events. Empty fields match every one.
+type WaitFilter struct {
+	IDs           []string
+	AggregateType string
+	AggregateID   string
 }
 
 // DeadLetter is an event moved out of the outbox because it could not be published.

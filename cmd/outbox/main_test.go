@@ -935,3 +935,30 @@ func TestSchemaVersionChecked(t *testing.T) {
 		t.Fatalf("status of an older schema:\n%s", stdout)
 	}
 }
+
+// TestRetryNow: an event that waits for its retry (its stream did not exist) goes out
+// on the relay's next pass after `outbox retry`, not after its backoff.
+func TestRetryNow(t *testing.T) {
+	t.Parallel()
+	url := testenv.DatabaseURL(t)
+	pool := testenv.Pool(t, url)
+	table := migrateSchema(t, url, testenv.Schema(t, url), "outbox")
+	name := table.Schema + "." + table.Name
+	writeEvents(t, pool, table, 1, 1)
+	q := "UPDATE " + pgx.Identifier{table.Schema, table.Name}.Sanitize() + " SET attempts = 3, last_error = 'no stream', available_at = now() + interval '1 hour'"
+	if _, err := pool.Exec(context.Background(), q); err != nil {
+		t.Fatal(err)
+	}
+	if _, stderr, code := runCLI(t, nil, "retry", "--db", url, "--table", name); code != 2 || !strings.Contains(stderr, "--all") {
+		t.Fatalf("retry without a selection: exit %d %s", code, stderr)
+	}
+	p := startRelayProc(t, nil, "--db", url, "--table", name, "--broker", "stdout:", "--log-level", "error", "--http", "")
+	stdout, stderr, code := runCLI(t, nil, "retry", "--db", url, "--table", name, "--all")
+	if code != 0 || !strings.HasPrefix(stdout, "1 waiting event(s) due now") {
+		t.Fatalf("retry --all: exit %d %s%s", code, stdout, stderr)
+	}
+	waitUnpublished(t, pool, table, 0, 30*time.Second)
+	if !strings.Contains(p.output(), `"outbox-seq":"1"`) {
+		t.Fatalf("relay output:\n%s", p.output())
+	}
+}

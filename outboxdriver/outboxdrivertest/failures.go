@@ -226,3 +226,33 @@ func testEventStory[TTx any](t *testing.T, h *Harness[TTx]) {
 		}
 	}
 }
+
+// testRetryNow: an operator's "retry now" makes an event that waits for its retry due
+// at once, its attempts kept, and leaves alone a delayed event that never failed.
+func testRetryNow[TTx any](t *testing.T, h *Harness[TTx]) {
+	ctx := ctxT(t)
+	s := store(t, h)
+	a := writeCommitted(t, h, event("a", 1))
+	delayed := event("c", 1)
+	delayed.NotBefore = time.Now().Add(time.Hour)
+	writeCommitted(t, h, delayed)
+	c, err := s.Claim(ctx, &outboxdriver.ClaimParams{Limit: 10})
+	if err != nil || len(c.Rows()) != 1 {
+		t.Fatalf("claim: %v, %v", c, err)
+	}
+	complete(t, c, &outboxdriver.CompleteParams{Failed: []outboxdriver.Failure{{ID: a[0], Error: "no stream", CountAttempt: true, RetryAt: time.Now().Add(time.Hour)}}})
+	if n, err := s.RetryNow(ctx, &outboxdriver.WaitFilter{AggregateID: "other"}); err != nil || n != 0 {
+		t.Fatalf("retry now of another aggregate: %d, %v", n, err)
+	}
+	if n, err := s.RetryNow(ctx, nil); err != nil || n != 1 {
+		t.Fatalf("retry now: %d, %v; want the one waiting event", n, err)
+	}
+	c, err = s.Claim(ctx, &outboxdriver.ClaimParams{Limit: 10})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := c.Rows(); len(got) != 1 || got[0].ID != a[0] || got[0].Attempts != 1 {
+		t.Fatalf("claimed %+v; want the retried event, with its attempt", got)
+	}
+	complete(t, c, &outboxdriver.CompleteParams{Published: a})
+}

@@ -70,6 +70,7 @@ func Run[TTx any](t *testing.T, newHarness NewFunc[TTx]) {
 		{"Status", testStatus[TTx]},
 		{"EventStory", testEventStory[TTx]},
 		{"CleanupNeverDeletesUnpublished", testCleanup[TTx]},
+		{"RetryNow", testRetryNow[TTx]},
 	}, sourceCases[TTx]()...)
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {

@@ -647,6 +647,38 @@ func (d *Driver) PurgeDead(ctx context.Context, f *outboxdriver.DeadFilter) (int
 	return d.moveDead(ctx, f, false)
 }
 
+// RetryNow implements outboxdriver.Admin.
+func (d *Driver) RetryNow(ctx context.Context, f *outboxdriver.WaitFilter) (int, error) {
+	where, args := waitWhere(f)
+	res, err := d.db.ExecContext(ctx, `UPDATE `+d.q+` SET available_at = UTC_TIMESTAMP(6)
+WHERE published_at IS NULL AND attempts > 0 AND available_at > UTC_TIMESTAMP(6)`+where, args...)
+	if err != nil {
+		return 0, interpretError(err)
+	}
+	n, err := res.RowsAffected()
+	return int(n), err
+}
+
+// waitWhere is a WaitFilter as further conditions, with "?" placeholders.
+func waitWhere(f *outboxdriver.WaitFilter) (string, []any) {
+	if f == nil {
+		return "", nil
+	}
+	var where string
+	var args []any
+	if len(f.IDs) > 0 {
+		where += " AND id IN (" + sqldead.Placeholders(len(f.IDs)) + ")"
+		args = append(args, sqldead.Args(f.IDs)...)
+	}
+	if f.AggregateType != "" {
+		where, args = where+" AND aggregatetype = ?", append(args, f.AggregateType)
+	}
+	if f.AggregateID != "" {
+		where, args = where+" AND aggregateid = ?", append(args, f.AggregateID)
+	}
+	return where, args
+}
+
 func (d *Driver) moveDead(ctx context.Context, f *outboxdriver.DeadFilter, replay bool) (int, error) {
 	where, args := deadWhere(f)
 	n, err := sqldead.Move(ctx, d.db, d.q, d.qDead, where, args, replay, " FOR UPDATE")

@@ -63,6 +63,31 @@ func (d *Driver) moveDead(ctx context.Context, f *outboxdriver.DeadFilter, repla
 	return n, interpretError(err)
 }
 
+// RetryNow implements outboxdriver.Admin.
+func (d *Driver) RetryNow(ctx context.Context, f *outboxdriver.WaitFilter) (int, error) {
+	var where string
+	now := nowMillis()
+	args := []any{now, now}
+	if f != nil {
+		if len(f.IDs) > 0 {
+			where, args = where+" AND id IN (SELECT value FROM json_each(?))", append(args, jsonIDs(f.IDs))
+		}
+		if f.AggregateType != "" {
+			where, args = where+" AND aggregatetype = ?", append(args, f.AggregateType)
+		}
+		if f.AggregateID != "" {
+			where, args = where+" AND aggregateid = ?", append(args, f.AggregateID)
+		}
+	}
+	res, err := d.db.ExecContext(ctx, `UPDATE `+d.q+` SET available_at = ?
+WHERE published_at IS NULL AND attempts > 0 AND available_at > ?`+where, args...)
+	if err != nil {
+		return 0, interpretError(err)
+	}
+	n, err := res.RowsAffected()
+	return int(n), err
+}
+
 // Event implements outboxdriver.Admin.
 func (d *Driver) Event(ctx context.Context, id string) (*outboxdriver.EventInfo, error) {
 	const common = `seq, id, aggregatetype, aggregateid, type, payload, payload IS NULL, headers, tracingspancontext, created_at, attempts`

@@ -118,6 +118,24 @@ SELECT count(*) FROM del`, append(args, outboxdriver.WaitingBehindDeadLetter), &
 	return n, InterpretError(err)
 }
 
+// RetryNow implements outboxdriver.Admin.
+func (s *Store) RetryNow(ctx context.Context, f *outboxdriver.WaitFilter) (int, error) {
+	if f == nil {
+		f = &outboxdriver.WaitFilter{}
+	}
+	ids := f.IDs
+	if ids == nil {
+		ids = []string{}
+	}
+	var n int
+	err := QueryRow(ctx, s.DB, `WITH due AS (UPDATE `+s.Statements.qualified+` SET available_at = now()
+  WHERE published_at IS NULL AND attempts > 0 AND available_at > now()
+    AND (cardinality($1::uuid[]) = 0 OR id = ANY($1::uuid[])) AND ($2 = '' OR aggregatetype = $2) AND ($3 = '' OR aggregateid = $3)
+  RETURNING 1)
+SELECT count(*) FROM due`, []any{ids, f.AggregateType, f.AggregateID}, &n)
+	return n, InterpretError(err)
+}
+
 // Event implements outboxdriver.Admin: one statement looks in the outbox, the
 // archive and the dead letters (an id lives in one of them at a time).
 func (s *Store) Event(ctx context.Context, id string) (*outboxdriver.EventInfo, error) {

@@ -1,0 +1,49 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"strings"
+
+	"github.com/outboxd/outbox/outboxdriver"
+)
+
+// runRetry makes events that wait for a retry due now: once a destination is fixed
+// (the stream created, the queue bound), its events need not wait out their backoff
+// (up to --retry-max).
+func runRetry(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	fs := newFlags("retry", stderr)
+	dsn := fs.String("db", "", dbFlagHelp)
+	tableName := fs.String("table", outboxdriver.DefaultSchema+"."+outboxdriver.DefaultTable, "outbox table, [schema.]name")
+	var f outboxdriver.WaitFilter
+	fs.StringVar(&f.AggregateType, "aggregate-type", "", "only events of this aggregate type")
+	fs.StringVar(&f.AggregateID, "aggregate-id", "", "only events of this aggregate id")
+	all := fs.Bool("all", false, "every event waiting for a retry")
+	var ids []string
+	for len(args) > 0 && !strings.HasPrefix(args[0], "-") {
+		ids, args = append(ids, args[0]), args[1:]
+	}
+	if err := parseFlags(fs, args); err != nil {
+		return err
+	}
+	ids = append(ids, fs.Args()...)
+	if err := applyEnv(fs); err != nil {
+		return err
+	}
+	f.IDs = ids
+	if len(ids) == 0 && f.AggregateType == "" && f.AggregateID == "" && !*all {
+		return usageErr("retry needs ids, a filter (--aggregate-type, --aggregate-id) or --all")
+	}
+	db, _, err := openTable(ctx, *dsn, *tableName)
+	if err != nil {
+		return err
+	}
+	defer db.close()
+	n, err := db.store.RetryNow(ctx, &f)
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(stdout, "%d waiting event(s) due now: the relay sends them on its next pass (polling mode; a CDC relay retries from memory on its own schedule)\n", n)
+	return nil
+}
