@@ -196,6 +196,9 @@ type Admin interface {
 	ReplayDead(ctx context.Context, f *DeadFilter) (int, error)
 	// PurgeDead deletes matching dead letters, releasing their keys.
 	PurgeDead(ctx context.Context, f *DeadFilter) (int, error)
+	// EditDead changes a dead letter's payload or headers (an operator's fix before
+	// a replay). ErrEventNotFound when no dead letter has that id.
+	EditDead(ctx context.Context, id string, e *DeadEdit) error
 	// RetryNow makes matching events that wait for a retry (refused before: attempts
 	// > 0, due later) due now, their attempts kept: an operator's "retry now" once a
 	// destination is fixed. A delayed event that never failed is left alone. It
@@ -249,6 +252,21 @@ type DeadFilter struct {
 	Type          string
 	OlderThan     time.Duration // dead for at least this long
 	Limit         int           // 0: no limit
+}
+
+// DeadEdit is what EditDead changes: a nil field is left as it is.
+type DeadEdit struct {
+	Payload []byte
+	// Headers replace the dead letter's headers as a whole (an empty map clears them).
+	Headers map[string]string
+}
+
+// HeadersJSON is Headers as the headers column stores them (nil: no change).
+func (e *DeadEdit) HeadersJSON() ([]byte, error) {
+	if e.Headers == nil {
+		return nil, nil
+	}
+	return json.Marshal(e.Headers)
 }
 
 // WaitFilter selects waiting events. Empty fields match every one.

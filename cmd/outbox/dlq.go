@@ -3,8 +3,10 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
+	"os"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -15,13 +17,13 @@ import (
 
 func runDLQ(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	if len(args) == 0 || strings.HasPrefix(args[0], "-") {
-		return usageErr("want a subcommand: outbox dlq list|show|replay|purge [flags] [ID...]")
+		return usageErr("want a subcommand: outbox dlq list|show|edit|replay|purge [flags] [ID...]")
 	}
 	sub, args := args[0], args[1:]
 	switch sub {
-	case "list", "show", "replay", "purge":
+	case "list", "show", "edit", "replay", "purge":
 	default:
-		return usageErr("unknown subcommand %q (want list, show, replay or purge)", sub)
+		return usageErr("unknown subcommand %q (want list, show, edit, replay or purge)", sub)
 	}
 	fs := newFlags("dlq "+sub, stderr)
 	dsn := fs.String("db", "", dbFlagHelp)
@@ -34,6 +36,11 @@ func runDLQ(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	all := fs.Bool("all", false, "replay or purge: every dead letter the filters match, even with no filter")
 	asJSON := fs.Bool("json", false, "list: print JSON")
 	fs.IntVar(&f.Limit, "limit", 0, "at most this many (list defaults to 100)")
+	payload := fs.String("payload", "", "edit: the new payload")
+	payloadFile := fs.String("payload-file", "", "edit: a file holding the new payload")
+	var setHeaders, dropHeaders listFlag
+	fs.Var(&setHeaders, "header", "edit: set a header, name=value (repeatable)")
+	fs.Var(&dropHeaders, "drop-header", "edit: remove a header (repeatable)")
 	// IDs may come before or after the flags.
 	var ids []string
 	for len(args) > 0 && !strings.HasPrefix(args[0], "-") {
@@ -49,8 +56,12 @@ func runDLQ(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	f.IDs = ids
 	filtered := len(ids) > 0 || f.AggregateType != "" || f.AggregateID != "" || f.Type != "" || f.OlderThan > 0
 	switch {
-	case sub == "show" && len(ids) != 1:
-		return usageErr("show takes exactly one dead letter id")
+	case (sub == "show" || sub == "edit") && len(ids) != 1:
+		return usageErr("%s takes exactly one dead letter id", sub)
+	case sub == "edit" && *payload == "" && *payloadFile == "" && len(setHeaders)+len(dropHeaders) == 0:
+		return usageErr("edit needs --payload, --payload-file, --header or --drop-header")
+	case *payload != "" && *payloadFile != "":
+		return usageErr("give --payload or --payload-file, not both")
 	case (sub == "replay" || sub == "purge") && !filtered && !*all:
 		return usageErr("%s needs ids, a filter (--aggregate-type, --aggregate-id, --type, --older-than) or --all", sub)
 	}
@@ -96,6 +107,8 @@ func runDLQ(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 			return fmt.Errorf("no dead letter with id %s", termSafe(ids[0]))
 		}
 		return printJSON(stdout, toDeadJSON(&dead[0]))
+	case "edit":
+		return editDead(ctx, db.store, ids[0], *payload, *payloadFile, setHeaders, dropHeaders, stdout)
 	case "replay":
 		n, err := db.store.ReplayDead(ctx, &f)
 		if err != nil {
@@ -155,3 +168,56 @@ func shorten(s string, n int) string {
 	}
 	return s[:n-1] + "…"
 }
+
+// editDead fixes a dead letter's payload or headers before its replay: headers are
+// changed one by one (--header sets, --drop-header removes), the others kept.
+func editDead(ctx context.Context, admin outboxdriver.Admin, id, payload, payloadFile string, set, drop []string, stdout io.Writer) error {
+	var e outboxdriver.DeadEdit
+	switch {
+	case payloadFile != "":
+		b, err := os.ReadFile(payloadFile)
+		if err != nil {
+			return usageErr("--payload-file: %v", err)
+		}
+		e.Payload = b
+	case payload != "":
+		e.Payload = []byte(payload)
+	}
+	if len(set)+len(drop) > 0 {
+		dead, err := admin.ListDead(ctx, &outboxdriver.DeadFilter{IDs: []string{id}})
+		if err != nil {
+			return err
+		}
+		if len(dead) == 0 {
+			return fmt.Errorf("no dead letter with id %s", termSafe(id))
+		}
+		e.Headers = map[string]string{}
+		for k, v := range dead[0].Headers {
+			e.Headers[k] = v
+		}
+		for _, kv := range set {
+			k, v, ok := strings.Cut(kv, "=")
+			if !ok || k == "" {
+				return usageErr("--header %q: want name=value", kv)
+			}
+			e.Headers[k] = v
+		}
+		for _, k := range drop {
+			delete(e.Headers, k)
+		}
+	}
+	if err := admin.EditDead(ctx, id, &e); err != nil {
+		if errors.Is(err, outboxdriver.ErrEventNotFound) {
+			return fmt.Errorf("no dead letter with id %s", termSafe(id))
+		}
+		return err
+	}
+	fmt.Fprintf(stdout, "edited dead letter %s; `outbox dlq replay %s` sends it again\n", termSafe(id), termSafe(id))
+	return nil
+}
+
+// listFlag is a repeatable string flag.
+type listFlag []string
+
+func (l *listFlag) String() string     { return strings.Join(*l, ",") }
+func (l *listFlag) Set(v string) error { *l = append(*l, v); return nil }

@@ -44,7 +44,7 @@ func commands() []command {
 		{"migrate", "create or upgrade the outbox schema (--print shows the SQL)", runMigrate},
 		{"relay", "publish committed events to a broker", runRelay},
 		{"status", "show the backlog, the age of the oldest unpublished event and the dead letters", runStatus},
-		{"dlq", "list, show, replay or purge dead letters", runDLQ},
+		{"dlq", "list, show, edit, replay or purge dead letters", runDLQ},
 		{"retry", "make events waiting for a retry due now (once their destination is fixed)", runRetry},
 		{"cleanup", "delete published rows older than the retention (the relay also does it)", runCleanup},
 		{"ui", "serve the dashboard (backlog, flow, relays, dead letters, events) for a table", runUI},

@@ -561,6 +561,21 @@ func TestDLQCommands(t *testing.T) {
 	if code != 2 || !strings.Contains(stderr, "--all") {
 		t.Fatalf("purge without a filter: %d %s", code, stderr)
 	}
+	// The dead letter is fixed before its replay: a smaller payload, a header set.
+	payloadFile := filepath.Join(t.TempDir(), "payload.json")
+	if err := os.WriteFile(payloadFile, []byte(`{"fixed":true}`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if _, stderr, code := runCLI(t, nil, "dlq", "edit", first, "--db", url, "--table", tbl); code != 2 || !strings.Contains(stderr, "--payload") {
+		t.Fatalf("dlq edit with nothing to change: %d %s", code, stderr)
+	}
+	out, stderr, code = runCLI(t, nil, "dlq", "edit", first, "--payload-file", payloadFile, "--header", "schemaVersion=2", "--db", url, "--table", tbl)
+	if code != 0 || !strings.Contains(out, "edited dead letter") {
+		t.Fatalf("dlq edit: %d %s %s", code, out, stderr)
+	}
+	if _, stderr, code := runCLI(t, nil, "dlq", "edit", "01a232ba-52e6-78df-865f-a7c25166e5cb", "--payload", "{}", "--db", url, "--table", tbl); code != 1 || !strings.Contains(stderr, "no dead letter") {
+		t.Fatalf("dlq edit of an unknown id: %d %s", code, stderr)
+	}
 	out, _, code = runCLI(t, nil, "dlq", "replay", first, "--db", url, "--table", tbl)
 	if code != 0 || !strings.Contains(out, "replayed 1") {
 		t.Fatalf("dlq replay: %d %s", code, out)
@@ -572,6 +587,9 @@ func TestDLQCommands(t *testing.T) {
 	defer c.Release(ctx)
 	if got := c.Rows(); len(got) != 4 || got[0].ID != first {
 		t.Fatalf("after replay the first claimed row is %v, want the replayed event first of 4", got)
+	}
+	if r := c.Rows()[0]; string(r.Payload) != `{"fixed": true}` || r.Headers["schemaVersion"] != "2" {
+		t.Fatalf("the replayed event: payload %s, headers %v; want the edited ones", r.Payload, r.Headers)
 	}
 }
 

@@ -1,6 +1,7 @@
 package outboxdrivertest
 
 import (
+	"encoding/json"
 	"errors"
 	"fmt"
 	"testing"
@@ -255,4 +256,41 @@ func testRetryNow[TTx any](t *testing.T, h *Harness[TTx]) {
 		t.Fatalf("claimed %+v; want the retried event, with its attempt", got)
 	}
 	complete(t, c, &outboxdriver.CompleteParams{Published: a})
+}
+
+// testEditDead: a dead letter's payload and headers are fixed before its replay, and
+// the replayed event carries them; an unknown id is ErrEventNotFound.
+func testEditDead[TTx any](t *testing.T, h *Harness[TTx]) {
+	ctx := ctxT(t)
+	s := store(t, h)
+	ids := writeCommitted(t, h, event("a", 1))
+	c, err := s.Claim(ctx, &outboxdriver.ClaimParams{Limit: 10})
+	if err != nil || len(c.Rows()) != 1 {
+		t.Fatalf("claim: %v", err)
+	}
+	complete(t, c, &outboxdriver.CompleteParams{Failed: []outboxdriver.Failure{{ID: ids[0], Error: "refused: schema", CountAttempt: true, Dead: true, HoldKey: true}}})
+	fixed := outboxdriver.DeadEdit{Payload: []byte(`{"n":2}`), Headers: map[string]string{"schemaVersion": "2"}}
+	if err := s.EditDead(ctx, ids[0], &fixed); err != nil {
+		t.Fatalf("edit: %v", err)
+	}
+	if err := s.EditDead(ctx, "01a232ba-52e6-78df-865f-a7c25166e5cb", &fixed); !errors.Is(err, outboxdriver.ErrEventNotFound) {
+		t.Fatalf("edit of no dead letter: %v, want ErrEventNotFound", err)
+	}
+	if n, err := s.ReplayDead(ctx, &outboxdriver.DeadFilter{IDs: ids}); err != nil || n != 1 {
+		t.Fatalf("replay: %d, %v", n, err)
+	}
+	c, err = s.Claim(ctx, &outboxdriver.ClaimParams{Limit: 10})
+	if err != nil || len(c.Rows()) != 1 {
+		t.Fatalf("claim after replay: %v", err)
+	}
+	r := c.Rows()[0]
+	if !jsonEqual(r.Payload, fixed.Payload) || r.Headers["schemaVersion"] != "2" {
+		t.Fatalf("replayed event: payload %s headers %v; want the fixed ones", r.Payload, r.Headers)
+	}
+	complete(t, c, &outboxdriver.CompleteParams{Published: ids})
+}
+
+func jsonEqual(a, b []byte) bool {
+	var x, y any
+	return json.Unmarshal(a, &x) == nil && json.Unmarshal(b, &y) == nil && fmt.Sprint(x) == fmt.Sprint(y)
 }

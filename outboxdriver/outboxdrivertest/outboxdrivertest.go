@@ -71,6 +71,7 @@ func Run[TTx any](t *testing.T, newHarness NewFunc[TTx]) {
 		{"EventStory", testEventStory[TTx]},
 		{"CleanupNeverDeletesUnpublished", testCleanup[TTx]},
 		{"RetryNow", testRetryNow[TTx]},
+		{"EditDeadLetter", testEditDead[TTx]},
 	}, sourceCases[TTx]()...)
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {

@@ -647,6 +647,11 @@ func (d *Driver) PurgeDead(ctx context.Context, f *outboxdriver.DeadFilter) (int
 	return d.moveDead(ctx, f, false)
 }
 
+// EditDead implements outboxdriver.Admin.
+func (d *Driver) EditDead(ctx context.Context, id string, e *outboxdriver.DeadEdit) error {
+	return sqldead.Edit(ctx, d.db, d.qDead, id, e)
+}
+
 // RetryNow implements outboxdriver.Admin.
 func (d *Driver) RetryNow(ctx context.Context, f *outboxdriver.WaitFilter) (int, error) {
 	where, args := waitWhere(f)

@@ -63,6 +63,11 @@ func (d *Driver) moveDead(ctx context.Context, f *outboxdriver.DeadFilter, repla
 	return n, interpretError(err)
 }
 
+// EditDead implements outboxdriver.Admin.
+func (d *Driver) EditDead(ctx context.Context, id string, e *outboxdriver.DeadEdit) error {
+	return interpretError(sqldead.Edit(ctx, d.db, d.qDead, id, e))
+}
+
 // RetryNow implements outboxdriver.Admin.
 func (d *Driver) RetryNow(ctx context.Context, f *outboxdriver.WaitFilter) (int, error) {
 	var where string

@@ -118,6 +118,46 @@ SELECT count(*) FROM del`, append(args, outboxdriver.WaitingBehindDeadLetter), &
 	return n, InterpretError(err)
 }
 
+// EditDead implements outboxdriver.Admin. The payload parameter takes the column's
+// own type (jsonb checks it is JSON).
+func (s *Store) EditDead(ctx context.Context, id string, e *outboxdriver.DeadEdit) error {
+	if _, err := uuid.Parse(id); err != nil {
+		return fmt.Errorf("%w: %q is not a UUID", outboxdriver.ErrEventNotFound, id)
+	}
+	headers, err := e.HeadersJSON()
+	if err != nil {
+		return err
+	}
+	var payload any
+	if e.Payload != nil {
+		payload = string(e.Payload)
+		if s.Statements.table.Payload == outboxdriver.PayloadBytes {
+			payload = e.Payload
+		}
+	}
+	var n int
+	err = QueryRow(ctx, s.DB, `WITH ed AS (UPDATE `+s.Statements.dead+` SET
+    payload = CASE WHEN $2 THEN $3 ELSE payload END,
+    headers = CASE WHEN $4::text IS NULL THEN headers ELSE $4::text::jsonb END
+  WHERE id = $1::uuid RETURNING 1)
+SELECT count(*) FROM ed`, []any{id, e.Payload != nil, payload, nullString(headers)}, &n)
+	if err != nil {
+		return InterpretError(err)
+	}
+	if n == 0 {
+		return fmt.Errorf("%w: no dead letter %s", outboxdriver.ErrEventNotFound, id)
+	}
+	return nil
+}
+
+func nullString(b []byte) *string {
+	if b == nil {
+		return nil
+	}
+	s := string(b)
+	return &s
+}
+
 // RetryNow implements outboxdriver.Admin.
 func (s *Store) RetryNow(ctx context.Context, f *outboxdriver.WaitFilter) (int, error) {
 	if f == nil {

@@ -6,6 +6,7 @@ package sqldead
 import (
 	"context"
 	"database/sql"
+	"errors"
 	"fmt"
 	"strings"
 	"time"
@@ -91,4 +92,40 @@ SELECT seq, id, aggregatetype, aggregateid, type, payload, headers, tracingspanc
 		return 0, err
 	}
 	return len(ids), tx.Commit()
+}
+
+// Edit changes a dead letter's payload or headers (nil: left as it is), with "?"
+// placeholders; ErrEventNotFound when no dead letter has that id.
+func Edit(ctx context.Context, db *sql.DB, dead, id string, e *outboxdriver.DeadEdit) error {
+	headers, err := e.HeadersJSON()
+	if err != nil {
+		return err
+	}
+	var set []string
+	var args []any
+	if e.Payload != nil {
+		set, args = append(set, "payload = ?"), append(args, e.Payload)
+	}
+	if headers != nil {
+		set, args = append(set, "headers = ?"), append(args, string(headers))
+	}
+	var n int64
+	if len(set) > 0 {
+		res, err := db.ExecContext(ctx, "UPDATE "+dead+" SET "+strings.Join(set, ", ")+" WHERE id = ?", append(args, id)...)
+		if err != nil {
+			return err
+		}
+		n, _ = res.RowsAffected()
+	}
+	if n == 0 {
+		// MySQL counts changed rows only: tell "unchanged" from "not there".
+		var one int
+		if err := db.QueryRowContext(ctx, "SELECT 1 FROM "+dead+" WHERE id = ?", id).Scan(&one); err != nil {
+			if errors.Is(err, sql.ErrNoRows) {
+				return fmt.Errorf("%w: no dead letter %s", outboxdriver.ErrEventNotFound, id)
+			}
+			return err
+		}
+	}
+	return nil
 }
