@@ -25,6 +25,7 @@ import (
 	"html/template"
 	"io/fs"
 	"log/slog"
+	"net"
 	"net/http"
 	"strings"
 	"sync/atomic"
@@ -76,6 +77,11 @@ type Config struct {
 	SampleInterval time.Duration
 	// Logger records the actions taken (replay, purge, sign-in). Default: discard.
 	Logger *slog.Logger
+	// Hosts are the host names the dashboard answers to besides localhost and IP
+	// addresses (the name a proxy or a browser uses for it). A request for another
+	// name is refused: a page of another site whose name was made to resolve to this
+	// address (DNS rebinding) cannot read the dashboard.
+	Hosts []string
 }
 
 // Dashboard is an http.Handler serving the UI under its prefix.
@@ -153,6 +159,10 @@ func New(cfg *Config) (*Dashboard, error) {
 
 // ServeHTTP implements http.Handler.
 func (d *Dashboard) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if !d.hostAllowed(r.Host) {
+		http.Error(w, "the dashboard does not answer to this host name (add it with --ui-host)", http.StatusMisdirectedRequest)
+		return
+	}
 	d.viewed.Store(d.now().UnixNano())
 	d.handler.ServeHTTP(w, r)
 }
@@ -209,4 +219,23 @@ func cacheFor(d time.Duration, h http.Handler) http.Handler {
 		w.Header().Set("Cache-Control", fmt.Sprintf("public, max-age=%d", int(d.Seconds())))
 		h.ServeHTTP(w, r)
 	})
+}
+
+// hostAllowed reports whether a request's Host names the dashboard: an IP address
+// (no DNS involved), localhost, or one of Config.Hosts.
+func (d *Dashboard) hostAllowed(hostport string) bool {
+	host := hostport
+	if h, _, err := net.SplitHostPort(hostport); err == nil {
+		host = h
+	}
+	host = strings.TrimSuffix(strings.ToLower(strings.Trim(host, "[]")), ".")
+	if host == "localhost" || strings.HasSuffix(host, ".localhost") || net.ParseIP(host) != nil {
+		return true
+	}
+	for _, h := range d.cfg.Hosts {
+		if strings.EqualFold(host, h) {
+			return true
+		}
+	}
+	return false
 }

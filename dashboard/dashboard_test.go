@@ -363,3 +363,36 @@ func TestSamplesOnlyWhileWatched(t *testing.T) {
 		time.Sleep(10 * time.Millisecond)
 	}
 }
+
+// TestHostAllowlist: the dashboard answers to IP addresses, localhost and the names it
+// is given, and refuses any other Host (DNS rebinding: another site's name made to
+// resolve to 127.0.0.1 cannot read it).
+func TestHostAllowlist(t *testing.T) {
+	f := newFixture(t, dashboard.Config{Hosts: []string{"outbox.internal"}})
+	for host, want := range map[string]int{
+		"":                         http.StatusOK, // the server's own 127.0.0.1:port
+		"localhost:9465":           http.StatusOK,
+		"[::1]:9465":               http.StatusOK,
+		"outbox.internal":          http.StatusOK,
+		"OUTBOX.internal.:443":     http.StatusOK,
+		"attacker.example":         http.StatusMisdirectedRequest,
+		"attacker.example:9465":    http.StatusMisdirectedRequest,
+		"outbox.internal.evil.com": http.StatusMisdirectedRequest,
+	} {
+		req, err := http.NewRequest("GET", f.srv.URL+"/ui/", nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if host != "" {
+			req.Host = host
+		}
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		_ = resp.Body.Close()
+		if resp.StatusCode != want {
+			t.Errorf("Host %q: %d, want %d", host, resp.StatusCode, want)
+		}
+	}
+}

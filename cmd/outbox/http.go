@@ -13,6 +13,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"golang.org/x/net/netutil"
 
 	"github.com/outboxd/outbox/dashboard"
 	"github.com/outboxd/outbox/internal/redact"
@@ -61,6 +62,9 @@ func serveHTTP(ctx context.Context, addr string, reg *prometheus.Registry, statu
 	return listenAndServe(ctx, addr, mux, dash, what, log)
 }
 
+// maxHTTPConns bounds the connections the HTTP listener holds open at once.
+const maxHTTPConns = 128
+
 // listenAndServe serves h on addr, and samples for the dashboard if there is one,
 // until the returned func is called (or ctx ends).
 func listenAndServe(ctx context.Context, addr string, h http.Handler, dash *dashboard.Dashboard, what string, log *slog.Logger) (func(), error) {
@@ -68,7 +72,11 @@ func listenAndServe(ctx context.Context, addr string, h http.Handler, dash *dash
 	if err != nil {
 		return nil, usageErr("cannot listen on %s: %v", addr, err)
 	}
-	srv := &http.Server{Handler: h, ReadHeaderTimeout: 5 * time.Second}
+	// Bounded: a client that idles, trickles a body or opens connection after
+	// connection must not hold the descriptors the database and the broker need.
+	ln = netutil.LimitListener(ln, maxHTTPConns)
+	srv := &http.Server{Handler: h, ReadHeaderTimeout: 5 * time.Second, ReadTimeout: 30 * time.Second,
+		WriteTimeout: 60 * time.Second, IdleTimeout: 60 * time.Second, MaxHeaderBytes: 64 << 10}
 	ctx, cancel := context.WithCancel(ctx)
 	var wg sync.WaitGroup
 	wg.Add(1)

@@ -549,6 +549,13 @@ func TestDLQCommands(t *testing.T) {
 	if code != 0 || strings.TrimSpace(out) != "[]" {
 		t.Fatalf("dlq list filtered: %d %q", code, out)
 	}
+	// An id that is not a UUID is one no dead letter has: said plainly, no SQLSTATE.
+	if _, stderr, code := runCLI(t, nil, "dlq", "show", "not-a-uuid", "--db", url, "--table", tbl); code != 1 || !strings.Contains(stderr, "no dead letter with id not-a-uuid") {
+		t.Fatalf("dlq show of a non-UUID id: %d %s", code, stderr)
+	}
+	if out, stderr, code := runCLI(t, nil, "dlq", "replay", "not-a-uuid", "--db", url, "--table", tbl); code != 0 || !strings.Contains(out, "replayed 0") {
+		t.Fatalf("dlq replay of a non-UUID id: %d %s %s", code, out, stderr)
+	}
 	out, _, code = runCLI(t, nil, "dlq", "show", first, "--db", url, "--table", tbl)
 	if code != 0 || !strings.Contains(out, `"holds_key": true`) || !strings.Contains(out, `"payload": {`) {
 		t.Fatalf("dlq show: %d %s", code, out)

@@ -54,6 +54,7 @@ type relayOptions struct {
 	routerOpts                      map[string]string
 	leaseTTL                        time.Duration
 	httpAddr, uiToken               string
+	uiHosts                         []string
 	ui, allowNewerSchema            bool
 	logger                          *slog.Logger
 }
@@ -105,6 +106,8 @@ func parseRelayFlags(args []string, stderr io.Writer) (*relayOptions, error) {
 	partitionLease := fs.Duration("partition-lease", relay.LeaseTTLDefault, "with --group: how long a partition lease lasts unrenewed (a dead or paused relay's partitions move this long after its last renewal)")
 	httpAddr := fs.String("http", "127.0.0.1:9464", "address for /metrics, /healthz, /readyz and the dashboard at /ui/ (empty: none); loopback unless you say otherwise")
 	ui := fs.Bool("ui", true, "serve the dashboard at /ui/ on --http")
+	var uiHosts listFlag
+	fs.Var(&uiHosts, "ui-host", "a host name the dashboard answers to besides localhost and IP addresses (repeatable; the name your proxy or browser uses)")
 	uiToken := fs.String("ui-token", "", "dashboard: the admin token that allows replay and purge (empty: read-only); prefer OUTBOX_UI_TOKEN_FILE")
 	configPath := fs.String("config", "", "a YAML (.yaml) or properties file of flag values and Debezium Outbox Event Router options; flags and OUTBOX_* variables win over it")
 	logLevel := fs.String("log-level", "info", "debug, info, warn or error")
@@ -206,7 +209,7 @@ func parseRelayFlags(args []string, stderr io.Writer) (*relayOptions, error) {
 	}
 	return &relayOptions{dsn: *dsn, leaderDSN: *leaderDSN, brokerURL: *brokerURL, mode: *mode, configPath: *configPath, table: table, cfg: cfg,
 		cdc: cdcCfg, broker: bo, routerOpts: routerOpts, leaseTTL: *leaseTTL, httpAddr: *httpAddr, uiToken: *uiToken,
-		ui: *ui, allowNewerSchema: *allowNewer, logger: logger}, nil
+		ui: *ui, uiHosts: uiHosts, allowNewerSchema: *allowNewer, logger: logger}, nil
 }
 
 // relayService is a built relay and what it holds open.
@@ -338,15 +341,22 @@ func (s *relayService) serve(ctx context.Context) error {
 	o, r, logger := s.o, s.r, s.o.logger
 	if o.httpAddr != "" {
 		var dash *dashboard.Dashboard
-		if o.ui {
+		ui := o.ui
+		if ui && !loopbackAddr(o.httpAddr) && o.uiToken == "" {
+			// The metrics port leaves loopback so Prometheus can scrape it: the
+			// dashboard (every payload, read-only) must not go with it unasked.
+			ui = false
+			logger.Warn("relay: the dashboard is off: --http " + o.httpAddr + " is not loopback and there is no --ui-token (give one, keep --http on loopback, or run `outbox ui` on a listener of its own)")
+		}
+		if ui {
 			var err error
 			dash, err = dashboard.New(&dashboard.Config{Admin: s.db.store, Status: s.status, Metrics: s.reg, Relay: r,
-				Table: o.table.String(), Mode: o.mode, Broker: redact.URL(o.brokerURL), Token: o.uiToken, Logger: logger})
+				Table: o.table.String(), Mode: o.mode, Broker: redact.URL(o.brokerURL), Token: o.uiToken, Logger: logger, Hosts: o.uiHosts})
 			if err != nil {
 				return err
 			}
 		}
-		if w := uiTokenWarning(o.httpAddr, o.uiToken); o.ui && w != "" {
+		if w := uiTokenWarning(o.httpAddr, o.uiToken); ui && w != "" {
 			logger.Warn(w)
 		}
 		stopHTTP, err := serveHTTP(ctx, o.httpAddr, s.reg, s.status, r, dash, logger)

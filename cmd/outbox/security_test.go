@@ -2,6 +2,10 @@ package main
 
 import (
 	"context"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
 	neturl "net/url"
 	"os"
 	"path/filepath"
@@ -237,5 +241,47 @@ func TestLeastPrivilegeCDCRelay(t *testing.T) {
 	checkOrder(t, want, ns.read(t, n))
 	if out := p.output(); strings.Contains(out, "permission denied") {
 		t.Fatalf("the CDC relay met a missing grant:\n%s", out)
+	}
+}
+
+// TestDashboardOffTheMetricsPort: a relay whose --http leaves loopback (so Prometheus
+// can scrape it) serves /metrics but not the dashboard, unless it has an admin
+// token; and its HTTP server does not keep an idle or a trickling client forever.
+func TestDashboardOffTheMetricsPort(t *testing.T) {
+	t.Parallel()
+	url := testenv.DatabaseURL(t)
+	table := migrateSchema(t, url, testenv.Schema(t, url), "outbox")
+	port := testenv.FreePort(t)
+	p := startRelayProc(t, nil, "--db", url, "--table", table.Schema+"."+table.Name, "--broker", "stdout:",
+		"--http", fmt.Sprintf("0.0.0.0:%d", port))
+	base := fmt.Sprintf("http://127.0.0.1:%d", port)
+	testenv.WaitTell(t, context.Background(), "/metrics served", func() bool {
+		resp, err := http.Get(base + "/metrics")
+		if err != nil {
+			return false
+		}
+		resp.Body.Close()
+		return resp.StatusCode == http.StatusOK
+	}, p.output)
+	resp, err := http.Get(base + "/ui/")
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusNotFound || !strings.Contains(p.output(), "the dashboard is off") {
+		t.Fatalf("/ui/ on a non-loopback --http without a token: %d\n%s", resp.StatusCode, p.output())
+	}
+	// A client that sends half a request is cut off (ReadHeaderTimeout), not kept.
+	c, err := net.Dial("tcp", fmt.Sprintf("127.0.0.1:%d", port))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if _, err := c.Write([]byte("GET /metrics HTTP/1.1\r\nHost: x\r\n")); err != nil {
+		t.Fatal(err)
+	}
+	_ = c.SetReadDeadline(time.Now().Add(30 * time.Second))
+	if _, err := io.ReadAll(c); err != nil {
+		t.Fatalf("a half-sent request was not closed by the server: %v", err)
 	}
 }

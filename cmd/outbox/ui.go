@@ -22,6 +22,8 @@ func runUI(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	tableName := fs.String("table", outboxdriver.DefaultSchema+"."+outboxdriver.DefaultTable, "outbox table, [schema.]name")
 	listen := fs.String("listen", "127.0.0.1:9465", "address to serve the dashboard on; loopback unless you say otherwise")
 	token := fs.String("ui-token", "", "the admin token that allows replay and purge (empty: read-only); prefer OUTBOX_UI_TOKEN_FILE")
+	var hosts listFlag
+	fs.Var(&hosts, "ui-host", "a host name the dashboard answers to besides localhost and IP addresses (repeatable)")
 	metrics := fs.String("metrics", "", "comma-separated /metrics URLs of running relays, for the events/s and latency charts")
 	logLevel := fs.String("log-level", "info", "debug, info, warn or error")
 	if err := parse(fs, args); err != nil {
@@ -49,7 +51,7 @@ func runUI(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	if _, err := db.store.Status(ctx); err != nil {
 		return fmt.Errorf("%s: %w", table, err)
 	}
-	dash, err := dashboard.New(&dashboard.Config{Admin: db.store, MetricsURLs: urls, Table: table.String(), Token: *token, Logger: logger})
+	dash, err := dashboard.New(&dashboard.Config{Admin: db.store, MetricsURLs: urls, Table: table.String(), Token: *token, Logger: logger, Hosts: hosts})
 	if err != nil {
 		return err
 	}
@@ -68,6 +70,12 @@ func runUI(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fmt.Fprintf(stdout, "dashboard for %s: http://%s/ui/ (Ctrl-C to stop)\n", table, *listen)
 	<-ctx.Done()
 	return nil
+}
+
+// loopbackAddr reports whether a listen address is on loopback only.
+func loopbackAddr(addr string) bool {
+	host, _, err := net.SplitHostPort(addr)
+	return err == nil && host != "" && loopbackHost(host)
 }
 
 // uiTokenWarning says when the dashboard's admin token (and its session cookie)

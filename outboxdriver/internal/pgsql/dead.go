@@ -17,13 +17,20 @@ func deadWhere(f *outboxdriver.DeadFilter) (string, []any) {
 	if f == nil {
 		f = &outboxdriver.DeadFilter{}
 	}
-	ids := f.IDs
-	if ids == nil {
-		ids = []string{}
+	// An id that is not a UUID names no dead letter: it is dropped here, not sent
+	// for the database to refuse the whole statement (SQLSTATE 22P02).
+	ids := make([]string, 0, len(f.IDs))
+	for _, id := range f.IDs {
+		if _, err := uuid.Parse(id); err == nil {
+			ids = append(ids, id)
+		}
 	}
 	where := ` WHERE (cardinality($1::uuid[]) = 0 OR id = ANY($1::uuid[]))
   AND ($2 = '' OR aggregatetype = $2) AND ($3 = '' OR aggregateid = $3) AND ($4 = '' OR type = $4)
   AND dead_at <= now() - make_interval(secs => $5::float8)`
+	if len(f.IDs) > 0 && len(ids) == 0 {
+		where += " AND false"
+	}
 	args := []any{ids, f.AggregateType, f.AggregateID, f.Type, f.OlderThan.Seconds()}
 	return where, args
 }
