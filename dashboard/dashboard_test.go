@@ -396,3 +396,23 @@ func TestHostAllowlist(t *testing.T) {
 		}
 	}
 }
+
+// TestFieldsShownSafely: an aggregate id with a right-to-left override ("evil" +
+// U+202E + "gnp.exe", which displays as "evilexe.png") is shown escaped on the
+// dead-letter list and the event page, never as the raw rune.
+func TestFieldsShownSafely(t *testing.T) {
+	f := newFixture(t, dashboard.Config{})
+	ids := f.write(outbox.Event{AggregateType: "order", AggregateID: "evil\u202egnp.exe", Type: "T\u009b", Payload: []byte(`{}`)})
+	f.kill(t, ids...)
+	for _, path := range []string{"/ui/dead", "/ui/events/" + ids[0]} {
+		resp, err := http.Get(f.srv.URL + path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		body, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusOK || strings.ContainsAny(string(body), "\u202e\u009b") || !strings.Contains(string(body), `evil\u202egnp.exe`) {
+			t.Fatalf("%s: %d; the raw override is on the page, or its escape is not:\n%s", path, resp.StatusCode, body)
+		}
+	}
+}

@@ -16,6 +16,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/outboxd/outbox/internal/human"
+	"github.com/outboxd/outbox/internal/safetext"
 	"github.com/outboxd/outbox/outboxdriver"
 )
 
@@ -33,12 +34,11 @@ var funcs = template.FuncMap{
 	"pathEscape": url.PathEscape,
 	"stamp":      func(t time.Time) string { return t.UTC().Format("2006-01-02 15:04:05.000 UTC") },
 	"since":      func(t time.Time) string { return human.Age(time.Since(t)) },
+	// shown renders an event's field for people (safetext: no bidirectional
+	// override or control character acts on the page); short also cuts it.
+	"shown": safetext.Display,
 	"short": func(s string, n int) string {
-		s = strings.Join(strings.Fields(s), " ")
-		if utf8.RuneCountInString(s) <= n {
-			return s
-		}
-		return string([]rune(s)[:n-1]) + "…"
+		return safetext.Cell(strings.Join(strings.Fields(s), " "), n)
 	},
 }
 

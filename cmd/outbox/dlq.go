@@ -12,6 +12,7 @@ import (
 	"time"
 	"unicode/utf8"
 
+	"github.com/outboxd/outbox/internal/safetext"
 	"github.com/outboxd/outbox/outboxdriver"
 )
 
@@ -94,8 +95,9 @@ func runDLQ(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 		tw := tabwriter.NewWriter(stdout, 0, 0, 2, ' ', 0)
 		fmt.Fprintln(tw, "ID\tAGGREGATE\tTYPE\tATTEMPTS\tDEAD SINCE\tHOLDS KEY\tERROR")
 		for _, d := range dead {
-			fmt.Fprintf(tw, "%s\t%s/%s\t%s\t%d\t%s\t%v\t%s\n", termSafe(d.ID), termSafe(d.AggregateType), termSafe(d.AggregateID),
-				termSafe(d.Type), d.Attempts, d.DeadAt.UTC().Format(time.RFC3339), d.HoldsKey, termSafe(shorten(d.Error, 80)))
+			// Each cell bounded: one long aggregate id must not pad every row.
+			fmt.Fprintf(tw, "%s\t%s/%s\t%s\t%d\t%s\t%v\t%s\n", safetext.Cell(d.ID, 40), safetext.Cell(d.AggregateType, 40), safetext.Cell(d.AggregateID, 40),
+				safetext.Cell(d.Type, 40), d.Attempts, d.DeadAt.UTC().Format(time.RFC3339), d.HoldsKey, termSafe(shorten(d.Error, 80)))
 		}
 		return tw.Flush()
 	case "show":
@@ -155,10 +157,15 @@ func toDeadJSON(d *outboxdriver.DeadLetter) deadJSON {
 	return j
 }
 
+// printJSON prints v as indented JSON, with the runes a terminal would act on
+// escaped (safetext.JSON): the same values, read safely.
 func printJSON(w io.Writer, v any) error {
-	enc := json.NewEncoder(w)
-	enc.SetIndent("", "  ")
-	return enc.Encode(v)
+	b, err := json.MarshalIndent(v, "", "  ")
+	if err != nil {
+		return err
+	}
+	_, err = w.Write(append(safetext.JSON(b), '\n'))
+	return err
 }
 
 func shorten(s string, n int) string {

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"io"
 	"net"
@@ -283,5 +284,43 @@ func TestDashboardOffTheMetricsPort(t *testing.T) {
 	_ = c.SetReadDeadline(time.Now().Add(30 * time.Second))
 	if _, err := io.ReadAll(c); err != nil {
 		t.Fatalf("a half-sent request was not closed by the server: %v", err)
+	}
+}
+
+// TestTerminalSafeOutput: dead letters whose fields hold a right-to-left override, C1
+// controls, DEL and a line separator print escaped in `dlq list`, `dlq list --json`
+// and `dlq show` (the JSON still decodes to the same values), and a 100 KB aggregate
+// id does not pad every row of the list.
+func TestTerminalSafeOutput(t *testing.T) {
+	t.Parallel()
+	url := testenv.DatabaseURL(t)
+	pool := testenv.Pool(t, url)
+	table := migrateSchema(t, url, testenv.Schema(t, url), "outbox")
+	tbl := pgx.Identifier{table.Schema, table.Name + "_dead"}.Sanitize()
+	hostile := "evil\u202egnp.exe\u009b\u0085\x7f\u2028x"
+	for _, agg := range []string{hostile, strings.Repeat("a", 100_000), "short"} {
+		if _, err := pool.Exec(context.Background(), `INSERT INTO `+tbl+` (id, aggregatetype, aggregateid, type, payload, seq, created_at, attempts, error, holds_key)
+VALUES ($1, 'order', $2, $3, '{}', nextval(pg_get_serial_sequence($4, 'seq')), now(), 1, $3, false)`,
+			uuid.NewString(), agg, hostile, table.Schema+"."+table.Name); err != nil {
+			t.Fatal(err)
+		}
+	}
+	name := table.Schema + "." + table.Name
+	raw := "\u202e\u009b\u0085\x7f\u2028"
+	text, stderr, code := runCLI(t, nil, "dlq", "list", "--db", url, "--table", name)
+	if code != 0 || strings.ContainsAny(text, raw) || !strings.Contains(text, `evil\u202egnp.exe`) {
+		t.Fatalf("dlq list: %d %s\n%q", code, stderr, text)
+	}
+	for _, line := range strings.Split(text, "\n") {
+		if len(line) > 400 {
+			t.Fatalf("a list line of %d bytes: one long aggregate id pads the rows", len(line))
+		}
+	}
+	js, _, code := runCLI(t, nil, "dlq", "list", "--json", "--db", url, "--table", name)
+	var dead []struct {
+		AggregateID string `json:"aggregateid"`
+	}
+	if code != 0 || strings.ContainsAny(js, raw) || json.Unmarshal([]byte(js), &dead) != nil || len(dead) != 3 || dead[0].AggregateID != hostile {
+		t.Fatalf("dlq list --json: %d, the raw runes printed or the values changed:\n%.400q", code, js)
 	}
 }

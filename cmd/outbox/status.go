@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"io"
 	"time"
@@ -33,8 +32,6 @@ func runStatus(ctx context.Context, args []string, stdout, stderr io.Writer) err
 		schema = nil // said below: a role may see the table but not its migrations
 	}
 	if *asJSON {
-		enc := json.NewEncoder(stdout)
-		enc.SetIndent("", "  ")
 		type slot struct {
 			Name          string `json:"name"`
 			Exists        bool   `json:"exists"`
@@ -60,7 +57,7 @@ func runStatus(ctx context.Context, args []string, stdout, stderr io.Writer) err
 		for _, rs := range st.Relays {
 			relays = append(relays, relayJSON{rs.ID, rs.Info, rs.HeartbeatAge.Seconds(), rs.Partitions, rs.OldestLease.Seconds()})
 		}
-		return enc.Encode(struct {
+		return printJSON(stdout, struct {
 			Table              string      `json:"table"`
 			Unpublished        int64       `json:"unpublished"`
 			OldestAgeSeconds   float64     `json:"oldest_unpublished_age_seconds"`

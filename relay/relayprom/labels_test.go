@@ -36,3 +36,18 @@ func TestLabelsFromRowBytes(t *testing.T) {
 		t.Fatalf("no events counted under %q", relayprom.OtherTopic)
 	}
 }
+
+// TestLabelsShownSafely: a topic holding a right-to-left override or a C1 control
+// reaches /metrics escaped (\u202e), as every other output shows it.
+func TestLabelsShownSafely(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	m, err := relayprom.New(reg, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	row := &outboxdriver.Row{CreatedAt: time.Now()}
+	m.BatchPublished([]relay.Outcome{{Row: row, Topic: "outbox.event.evil\u202egnp\u009b"}}, time.Millisecond)
+	if got := testutil.ToFloat64(m.PublishedCounter(`outbox.event.evil\u202egnp\u009b`)); got != 1 {
+		t.Fatalf("the escaped topic label counts %v, want 1", got)
+	}
+}

@@ -28,13 +28,13 @@ package relayprom
 import (
 	"context"
 	"strconv"
-	"strings"
 	"sync"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/outboxd/outbox/broker"
+	"github.com/outboxd/outbox/internal/safetext"
 	"github.com/outboxd/outbox/relay"
 )
 
@@ -156,11 +156,12 @@ func (m *Metrics) BatchPublished(outcomes []relay.Outcome, publishTime time.Dura
 }
 
 // topicLabel is the label value for a topic: valid UTF-8 (WithLabelValues panics on
-// anything else, and a topic comes from a row's bytes), and one of at most MaxTopics
+// anything else, and a topic comes from a row's bytes) with the runes that act on a
+// display escaped (a dashboard or a terminal shows them: safetext), and one of at most MaxTopics
 // values: past that, every new topic is counted as OtherTopic, so a table with
 // thousands of aggregate types cannot make thousands of series.
 func (m *Metrics) topicLabel(topic string) string {
-	topic = strings.ToValidUTF8(topic, "\uFFFD")
+	topic = safetext.Display(topic)
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if _, ok := m.topics[topic]; ok {
