@@ -107,7 +107,7 @@ func TestBrowser(t *testing.T) {
 	}
 	r := testenv.StartRelay(t, store, pub, &relay.Config{TopicTemplate: stream + ".${aggregatetype}", Hooks: metrics, PollInterval: 100 * time.Millisecond})
 	d, err := dashboard.New(&dashboard.Config{Admin: store, Status: status, Metrics: reg, Relay: r, Table: drv.Table().String(),
-		Mode: "poll", Broker: natsURL, Token: "s3cret", SampleInterval: 500 * time.Millisecond})
+		Mode: "poll", Broker: natsURL, Token: "s3cret-admin-token", SampleInterval: 500 * time.Millisecond})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -213,7 +213,7 @@ func TestBrowser(t *testing.T) {
 	}
 
 	// Signed in, once the stream takes larger messages, the replay is delivered.
-	if err := chromedp.Do(ctx, chromedp.Navigate(ui+"/login"), chromedp.SendKeys(chromedp.CSS(`input[name="token"]`), "s3cret"),
+	if err := chromedp.Do(ctx, chromedp.Navigate(ui+"/login"), chromedp.SendKeys(chromedp.CSS(`input[name="token"]`), "s3cret-admin-token"),
 		chromedp.Submit(chromedp.CSS(`input[name="token"]`)), chromedp.WaitVisible(chromedp.CSS("#dead-table"))); err != nil {
 		t.Fatal(err)
 	}

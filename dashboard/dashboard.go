@@ -110,6 +110,9 @@ func New(cfg *Config) (*Dashboard, error) {
 		return nil, errors.New("dashboard: Config.Admin is required")
 	}
 	c := *cfg
+	if c.Token != "" && len(c.Token) < MinTokenLength {
+		return nil, fmt.Errorf("dashboard: the admin token has %d characters, want at least %d (a random one: openssl rand -hex 16)", len(c.Token), MinTokenLength)
+	}
 	if c.Prefix == "" {
 		c.Prefix = PrefixDefault
 	}

@@ -140,7 +140,7 @@ var csrfField = regexp.MustCompile(`name="csrf" value="([^"]*)"`)
 // wrong token, without the CSRF token and from another site; with all of them the
 // dead letter goes back to the outbox.
 func TestActionsNeedTheToken(t *testing.T) {
-	f := newFixture(t, dashboard.Config{Token: "s3cret"})
+	f := newFixture(t, dashboard.Config{Token: "s3cret-admin-token"})
 	ids := f.write(outbox.Event{AggregateType: "order", AggregateID: "o-1", Type: "Placed", Payload: []byte(`{"n":1}`)})
 	f.kill(t, ids...)
 	u := f.srv.URL + "/ui"
@@ -153,7 +153,7 @@ func TestActionsNeedTheToken(t *testing.T) {
 	if code, _ := post(t, c, u+"/login", url.Values{"token": {"wrong"}}); code != http.StatusForbidden {
 		t.Fatalf("wrong token: %d", code)
 	}
-	if code, _ := post(t, c, u+"/login", url.Values{"token": {"s3cret"}}); code != http.StatusSeeOther {
+	if code, _ := post(t, c, u+"/login", url.Values{"token": {"s3cret-admin-token"}}); code != http.StatusSeeOther {
 		t.Fatalf("sign in: %d", code)
 	}
 	if code, _ := post(t, c, u+"/dead/action", replay); code != http.StatusForbidden {
@@ -243,7 +243,7 @@ func TestUntrustedValuesEscaped(t *testing.T) {
 
 // TestBadInput: each bad request gets a clear answer and changes nothing.
 func TestBadInput(t *testing.T) {
-	f := newFixture(t, dashboard.Config{Token: "s3cret"})
+	f := newFixture(t, dashboard.Config{Token: "s3cret-admin-token"})
 	ids := f.write(outbox.Event{AggregateType: "order", AggregateID: "o-1", Type: "Placed", Payload: []byte(`{}`)})
 	f.kill(t, ids...)
 	c := client(t)
@@ -263,7 +263,7 @@ func TestBadInput(t *testing.T) {
 			t.Errorf("GET %s: %d, want %d with %q", tc.path, code, tc.code, tc.want)
 		}
 	}
-	post(t, c, u+"/login", url.Values{"token": {"s3cret"}})
+	post(t, c, u+"/login", url.Values{"token": {"s3cret-admin-token"}})
 	_, page := get(t, c, u+"/dead")
 	csrf := csrfField.FindStringSubmatch(page)[1]
 	for _, tc := range []struct {

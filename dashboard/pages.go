@@ -419,7 +419,8 @@ func (d *Dashboard) deadAction(w http.ResponseWriter, r *http.Request) {
 		d.message(w, r, http.StatusInternalServerError, "Failed", verb+": "+err.Error())
 		return
 	}
-	d.log.Info("dashboard: dead letters "+verb+"d", "count", n, "ids", len(f.IDs), "aggregatetype", f.AggregateType,
+	done := map[string]string{"replay": "replayed", "purge": "purged"}[verb]
+	d.log.Info("dashboard: dead letters "+done, "count", n, "ids", auditIDs(f.IDs), "aggregatetype", f.AggregateType,
 		"aggregateid", f.AggregateID, "type", f.Type, "older_than", f.OlderThan, "remote", r.RemoteAddr)
 	back := url.Values{"done": {verb}, "n": {strconv.Itoa(n)}}
 	if scope == "matching" {
@@ -531,8 +532,7 @@ func (d *Dashboard) login(w http.ResponseWriter, r *http.Request) {
 	r.Body = http.MaxBytesReader(w, r.Body, 64<<10)
 	_ = r.ParseForm()
 	if !d.auth.checkToken(r.PostForm.Get("token")) {
-		d.log.Warn("dashboard: sign-in refused", "remote", r.RemoteAddr)
-		time.Sleep(300 * time.Millisecond) // a guess costs time
+		d.log.Warn("dashboard: sign-in refused", "remote", r.RemoteAddr) // checkToken made it wait
 		p := d.base(r, "Sign in", "")
 		p.Data, p.Error = d.auth.enabled(), "That is not the admin token."
 		if !d.auth.enabled() {
@@ -543,12 +543,24 @@ func (d *Dashboard) login(w http.ResponseWriter, r *http.Request) {
 	}
 	d.log.Info("dashboard: signed in", "remote", r.RemoteAddr)
 	http.SetCookie(w, &http.Cookie{Name: cookieName, Value: d.auth.newSession(d.now()), Path: d.cfg.Prefix + "/",
-		MaxAge: int(sessionTTL.Seconds()), HttpOnly: true, Secure: r.TLS != nil, SameSite: http.SameSiteStrictMode})
+		MaxAge: int(sessionTTL.Seconds()), HttpOnly: true, Secure: secureRequest(r), SameSite: http.SameSiteStrictMode})
 	http.Redirect(w, r, d.cfg.Prefix+"/dead", http.StatusSeeOther)
 }
 
 func (d *Dashboard) logout(w http.ResponseWriter, r *http.Request) {
+	if session, err := d.auth.session(r, d.now()); err == nil {
+		d.auth.revoke(session, d.now()) // the cookie, if kept, no longer signs in
+		d.log.Info("dashboard: signed out", "remote", r.RemoteAddr)
+	}
 	http.SetCookie(w, &http.Cookie{Name: cookieName, Value: "", Path: d.cfg.Prefix + "/", MaxAge: -1, HttpOnly: true,
 		SameSite: http.SameSiteStrictMode})
 	http.Redirect(w, r, d.cfg.Prefix+"/", http.StatusSeeOther)
+}
+
+// auditIDs is the ids an action named, for the audit line: at most 50, then a count.
+func auditIDs(ids []string) string {
+	if len(ids) <= 50 {
+		return strings.Join(ids, ",")
+	}
+	return strings.Join(ids[:50], ",") + fmt.Sprintf(",... (%d in all)", len(ids))
 }

@@ -115,6 +115,7 @@ func TestBadInputGetsOneClearLine(t *testing.T) {
 	}{
 		{"no command", nil, 2, "Usage"},
 		{"unknown command", []string{"launch"}, 2, "unknown command"},
+		{"short ui token", []string{"relay", "--db", url, "--broker", "stdout:", "--ui-token", "abc"}, 2, "--ui-token: 3 characters, want at least 16"},
 		{"no db", []string{"relay", "--broker", "nats://127.0.0.1:4222"}, 2, "--db is required"},
 		{"bad scheme", []string{"status", "--db", "oracle://x"}, 2, "unknown scheme"},
 		{"not a url", []string{"status", "--db", "host=foo"}, 2, "want a URL"},

@@ -160,6 +160,8 @@ func parseRelayFlags(args []string, stderr io.Writer) (*relayOptions, error) {
 	switch {
 	case *batchBytes < -1:
 		return nil, usageErr("--max-batch-bytes %d: want a size, 0 for the default or -1 for no bound", *batchBytes)
+	case *uiToken != "" && len(*uiToken) < dashboard.MinTokenLength:
+		return nil, usageErr("--ui-token: %d characters, want at least %d (a random one: openssl rand -hex 16)", len(*uiToken), dashboard.MinTokenLength)
 	case *straggler < 0:
 		return nil, usageErr("--straggler-after %v: want a duration, or 0 to wait for every answer", *straggler)
 	case *retention < 0:

@@ -29,6 +29,9 @@ func runUI(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	if err := parse(fs, args); err != nil {
 		return err
 	}
+	if *token != "" && len(*token) < dashboard.MinTokenLength {
+		return usageErr("--ui-token: %d characters, want at least %d (a random one: openssl rand -hex 16)", len(*token), dashboard.MinTokenLength)
+	}
 	logger, err := newLogger(stderr, *logLevel, "text")
 	if err != nil {
 		return err
