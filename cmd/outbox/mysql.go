@@ -18,7 +18,7 @@ import (
 func mysqlDSN(raw string) (string, error) {
 	u, err := url.Parse(raw)
 	if err != nil || u.Host == "" || len(u.Path) < 2 {
-		return "", usageErr("--db %s: want mysql://user:password@host:3306/database", redact.URL(raw))
+		return "", usageErr("--db %s: want mysql://user@host:3306/database, with the password after the user and a colon", redact.URL(raw))
 	}
 	cfg := mysql.NewConfig()
 	cfg.User = u.User.Username()

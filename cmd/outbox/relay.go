@@ -353,7 +353,7 @@ func (s *relayService) serve(ctx context.Context) error {
 		if ui {
 			var err error
 			dash, err = dashboard.New(&dashboard.Config{Admin: s.db.store, Status: s.status, Metrics: s.reg, Relay: r,
-				Table: o.table.String(), Mode: o.mode, Broker: redact.URL(o.brokerURL), Token: o.uiToken, Logger: logger, Hosts: o.uiHosts})
+				Table: o.table.String(), Mode: o.mode, Broker: redact.Endpoint(o.brokerURL), Token: o.uiToken, Logger: logger, Hosts: o.uiHosts})
 			if err != nil {
 				return err
 			}
@@ -368,7 +368,7 @@ func (s *relayService) serve(ctx context.Context) error {
 		defer stopHTTP()
 	}
 	v := version.Get()
-	logger.Info("relay starting", "version", v.Version, "revision", v.Short(), "mode", o.mode, "db", redact.URL(o.dsn), "broker", redact.URL(o.brokerURL), "table", o.table.String())
+	logger.Info("relay starting", "version", v.Version, "revision", v.Short(), "mode", o.mode, "db", redact.URL(o.dsn), "broker", redact.Endpoint(o.brokerURL), "table", o.table.String())
 	for _, w := range plaintextWarnings(o.dsn, o.brokerURL) {
 		logger.Warn(w)
 	}

@@ -47,6 +47,13 @@ func TestSecretsNeverPrinted(t *testing.T) {
 		{"AMQP password", []string{"relay", "--db", url, "--broker", "amqp://u:hunter2@127.0.0.1:1/"}},
 		{"config line with a space", []string{"relay", "--db", url, "--broker", "stdout:", "--config", cfg}},
 		{"config line without a key", []string{"relay", "--db", url, "--broker", "stdout:", "--config", badLine}},
+		{"a quote in a URL password", []string{"status", "--db", "postgres://u:hun'hunter2@127.0.0.1:1/x"}},
+		{"a double quote in a URL password", []string{"status", "--db", `postgres://u:hun"hunter2@127.0.0.1:1/x`}},
+		{"a space in a URL password", []string{"status", "--db", "postgres://u:hun hunter2@127.0.0.1:1/x"}},
+		{"an unescaped @ in a URL password", []string{"status", "--db", "postgres://u:hun@hunter2@127.0.0.1:1/x"}},
+		{"a URL without a scheme", []string{"status", "--db", "u:hunter2@127.0.0.1/x"}},
+		{"a NATS token", []string{"relay", "--db", url, "--broker", "nats://hunter2@127.0.0.1:1"}},
+		{"a webhook secret in the query", []string{"relay", "--db", url, "--broker", "http://192.0.2.1/x?api_key=hunter2&access_token=hunter2", "--webhook-secret", "whsec_aHVudGVyMg=="}},
 		{"plain http to a remote webhook", []string{"relay", "--db", url, "--broker", "http://u:hunter2@192.0.2.1/x", "--webhook-secret", "whsec_aHVudGVyMg=="}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

@@ -20,9 +20,18 @@ func String(s string) string {
 }
 
 // Passwords returns the passwords String would hide in s (for scrubbing them, word
-// for word, from text that quotes them in another form).
+// for word, from text that quotes them in another form). s taken as one value (a
+// flag's), its user info's password counts too however it is written (quotes, white
+// space, no scheme), and so does each '@'-separated piece of it: a driver that split
+// the URL at an unescaped '@' quotes the rest as a host name.
 func Passwords(s string) []string {
 	var out []string
+	if pw := valuePassword(s); pw != "" {
+		out = append(out, pw)
+		if pieces := strings.Split(pw, "@"); len(pieces) > 1 {
+			out = append(out, pieces...)
+		}
+	}
 	for _, m := range query.FindAllStringSubmatch(s, -1) {
 		out = append(out, m[2])
 	}
@@ -68,15 +77,68 @@ func Scrub(s string, secrets []string) string {
 	return s
 }
 
-// URL is String; the name says where it is used most.
-func URL(s string) string { return String(s) }
+// URL redacts one value: a URL or DSN given as a flag, whose password is hidden
+// however it is written (with quotes or white space, an unescaped '@', or no scheme:
+// user:password@host/db), then as String does.
+func URL(s string) string {
+	if pw := valuePassword(s); pw != "" {
+		s = strings.Replace(s, ":"+pw+"@", ":***@", 1)
+	}
+	return String(s)
+}
+
+// valuePassword is the password of a value's user info: from the first ':' after
+// the scheme (or the start, when there is none) to the value's last '@'.
+func valuePassword(v string) string {
+	start := 0
+	if i := strings.Index(v, "://"); i >= 0 {
+		start = i + 3
+	} else if strings.ContainsAny(v, " \t\n") && !strings.Contains(v, "@") {
+		return ""
+	}
+	at := strings.LastIndexByte(v[start:], '@')
+	if at < 0 {
+		return ""
+	}
+	user, pw, ok := strings.Cut(v[start:start+at], ":")
+	if !ok || user == "" || strings.ContainsAny(user, "/?#@ \t\n") {
+		return ""
+	}
+	return pw
+}
+
+// Endpoint shows where a broker or endpoint URL points, without anything that may be
+// a secret: the scheme and the hosts, with "/…" for a path or query it had (a token
+// in the user info, a webhook's secret path, ?api_key=). For logs and pages.
+func Endpoint(s string) string {
+	scheme, rest, ok := strings.Cut(s, "://")
+	if !ok {
+		return String(s)
+	}
+	if at := strings.LastIndexByte(rest, '@'); at >= 0 {
+		rest = rest[at+1:] // the user info, however written (an '@' later on cuts more, never less)
+	}
+	host, more := rest, ""
+	if i := strings.IndexAny(rest, "/?#"); i >= 0 {
+		host = rest[:i]
+		if strings.Trim(rest[i:], "/") != "" {
+			more = "/…"
+		}
+	}
+	return scheme + "://" + host + more
+}
 
 // keyValue matches a password-like key and its value in a key/value DSN (quoted, or
 // up to white space); query matches one in a URL's query string (up to '&').
 var (
-	keyValue = regexp.MustCompile(`(?i)((?:^|[\s(,;])(?:password|passwd|pass|pwd|sslpassword|secret|token)\s*=\s*)('(?:[^'\\]|\\.)*'?|"(?:[^"\\]|\\.)*"?|\S+)`)
-	query    = regexp.MustCompile(`(?i)([?&](?:password|passwd|pass|pwd|sslpassword|secret|token)=)([^&\s#]*)`)
+	keyValue = regexp.MustCompile(`(?i)((?:^|[\s(,;])` + secretKey + `\s*=\s*)('(?:[^'\\]|\\.)*'?|"(?:[^"\\]|\\.)*"?|\S+)`)
+	query    = regexp.MustCompile(`(?i)([?&]` + secretKey + `=)([^&\s#]*)`)
 )
+
+// secretKey is a key whose value is a secret: password, secret, token, key,
+// signature, credential and auth, alone or with a prefix (api_key, access_token,
+// client_secret, X-Amz-Signature, sslpassword).
+const secretKey = `(?:[a-z0-9_.-]*(?:password|passwd|pwd|secret|token|signature|credential|key)|pass|auth|sig|apikey)`
 
 // mysqlDSN matches go-sql-driver's user:password@protocol(address) form.
 var mysqlDSN = regexp.MustCompile(`(^|[\s"'])([^\s:/@"']+):[^\s]*@((?:tcp|unix|udp)\()`)

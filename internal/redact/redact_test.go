@@ -1,6 +1,7 @@
 package redact
 
 import (
+	"slices"
 	"strings"
 	"testing"
 	"unicode"
@@ -63,4 +64,40 @@ func FuzzString(f *testing.F) {
 			}
 		}
 	})
+}
+
+// TestValues: a flag's value (a URL or DSN) keeps no password however it is written,
+// and Passwords finds what a driver may quote of it.
+func TestValues(t *testing.T) {
+	for in, want := range map[string]string{
+		"postgres://u:pa'ss@127.0.0.1:1/x":                              "postgres://u:***@127.0.0.1:1/x",
+		`postgres://u:pa"ss@127.0.0.1:1/x`:                              "postgres://u:***@127.0.0.1:1/x",
+		"postgres://u:pa ss@127.0.0.1:1/x":                              "postgres://u:***@127.0.0.1:1/x",
+		"postgres://u:p@ss@127.0.0.1:1/x":                               "postgres://u:***@127.0.0.1:1/x",
+		"u:pw-secret@host/db":                                           "u:***@host/db",
+		"postgres://app@db:5432/app":                                    "postgres://app@db:5432/app",
+		"https://h/x?api_key=k1&access_token=t2&client_secret=s3&sig=z": "https://h/x?api_key=***&access_token=***&client_secret=***&sig=***",
+	} {
+		if got := URL(in); got != want {
+			t.Errorf("URL(%q) = %q, want %q", in, got, want)
+		}
+	}
+	pws := Passwords("postgres://u:hunter@2secret@127.0.0.1:1/x")
+	for _, want := range []string{"hunter@2secret", "hunter", "2secret"} {
+		if !slices.Contains(pws, want) {
+			t.Errorf("Passwords: %q lacks %q", pws, want)
+		}
+	}
+	for in, want := range map[string]string{
+		"nats://SECRETTOKEN@nats:4222":                       "nats://nats:4222",
+		"nats://u:pw@n1:4222,n2:4222":                        "nats://n1:4222,n2:4222",
+		"https://hooks.example.com/services/T0/B0/XXXSECRET": "https://hooks.example.com/…",
+		"https://h.example/hook?api_key=k":                   "https://h.example/…",
+		"kafka://k1:9092,k2:9092":                            "kafka://k1:9092,k2:9092",
+		"stdout:":                                            "stdout:",
+	} {
+		if got := Endpoint(in); got != want {
+			t.Errorf("Endpoint(%q) = %q, want %q", in, got, want)
+		}
+	}
 }
