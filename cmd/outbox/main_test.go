@@ -115,6 +115,9 @@ func TestBadInputGetsOneClearLine(t *testing.T) {
 	}{
 		{"no command", nil, 2, "Usage"},
 		{"unknown command", []string{"launch"}, 2, "unknown command"},
+		{"migrate --print --cdc", []string{"migrate", "--print", "--cdc", "--slot", "BAD-slot!"}, 2, "--print cannot show --cdc's setup"},
+		{"bad slot name", []string{"migrate", "--db", url, "--cdc", "--slot", "BAD-slot!"}, 2, "a replication slot name is"},
+		{"slot without cdc", []string{"migrate", "--db", url, "--slot", "s"}, 2, "--slot and --publication go with --cdc"},
 		{"short ui token", []string{"relay", "--db", url, "--broker", "stdout:", "--ui-token", "abc"}, 2, "--ui-token: 3 characters, want at least 16"},
 		{"no db", []string{"relay", "--broker", "nats://127.0.0.1:4222"}, 2, "--db is required"},
 		{"bad scheme", []string{"status", "--db", "oracle://x"}, 2, "unknown scheme"},
@@ -986,5 +989,22 @@ func TestRetryNow(t *testing.T) {
 	waitUnpublished(t, pool, table, 0, 30*time.Second)
 	if !strings.Contains(p.output(), `"outbox-seq":"1"`) {
 		t.Fatalf("relay output:\n%s", p.output())
+	}
+}
+
+// TestTableMissingColumns: a table made by hand with only the Debezium columns (no
+// migration ran) gets one line saying to run outbox migrate, not a SQLSTATE.
+func TestTableMissingColumns(t *testing.T) {
+	t.Parallel()
+	url := testenv.DatabaseURL(t)
+	pool := testenv.Pool(t, url)
+	schema := testenv.Schema(t, url)
+	if _, err := pool.Exec(context.Background(), "CREATE TABLE "+pgx.Identifier{schema, "outbox"}.Sanitize()+
+		" (id uuid PRIMARY KEY, aggregatetype text, aggregateid text, type text, payload jsonb)"); err != nil {
+		t.Fatal(err)
+	}
+	_, stderr, code := runCLI(t, nil, "status", "--db", url, "--table", schema+".outbox")
+	if code != 1 || !strings.Contains(stderr, "run `outbox migrate`") || strings.Contains(stderr, "SQLSTATE") {
+		t.Fatalf("status of a table without the outbox's columns: exit %d\n%s", code, stderr)
 	}
 }

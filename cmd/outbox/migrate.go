@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"regexp"
 	"strings"
 
 	"github.com/outboxd/outbox/outboxdriver"
@@ -29,6 +30,16 @@ func runMigrate(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	table, err := parseTable(*tableName, *payload)
 	if err != nil {
 		return err
+	}
+	switch {
+	case (*slot != "" || *publication != "") && !*cdc:
+		return usageErr("--slot and --publication go with --cdc")
+	case *cdc && *print:
+		return usageErr("--print cannot show --cdc's setup: the slot is made over a replication connection; run `outbox migrate --cdc` (or let the CDC relay make them)")
+	case *slot != "" && !slotName.MatchString(*slot):
+		return usageErr("--slot %q: a replication slot name is 1 to 63 lower-case letters, digits and underscores", *slot)
+	case *publication != "" && !slotName.MatchString(*publication):
+		return usageErr("--publication %q: 1 to 63 lower-case letters, digits and underscores", *publication)
 	}
 	table.Partitioned = *partitioned
 	table.Partitions = *partitions
@@ -85,3 +96,7 @@ func runMigrate(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	fmt.Fprintf(stdout, "%s: replication slot %s ready\n", table, src.Slot())
 	return nil
 }
+
+// slotName is what PostgreSQL accepts as a replication slot's name (and what the
+// relay accepts as a publication's: it names both the same by default).
+var slotName = regexp.MustCompile(`^[a-z0-9_]{1,63}$`)

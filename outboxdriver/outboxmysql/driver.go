@@ -124,6 +124,8 @@ func interpretError(err error) error {
 	var me *mysql.MySQLError
 	if errors.As(err, &me) {
 		switch me.Number {
+		case 1054: // unknown column: a table made by hand, or by an older version
+			return fmt.Errorf("%w: %s (run `outbox migrate`)", outboxdriver.ErrSchemaBehind, me.Message)
 		case 1146, 1049: // no such table, unknown database
 			return fmt.Errorf("%w: %s", outboxdriver.ErrTableMissing, me.Message)
 		case 1062:

@@ -178,6 +178,8 @@ func interpretError(err error) error {
 	}
 	msg := err.Error()
 	switch {
+	case strings.Contains(msg, "no such column"):
+		return fmt.Errorf("%w: %s (run `outbox migrate`)", outboxdriver.ErrSchemaBehind, msg)
 	case strings.Contains(msg, "no such table"):
 		return fmt.Errorf("%w: %s", outboxdriver.ErrTableMissing, msg)
 	case strings.Contains(msg, "UNIQUE constraint failed"):

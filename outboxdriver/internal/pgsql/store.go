@@ -171,6 +171,8 @@ func InterpretError(err error) error {
 		switch pgErr.Code {
 		case "42P01", "3F000": // undefined_table, invalid_schema_name
 			return fmt.Errorf("%w: %s", outboxdriver.ErrTableMissing, pgErr.Message)
+		case "42703": // undefined_column: a table made by hand, or by an older version
+			return fmt.Errorf("%w: %s (run `outbox migrate`)", outboxdriver.ErrSchemaBehind, pgErr.Message)
 		case "23505": // unique_violation
 			return fmt.Errorf("%w: %s", outboxdriver.ErrDuplicateID, pgErr.Detail)
 		}
