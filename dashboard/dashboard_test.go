@@ -416,3 +416,29 @@ func TestFieldsShownSafely(t *testing.T) {
 		}
 	}
 }
+
+// TestBigPayloadPage: an event with a 10 MB payload shows its first 64 KiB and a
+// download link; the download is the whole payload, unrendered.
+func TestBigPayloadPage(t *testing.T) {
+	f := newFixture(t, dashboard.Config{})
+	big := []byte(`{"pad":"` + strings.Repeat("x", 10<<20) + `"}`)
+	ids := f.write(outbox.Event{AggregateType: "order", AggregateID: "a", Type: "T", Payload: big})
+	resp, err := http.Get(f.srv.URL + "/ui/events/" + ids[0])
+	if err != nil {
+		t.Fatal(err)
+	}
+	page, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK || len(page) > 200<<10 || !strings.Contains(string(page), "download the whole payload") {
+		t.Fatalf("event page: %d, %d bytes; want a preview and a download link", resp.StatusCode, len(page))
+	}
+	resp, err = http.Get(f.srv.URL + "/ui/events/" + ids[0] + "/payload")
+	if err != nil {
+		t.Fatal(err)
+	}
+	whole, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK || len(whole) < 10<<20 || resp.Header.Get("Content-Disposition") == "" {
+		t.Fatalf("download: %d, %d bytes, %q", resp.StatusCode, len(whole), resp.Header.Get("Content-Disposition"))
+	}
+}

@@ -346,7 +346,7 @@ func (d *Dashboard) dead(w http.ResponseWriter, r *http.Request) {
 	if err != nil {
 		p.Error, status = err.Error(), http.StatusBadRequest
 	} else {
-		f.Limit = listLimit + 1
+		f.Limit, f.PayloadMax = listLimit+1, 1 // the list shows no payload
 		dead, err := d.cfg.Admin.ListDead(ctx, &f)
 		if err != nil {
 			p.Error, status = "listing dead letters: "+err.Error(), http.StatusInternalServerError
@@ -445,7 +445,15 @@ type eventData struct {
 	StateText, PayloadText, PayloadKind, CDCNote string
 	Waiting, Published, Dead, AvailableAtSet     bool
 	Headers                                      []header
+	// PayloadCut: the page shows the payload's first PayloadPreview bytes; the whole
+	// one is a download (eventPayload).
+	PayloadCut  bool
+	PayloadSize int
 }
+
+// PayloadPreview is the most of a payload an event page shows: a huge payload must
+// not be rendered (indented, escaped, copied) into every page view.
+const PayloadPreview = 64 << 10
 
 func (d *Dashboard) findEvent(w http.ResponseWriter, r *http.Request) {
 	id := strings.TrimSpace(r.URL.Query().Get("id"))
@@ -486,7 +494,15 @@ func (d *Dashboard) event(w http.ResponseWriter, r *http.Request) {
 	if v.Waiting && (d.cfg.Mode == "cdc" || d.cdcTable(ctx)) {
 		v.CDCNote = "A CDC relay reads events from the WAL and does not mark rows: a row it published stays here, unmarked, until cleanup. Its slot's lag (Relays) says what it has yet to send."
 	}
+	v.PayloadSize = len(e.Payload)
+	if len(e.Payload) > PayloadPreview {
+		v.PayloadCut = true
+		e.Payload = e.Payload[:PayloadPreview:PayloadPreview]
+	}
 	v.PayloadText, v.PayloadKind = payloadText(e)
+	if v.PayloadCut {
+		v.PayloadKind = fmt.Sprintf("the first %d of %d bytes", PayloadPreview, v.PayloadSize)
+	}
 	for k, val := range e.Headers {
 		v.Headers = append(v.Headers, header{k, val})
 	}
@@ -494,6 +510,26 @@ func (d *Dashboard) event(w http.ResponseWriter, r *http.Request) {
 	p := d.base(r, "Event "+e.ID, "")
 	p.Data = v
 	d.render(w, r, http.StatusOK, "event", p)
+}
+
+// eventPayload sends an event's whole payload, as a download (never rendered).
+func (d *Dashboard) eventPayload(w http.ResponseWriter, r *http.Request) {
+	ctx, cancel := d.ctx(r)
+	defer cancel()
+	e, err := d.cfg.Admin.Event(ctx, r.PathValue("id"))
+	if errors.Is(err, outboxdriver.ErrEventNotFound) {
+		http.NotFound(w, r)
+		return
+	}
+	if err != nil {
+		http.Error(w, "reading the event failed", http.StatusInternalServerError)
+		d.log.Warn("dashboard: reading an event's payload", "err", err)
+		return
+	}
+	w.Header().Set("Content-Type", "application/octet-stream")
+	w.Header().Set("Content-Disposition", `attachment; filename="`+url.PathEscape(e.ID)+`.payload"`)
+	w.Header().Set("Content-Length", strconv.Itoa(len(e.Payload)))
+	_, _ = w.Write(e.Payload)
 }
 
 // cdcTable says whether a CDC relay has a slot on the table.

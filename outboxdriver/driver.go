@@ -252,6 +252,11 @@ type DeadFilter struct {
 	Type          string
 	OlderThan     time.Duration // dead for at least this long
 	Limit         int           // 0: no limit
+	// PayloadMax, when positive, cuts each listed payload to at most that many bytes
+	// (PostgreSQL and SQLite in the query, so a huge payload never leaves the
+	// database whole; MySQL after reading), and DeadLetter.PayloadSize tells its
+	// whole length: a list needs a preview, not every payload.
+	PayloadMax int
 }
 
 // DeadEdit is what EditDead changes: a nil field is left as it is.
@@ -282,6 +287,18 @@ type DeadLetter struct {
 	Error    string
 	DeadAt   time.Time
 	HoldsKey bool // later events of its aggregate wait until it is replayed or purged
+	// PayloadSize is the whole payload's length in bytes when DeadFilter.PayloadMax
+	// cut it (then len(Payload) < PayloadSize); 0 otherwise.
+	PayloadSize int
+}
+
+// CutPayload cuts d's payload to max bytes (max > 0), noting its whole size: the
+// drivers that cannot cut in the query.
+func (d *DeadLetter) CutPayload(max int) {
+	if max > 0 && len(d.Payload) > max {
+		d.PayloadSize = len(d.Payload)
+		d.Payload = d.Payload[:max:max]
+	}
 }
 
 // LeadershipParams configure a leadership.

@@ -36,6 +36,7 @@ func runDLQ(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	fs.DurationVar(&f.OlderThan, "older-than", 0, "only dead letters dead for at least this long")
 	all := fs.Bool("all", false, "replay or purge: every dead letter the filters match, even with no filter")
 	asJSON := fs.Bool("json", false, "list: print JSON")
+	fullPayload := fs.Bool("full-payload", false, "show: the whole payload (default: its first 64 KiB, and its size)")
 	fs.IntVar(&f.Limit, "limit", 0, "at most this many (list defaults to 100)")
 	payload := fs.String("payload", "", "edit: the new payload")
 	payloadFile := fs.String("payload-file", "", "edit: a file holding the new payload")
@@ -68,6 +69,15 @@ func runDLQ(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	}
 	if sub == "list" && f.Limit == 0 {
 		f.Limit = 100
+	}
+	// Payloads as previews: one huge payload must not be read whole a hundred times.
+	switch {
+	case sub == "list" && *asJSON:
+		f.PayloadMax = listPayloadPreview
+	case sub == "list":
+		f.PayloadMax = 1 // the table shows no payload
+	case sub == "show" && !*fullPayload:
+		f.PayloadMax = showPayloadPreview
 	}
 	db, _, err := openTable(ctx, *dsn, *tableName)
 	if err != nil {
@@ -133,6 +143,8 @@ type deadJSON struct {
 	AggregateID   string            `json:"aggregateid"`
 	Type          string            `json:"type"`
 	Payload       json.RawMessage   `json:"payload,omitempty"`
+	// PayloadSize is the whole payload's size when the output holds a preview of it.
+	PayloadSize int `json:"payload_size,omitempty"`
 	PayloadText   string            `json:"payload_text,omitempty"`
 	PayloadBytes  []byte            `json:"payload_base64,omitempty"`
 	Headers       map[string]string `json:"headers,omitempty"`
@@ -145,9 +157,9 @@ type deadJSON struct {
 
 func toDeadJSON(d *outboxdriver.DeadLetter) deadJSON {
 	j := deadJSON{ID: d.ID, AggregateType: d.AggregateType, AggregateID: d.AggregateID, Type: d.Type, Headers: d.Headers,
-		Attempts: d.Attempts, Error: d.Error, CreatedAt: d.CreatedAt, DeadAt: d.DeadAt, HoldsKey: d.HoldsKey}
+		Attempts: d.Attempts, Error: d.Error, CreatedAt: d.CreatedAt, DeadAt: d.DeadAt, HoldsKey: d.HoldsKey, PayloadSize: d.PayloadSize}
 	switch {
-	case json.Valid(d.Payload):
+	case d.PayloadSize == 0 && json.Valid(d.Payload):
 		j.Payload = d.Payload
 	case utf8.Valid(d.Payload):
 		j.PayloadText = string(d.Payload)
@@ -156,6 +168,12 @@ func toDeadJSON(d *outboxdriver.DeadLetter) deadJSON {
 	}
 	return j
 }
+
+// Payload previews: what dlq list --json and dlq show print of each payload.
+const (
+	listPayloadPreview = 4 << 10
+	showPayloadPreview = 64 << 10
+)
 
 // printJSON prints v as indented JSON, with the runes a terminal would act on
 // escaped (safetext.JSON): the same values, read safely.

@@ -331,3 +331,30 @@ VALUES ($1, 'order', $2, $3, '{}', nextval(pg_get_serial_sequence($4, 'seq')), n
 		t.Fatalf("dlq list --json: %d, the raw runes printed or the values changed:\n%.400q", code, js)
 	}
 }
+
+// TestBigPayloadPreviews: a dead letter with a 20 MB payload is listed and shown as a
+// preview with its size (the database cuts it), and whole only when asked.
+func TestBigPayloadPreviews(t *testing.T) {
+	t.Parallel()
+	url := testenv.DatabaseURL(t)
+	pool := testenv.Pool(t, url)
+	table := migrateSchema(t, url, testenv.Schema(t, url), "outbox")
+	id := uuid.NewString()
+	big := `{"pad":"` + strings.Repeat("x", 20<<20) + `"}`
+	if _, err := pool.Exec(context.Background(), `INSERT INTO `+pgx.Identifier{table.Schema, table.Name + "_dead"}.Sanitize()+
+		` (id, aggregatetype, aggregateid, type, payload, seq, created_at, attempts, error, holds_key) VALUES ($1, 'order', 'a', 'T', $2, 1, now(), 1, 'too large', false)`,
+		id, big); err != nil {
+		t.Fatal(err)
+	}
+	name := table.Schema + "." + table.Name
+	for _, args := range [][]string{{"dlq", "list", "--json"}, {"dlq", "show", id}} {
+		out, stderr, code := runCLI(t, nil, append(args, "--db", url, "--table", name)...)
+		if code != 0 || len(out) > 200<<10 || !strings.Contains(out, `"payload_size": `) {
+			t.Fatalf("%v: exit %d, %d bytes out (want a preview and the size)\n%.300s%s", args, code, len(out), out, stderr)
+		}
+	}
+	out, _, code := runCLI(t, nil, "dlq", "show", id, "--full-payload", "--db", url, "--table", name)
+	if code != 0 || len(out) < 20<<20 {
+		t.Fatalf("dlq show --full-payload: exit %d, %d bytes", code, len(out))
+	}
+}

@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strings"
 	"testing"
 	"time"
 
@@ -293,4 +294,40 @@ func testEditDead[TTx any](t *testing.T, h *Harness[TTx]) {
 func jsonEqual(a, b []byte) bool {
 	var x, y any
 	return json.Unmarshal(a, &x) == nil && json.Unmarshal(b, &y) == nil && fmt.Sprint(x) == fmt.Sprint(y)
+}
+
+// testDeadPayloadPreview: a listing asked for previews (DeadFilter.PayloadMax) cuts
+// each payload to that many bytes and tells its whole size; a small one comes whole.
+func testDeadPayloadPreview[TTx any](t *testing.T, h *Harness[TTx]) {
+	ctx := ctxT(t)
+	s := store(t, h)
+	big := event("a", 1)
+	big.Payload = []byte(`{"pad":"` + strings.Repeat("x", 10_000) + `"}`)
+	small := event("b", 1)
+	ids := writeCommitted(t, h, big, small)
+	c, err := s.Claim(ctx, &outboxdriver.ClaimParams{Limit: 10})
+	if err != nil || len(c.Rows()) != 2 {
+		t.Fatalf("claim: %v", err)
+	}
+	var failed []outboxdriver.Failure
+	for _, id := range ids {
+		failed = append(failed, outboxdriver.Failure{ID: id, Error: "refused", CountAttempt: true, Dead: true})
+	}
+	complete(t, c, &outboxdriver.CompleteParams{Failed: failed})
+	dead, err := s.ListDead(ctx, &outboxdriver.DeadFilter{PayloadMax: 100})
+	if err != nil || len(dead) != 2 {
+		t.Fatalf("list: %v, %v", dead, err)
+	}
+	for _, d := range dead {
+		switch d.ID {
+		case ids[0]:
+			if len(d.Payload) != 100 || d.PayloadSize < 10_000 {
+				t.Fatalf("the big payload: %d bytes listed, size %d; want a 100-byte preview and its whole size", len(d.Payload), d.PayloadSize)
+			}
+		case ids[1]:
+			if d.PayloadSize != 0 || !jsonEqual(d.Payload, small.Payload) {
+				t.Fatalf("the small payload: %q (size %d); want it whole", d.Payload, d.PayloadSize)
+			}
+		}
+	}
 }

@@ -72,6 +72,7 @@ func Run[TTx any](t *testing.T, newHarness NewFunc[TTx]) {
 		{"CleanupNeverDeletesUnpublished", testCleanup[TTx]},
 		{"RetryNow", testRetryNow[TTx]},
 		{"EditDeadLetter", testEditDead[TTx]},
+		{"DeadPayloadPreview", testDeadPayloadPreview[TTx]},
 	}, sourceCases[TTx]()...)
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {

@@ -634,6 +634,9 @@ func (d *Driver) ListDead(ctx context.Context, f *outboxdriver.DeadFilter) ([]ou
 		}
 		dl.Row = r
 		dl.DeadAt, _ = time.ParseInLocation("2006-01-02 15:04:05.000000", deadAt, time.UTC)
+		if f != nil {
+			dl.CutPayload(f.PayloadMax)
+		}
 		out = append(out, dl)
 	}
 	return out, interpretError(rows.Err())

@@ -45,8 +45,17 @@ func limit(f *outboxdriver.DeadFilter) string {
 // ListDead implements outboxdriver.Store.
 func (s *Store) ListDead(ctx context.Context, f *outboxdriver.DeadFilter) ([]outboxdriver.DeadLetter, error) {
 	where, args := deadWhere(f)
-	rows, err := s.DB.Query(ctx, `SELECT seq, id::text, aggregatetype, aggregateid, type, payload, headers::text,
-       tracingspancontext, created_at, attempts, error, dead_at, holds_key
+	// A preview is cut in the query: a 100 MB payload never leaves the database whole.
+	payloadCol, size := "payload", "0"
+	if f != nil && f.PayloadMax > 0 {
+		payloadCol, size = "left(payload::text, $6)", "octet_length(payload::text)"
+		if s.Statements.table.Payload == outboxdriver.PayloadBytes {
+			payloadCol, size = "substring(payload from 1 for $6)", "octet_length(payload)"
+		}
+		args = append(args, f.PayloadMax)
+	}
+	rows, err := s.DB.Query(ctx, `SELECT seq, id::text, aggregatetype, aggregateid, type, `+payloadCol+`, headers::text,
+       tracingspancontext, created_at, attempts, error, dead_at, holds_key, coalesce(`+size+`, 0)
 FROM `+s.Statements.dead+where+` ORDER BY dead_at, seq`+limit(f), args...)
 	if err != nil {
 		return nil, InterpretError(err)
@@ -60,10 +69,13 @@ FROM `+s.Statements.dead+where+` ORDER BY dead_at, seq`+limit(f), args...)
 			headers, trace *string
 		)
 		if err := rows.Scan(&d.Seq, &d.ID, &d.AggregateType, &d.AggregateID, &d.Type, &payload, &headers, &trace,
-			&d.CreatedAt, &d.Attempts, &d.Error, &d.DeadAt, &d.HoldsKey); err != nil {
+			&d.CreatedAt, &d.Attempts, &d.Error, &d.DeadAt, &d.HoldsKey, &d.PayloadSize); err != nil {
 			return nil, InterpretError(err)
 		}
 		d.Payload, d.PayloadNull = payload, payload == nil
+		if d.PayloadSize <= len(d.Payload) {
+			d.PayloadSize = 0 // whole
+		}
 		if headers != nil {
 			_ = json.Unmarshal([]byte(*headers), &d.Headers)
 		}
