@@ -138,21 +138,21 @@ func runDLQ(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 }
 
 type deadJSON struct {
-	ID            string            `json:"id"`
-	AggregateType string            `json:"aggregatetype"`
-	AggregateID   string            `json:"aggregateid"`
-	Type          string            `json:"type"`
-	Payload       json.RawMessage   `json:"payload,omitempty"`
+	ID            string          `json:"id"`
+	AggregateType string          `json:"aggregatetype"`
+	AggregateID   string          `json:"aggregateid"`
+	Type          string          `json:"type"`
+	Payload       json.RawMessage `json:"payload,omitempty"`
 	// PayloadSize is the whole payload's size when the output holds a preview of it.
-	PayloadSize int `json:"payload_size,omitempty"`
-	PayloadText   string            `json:"payload_text,omitempty"`
-	PayloadBytes  []byte            `json:"payload_base64,omitempty"`
-	Headers       map[string]string `json:"headers,omitempty"`
-	Attempts      int               `json:"attempts"`
-	Error         string            `json:"error"`
-	CreatedAt     time.Time         `json:"created_at"`
-	DeadAt        time.Time         `json:"dead_at"`
-	HoldsKey      bool              `json:"holds_key"`
+	PayloadSize  int               `json:"payload_size,omitempty"`
+	PayloadText  string            `json:"payload_text,omitempty"`
+	PayloadBytes []byte            `json:"payload_base64,omitempty"`
+	Headers      map[string]string `json:"headers,omitempty"`
+	Attempts     int               `json:"attempts"`
+	Error        string            `json:"error"`
+	CreatedAt    time.Time         `json:"created_at"`
+	DeadAt       time.Time         `json:"dead_at"`
+	HoldsKey     bool              `json:"holds_key"`
 }
 
 func toDeadJSON(d *outboxdriver.DeadLetter) deadJSON {

@@ -4,8 +4,8 @@ import (
 	"context"
 	"database/sql"
 	"encoding/json"
-	"strconv"
 	"fmt"
+	"strconv"
 	"time"
 
 	"github.com/outboxd/outbox/outboxdriver"
