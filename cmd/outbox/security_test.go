@@ -203,15 +203,7 @@ func waitUnpublishedOK(pool *pgxpool.Pool, table outboxdriver.Table, timeout tim
 func grantRole(t *testing.T, pool *pgxpool.Pool, url, marker, docRole, schema string) string {
 	t.Helper()
 	role := strings.ToLower(testenv.UniqueName(docRole + "_"))
-	doc, err := os.ReadFile("../../docs/security.md")
-	if err != nil {
-		t.Fatal(err)
-	}
-	_, block, _ := strings.Cut(string(doc), "<!-- "+marker+" -->\n```sql\n")
-	block, _, _ = strings.Cut(block, "```")
-	if !strings.Contains(block, "GRANT") {
-		t.Fatalf("docs/security.md has no %s block", marker)
-	}
+	block := docSQL(t, marker)
 	sql := strings.NewReplacer("CREATE ROLE "+docRole+" ", "CREATE ROLE "+role+" ", "TO "+docRole+";", "TO "+role+";",
 		"SCHEMA app ", "SCHEMA "+pgx.Identifier{schema}.Sanitize()+" ", "app.", pgx.Identifier{schema}.Sanitize()+".").Replace(block)
 	t.Cleanup(func() {
@@ -356,5 +348,66 @@ func TestBigPayloadPreviews(t *testing.T) {
 	out, _, code := runCLI(t, nil, "dlq", "show", id, "--full-payload", "--db", url, "--table", name)
 	if code != 0 || len(out) < 20<<20 {
 		t.Fatalf("dlq show --full-payload: exit %d, %d bytes", code, len(out))
+	}
+}
+
+// docSQL is the SQL block that follows <!-- marker --> in docs/security.md.
+func docSQL(t *testing.T, marker string) string {
+	t.Helper()
+	doc, err := os.ReadFile("../../docs/security.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, block, _ := strings.Cut(string(doc), "<!-- "+marker+" -->\n```sql\n")
+	block, _, _ = strings.Cut(block, "```")
+	if !strings.Contains(block, "GRANT") {
+		t.Fatalf("docs/security.md has no %s block", marker)
+	}
+	return block
+}
+
+// TestWriterCannotTakeTheRelaysLock: with the advisory-lock functions taken from
+// PUBLIC as docs/security.md shows (in a database of the test's own: it changes the
+// database's function privileges), a writer role's session cannot take the relay's
+// lock, and the relay role, given them back, relays as before.
+func TestWriterCannotTakeTheRelaysLock(t *testing.T) {
+	t.Parallel()
+	url := testenv.DatabaseURL(t)
+	admin := testenv.Pool(t, url)
+	dbName := strings.ToLower(testenv.UniqueName("outbox_locks_"))
+	ctx := context.Background()
+	if _, err := admin.Exec(ctx, "CREATE DATABASE "+dbName); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _, _ = admin.Exec(context.Background(), "DROP DATABASE IF EXISTS "+dbName+" WITH (FORCE)") })
+	u, err := neturl.Parse(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	u.Path = "/" + dbName
+	dbURL := u.String()
+	pool := testenv.Pool(t, dbURL)
+	table := migrateSchema(t, dbURL, "public", "outbox")
+	relayURL := grantRole(t, pool, dbURL, "relay-grants", "outbox_relay", "public")
+	writerURL := grantRole(t, pool, dbURL, "writer-grants", "outbox_writer", "public")
+	relayRole, _ := neturl.Parse(relayURL)
+	for _, stmt := range strings.Split(strings.ReplaceAll(docSQL(t, "advisory-grants"), "TO outbox_relay;", "TO "+relayRole.User.Username()+";"), ";") {
+		if stmt = strings.TrimSpace(stmt); stmt != "" {
+			if _, err := pool.Exec(ctx, stmt); err != nil {
+				t.Fatalf("%s: %v", stmt, err)
+			}
+		}
+	}
+	writer := testenv.Pool(t, writerURL)
+	if _, err := writer.Exec(ctx, "SELECT pg_advisory_lock(42)"); err == nil || !strings.Contains(err.Error(), "permission denied") {
+		t.Fatalf("the writer took an advisory lock: %v", err)
+	}
+	if _, err := writer.Exec(ctx, "INSERT INTO outbox (id, aggregatetype, aggregateid, type, payload) VALUES (gen_random_uuid(), 'order', '1', 'T', '{}')"); err != nil {
+		t.Fatalf("the writer cannot write: %v", err)
+	}
+	p := startRelayProc(t, nil, "--db", relayURL, "--broker", "stdout:", "--http", "")
+	waitUnpublished(t, pool, table, 0, 30*time.Second)
+	if strings.Contains(p.output(), "permission denied") {
+		t.Fatalf("the relay met a missing grant:\n%s", p.output())
 	}
 }

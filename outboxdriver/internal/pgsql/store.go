@@ -791,7 +791,7 @@ func (s *Store) Status(ctx context.Context) (*outboxdriver.Status, error) {
 	// Who holds the leadership lock: a session, so pg_stat_activity says who it is;
 	// to a role without pg_read_all_stats it hides another role's session details
 	// (NULL), but never its pid.
-	rows, err := s.DB.Query(ctx, `SELECT a.pid, host(a.client_addr), a.application_name, a.backend_start, l.mode
+	rows, err := s.DB.Query(ctx, `SELECT a.pid, host(a.client_addr), a.application_name, a.backend_start, l.mode, coalesce(a.usename::text, '')
 FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid
 WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 1 AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
   AND l.classid::bigint = (($1::bigint >> 32) & 4294967295) AND l.objid::bigint = ($1::bigint & 4294967295)
@@ -803,18 +803,20 @@ ORDER BY a.backend_start NULLS LAST, a.pid`, s.Statements.lockKey)
 	for n := 1; rows.Next(); n++ {
 		var pid int
 		var addr, app *string
-		var mode string
+		var mode, role string
 		var since *time.Time
-		if err := rows.Scan(&pid, &addr, &app, &since, &mode); err != nil {
+		if err := rows.Scan(&pid, &addr, &app, &since, &mode, &role); err != nil {
 			return nil, InterpretError(err)
 		}
 		switch {
 		case mode == "ShareLock": // members of a group of relays hold it shared
 			st.ActiveRelay = fmt.Sprintf("%d relays in a group (see below)", n)
 		case app == nil && since == nil:
-			st.ActiveRelay = fmt.Sprintf("pid %d (another role's session: its details need pg_read_all_stats)", pid)
+			st.ActiveRelay = fmt.Sprintf("pid %d, role %s (another role's session: its details need pg_read_all_stats)", pid, role)
 		default:
-			st.ActiveRelay = fmt.Sprintf("pid %d on %s (%s)", pid, orString(addr, "local"), orString(app, ""))
+			// The role says who holds it: a relay's, or a squatter's (any role may take
+			// an advisory lock: docs/security.md).
+			st.ActiveRelay = fmt.Sprintf("pid %d on %s (%s), role %s", pid, orString(addr, "local"), orString(app, ""), role)
 		}
 		if n == 1 && since != nil {
 			st.ActiveSince = *since
