@@ -182,6 +182,20 @@ func leastPrivilegeRelay(t *testing.T, completion string) {
 	if code != 0 || !strings.Contains(stdout, "active relay:          pid ") {
 		t.Fatalf("status as the operator role while a relay runs: exit %d\n%s%s", code, stdout, stderr)
 	}
+	// The operator's dead-letter work: list, show, edit, replay, with exactly its grants.
+	var deadID string
+	if err := pool.QueryRow(ctx, `SELECT id::text FROM `+pgx.Identifier{schema, "outbox_dead"}.Sanitize()).Scan(&deadID); err != nil {
+		t.Fatal(err)
+	}
+	for _, args := range [][]string{
+		{"dlq", "list"}, {"dlq", "show", deadID}, {"dlq", "edit", deadID, "--payload", `{"small":true}`}, {"dlq", "replay", deadID},
+		{"retry", "--all"},
+	} {
+		stdout, stderr, code := runCLI(t, nil, append(args, "--db", operatorURL, "--table", schema+".outbox")...)
+		if code != 0 {
+			t.Fatalf("%v as the operator role: exit %d\n%s%s", args, code, stdout, stderr)
+		}
+	}
 }
 
 func waitUnpublishedOK(pool *pgxpool.Pool, table outboxdriver.Table, timeout time.Duration) bool {
