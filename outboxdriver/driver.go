@@ -598,7 +598,7 @@ func (p *CompleteParams) Restrict(claimed []Row, current map[string]int) *Comple
 
 // ScanAttempts reads a settling transaction's locked rows, (id, attempts) each, into
 // the map Restrict takes.
-func ScanAttempts(next func() bool, scan func(dest ...any) error) (map[string]int, error) {
+func ScanAttempts(next func() bool, scan func(dest ...any) error, rowsErr func() error) (map[string]int, error) {
 	current := map[string]int{}
 	for next() {
 		var (
@@ -610,7 +610,7 @@ func ScanAttempts(next func() bool, scan func(dest ...any) error) (map[string]in
 		}
 		current[id] = attempts
 	}
-	return current, nil
+	return current, rowsErr()
 }
 
 // IDs are the ids p writes, published first.

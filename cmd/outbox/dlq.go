@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"flag"
 	"fmt"
 	"io"
 	"os"
@@ -43,16 +44,8 @@ func runDLQ(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	var setHeaders, dropHeaders listFlag
 	fs.Var(&setHeaders, "header", "edit: set a header, name=value (repeatable)")
 	fs.Var(&dropHeaders, "drop-header", "edit: remove a header (repeatable)")
-	// IDs may come before or after the flags.
-	var ids []string
-	for len(args) > 0 && !strings.HasPrefix(args[0], "-") {
-		ids, args = append(ids, args[0]), args[1:]
-	}
-	if err := parseFlags(fs, args); err != nil {
-		return err
-	}
-	ids = append(ids, fs.Args()...)
-	if err := applyEnv(fs); err != nil {
+	ids, err := parseWithIDs(fs, args)
+	if err != nil {
 		return err
 	}
 	f.IDs = ids
@@ -246,3 +239,17 @@ type listFlag []string
 
 func (l *listFlag) String() string     { return strings.Join(*l, ",") }
 func (l *listFlag) Set(v string) error { *l = append(*l, v); return nil }
+
+// parseWithIDs parses a command's flags and OUTBOX_* variables, with event ids
+// before or after the flags, and returns the ids.
+func parseWithIDs(fs *flag.FlagSet, args []string) ([]string, error) {
+	var ids []string
+	for len(args) > 0 && !strings.HasPrefix(args[0], "-") {
+		ids, args = append(ids, args[0]), args[1:]
+	}
+	if err := parseFlags(fs, args); err != nil {
+		return nil, err
+	}
+	ids = append(ids, fs.Args()...)
+	return ids, applyEnv(fs)
+}

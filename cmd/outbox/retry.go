@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"io"
-	"strings"
 
 	"github.com/outboxd/outbox/outboxdriver"
 )
@@ -20,15 +19,8 @@ func runRetry(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	fs.StringVar(&f.AggregateType, "aggregate-type", "", "only events of this aggregate type")
 	fs.StringVar(&f.AggregateID, "aggregate-id", "", "only events of this aggregate id")
 	all := fs.Bool("all", false, "every event waiting for a retry")
-	var ids []string
-	for len(args) > 0 && !strings.HasPrefix(args[0], "-") {
-		ids, args = append(ids, args[0]), args[1:]
-	}
-	if err := parseFlags(fs, args); err != nil {
-		return err
-	}
-	ids = append(ids, fs.Args()...)
-	if err := applyEnv(fs); err != nil {
+	ids, err := parseWithIDs(fs, args)
+	if err != nil {
 		return err
 	}
 	f.IDs = ids

@@ -411,11 +411,8 @@ func (c *claim) settleTx(ctx context.Context, p *outboxdriver.CompleteParams, ex
 	if err != nil {
 		return err
 	}
-	now, err := outboxdriver.ScanAttempts(rows.Next, rows.Scan)
+	now, err := outboxdriver.ScanAttempts(rows.Next, rows.Scan, rows.Err)
 	rows.Close()
-	if err == nil {
-		err = rows.Err()
-	}
 	if err != nil {
 		return err
 	}
@@ -734,19 +731,7 @@ func (m migrator) Schema(ctx context.Context) (*outboxdriver.SchemaState, error)
 	if err != nil {
 		return nil, err
 	}
-	rows, err := m.d.db.QueryContext(ctx, "SELECT version FROM "+m.versionTable())
-	if err != nil {
-		if err = interpretError(err); errors.Is(err, outboxdriver.ErrTableMissing) {
-			return outboxdriver.NewSchemaState(migrations.Known(ms), nil), nil
-		}
-		return nil, err
-	}
-	done, err := migrations.Versions(rows)
-	_ = rows.Close()
-	if err != nil {
-		return nil, err
-	}
-	return outboxdriver.NewSchemaState(migrations.Known(ms), done), nil
+	return migrations.Schema(ctx, m.d.db, m.versionTable(), ms, interpretError)
 }
 
 // Migrate implements outboxdriver.Migrator. MySQL commits DDL at once, so each step

@@ -383,11 +383,8 @@ func (c *claim) Settle(ctx context.Context, p *outboxdriver.CompleteParams) erro
 		if err != nil {
 			return err
 		}
-		now, err := outboxdriver.ScanAttempts(rows.Next, rows.Scan)
+		now, err := outboxdriver.ScanAttempts(rows.Next, rows.Scan, rows.Err)
 		_ = rows.Close()
-		if err == nil {
-			err = rows.Err()
-		}
 		if err != nil {
 			return err
 		}
@@ -616,19 +613,7 @@ func (m migrator) Schema(ctx context.Context) (*outboxdriver.SchemaState, error)
 	if err != nil {
 		return nil, err
 	}
-	rows, err := m.d.db.QueryContext(ctx, "SELECT version FROM "+m.versionTable())
-	if err != nil {
-		if err = interpretError(err); errors.Is(err, outboxdriver.ErrTableMissing) {
-			return outboxdriver.NewSchemaState(migrations.Known(ms), nil), nil
-		}
-		return nil, err
-	}
-	done, err := migrations.Versions(rows)
-	_ = rows.Close()
-	if err != nil {
-		return nil, err
-	}
-	return outboxdriver.NewSchemaState(migrations.Known(ms), done), nil
+	return migrations.Schema(ctx, m.d.db, m.versionTable(), ms, interpretError)
 }
 
 // Migrate applies pending migrations in one immediate (write-locked) transaction.

@@ -5,12 +5,17 @@ package migrations
 
 import (
 	"bytes"
+	"context"
+	"database/sql"
+	"errors"
 	"fmt"
 	"io/fs"
 	"sort"
 	"strconv"
 	"strings"
 	"text/template"
+
+	"github.com/outboxd/outbox/outboxdriver"
 )
 
 // Migration is one numbered schema step.
@@ -116,4 +121,23 @@ func Apply(ms []Migration, done map[int]bool, run func(Migration) error, record 
 		applied = append(applied, m.Version)
 	}
 	return applied, nil
+}
+
+// Schema reads, for a database/sql driver (MySQL, SQLite), the versions recorded in
+// versionTable against ms: a missing version table (interpret makes it
+// ErrTableMissing) means a table no migration made.
+func Schema(ctx context.Context, db *sql.DB, versionTable string, ms []Migration, interpret func(error) error) (*outboxdriver.SchemaState, error) {
+	rows, err := db.QueryContext(ctx, "SELECT version FROM "+versionTable)
+	if err != nil {
+		if err = interpret(err); errors.Is(err, outboxdriver.ErrTableMissing) {
+			return outboxdriver.NewSchemaState(Known(ms), nil), nil
+		}
+		return nil, err
+	}
+	done, err := Versions(rows)
+	_ = rows.Close()
+	if err != nil {
+		return nil, err
+	}
+	return outboxdriver.NewSchemaState(Known(ms), done), nil
 }

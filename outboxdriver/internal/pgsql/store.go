@@ -602,11 +602,8 @@ WHERE o.id = ANY($1::text[]::uuid[]) AND o.published_at IS NULL FOR UPDATE OF o 
 	if err != nil {
 		return err
 	}
-	now, err := outboxdriver.ScanAttempts(rows.Next, rows.Scan)
+	now, err := outboxdriver.ScanAttempts(rows.Next, rows.Scan, rows.Err)
 	rows.Close()
-	if err == nil {
-		err = rows.Err()
-	}
 	if err != nil {
 		return err
 	}
