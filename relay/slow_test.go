@@ -28,21 +28,26 @@ type receiver struct {
 }
 
 func (rc *receiver) ServeHTTP(w http.ResponseWriter, r *http.Request) {
-	_, _ = io.Copy(io.Discard, r.Body)
-	key, id := r.Header.Get(webhook.HeaderKey), r.Header.Get(webhook.HeaderID)
-	rc.mu.Lock()
-	rc.count[id]++
-	if rc.count[id] == 1 {
-		rc.order[key] = append(rc.order[key], id)
-	}
-	rc.mu.Unlock()
-	if key == rc.holdKey {
+	if rc.record(r) == rc.holdKey {
 		select {
 		case <-time.After(rc.hold):
 		case <-r.Context().Done():
 		}
 	}
 	w.WriteHeader(http.StatusNoContent)
+}
+
+// record notes a delivery and returns its key.
+func (rc *receiver) record(r *http.Request) string {
+	_, _ = io.Copy(io.Discard, r.Body)
+	key, id := r.Header.Get(webhook.HeaderKey), r.Header.Get(webhook.HeaderID)
+	rc.mu.Lock()
+	defer rc.mu.Unlock()
+	rc.count[id]++
+	if rc.count[id] == 1 {
+		rc.order[key] = append(rc.order[key], id)
+	}
+	return key
 }
 
 func (rc *receiver) snapshot() (count map[string]int, order map[string][]string) {
@@ -196,15 +201,7 @@ type gate struct {
 }
 
 func (g *gate) ServeHTTP(w http.ResponseWriter, r *http.Request) {
-	_, _ = io.Copy(io.Discard, r.Body)
-	key, id := r.Header.Get(webhook.HeaderKey), r.Header.Get(webhook.HeaderID)
-	g.mu.Lock()
-	g.count[id]++
-	if g.count[id] == 1 {
-		g.order[key] = append(g.order[key], id)
-	}
-	g.mu.Unlock()
-	if key == g.holdKey {
+	if g.record(r) == g.holdKey {
 		select {
 		case <-g.release:
 		case <-r.Context().Done():
