@@ -141,17 +141,11 @@ func TestBrowser(t *testing.T) {
 	}
 	waitText := func(sel string, ok func(string) bool, what string) string {
 		t.Helper()
-		deadline := time.Now().Add(30 * time.Second)
-		for {
-			s := text(sel)
-			if ok(s) {
-				return s
-			}
-			if time.Now().After(deadline) {
-				t.Fatalf("%s: %s still reads %q", what, sel, s)
-			}
-			time.Sleep(200 * time.Millisecond)
-		}
+		wctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		var s string
+		testenv.WaitTell(t, wctx, what, func() bool { s = text(sel); return ok(s) }, func() string { return sel + " reads " + s })
+		return s
 	}
 
 	// The overview's numbers move as events are written, without a reload.
@@ -178,16 +172,10 @@ func TestBrowser(t *testing.T) {
 	evil := `<script>window.pwned=1</script>`
 	id := uuid.Must(uuid.NewV7()).String()
 	write(outbox.Event{ID: id, AggregateType: "order", AggregateID: evil, Type: "Placed", Payload: []byte(`{"pad":"` + strings.Repeat("x", 4096) + `"}`)})
-	deadline := time.Now().Add(30 * time.Second)
-	for {
-		if e, err := store.Event(ctx, id); err == nil && e.State == outboxdriver.EventDead {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("the oversized event did not become a dead letter")
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
+	testenv.Wait(t, ctx, "the oversized event a dead letter", func() bool {
+		e, err := store.Event(ctx, id)
+		return err == nil && e.State == outboxdriver.EventDead
+	})
 	if err := chromedp.Do(ctx, chromedp.Navigate(ui+"/dead"), chromedp.WaitVisible(chromedp.CSS("#dead-table"))); err != nil {
 		t.Fatal(err)
 	}

@@ -299,25 +299,18 @@ func TestRelaysPage(t *testing.T) {
 		t.Fatal(err)
 	}
 	b := testenv.StartRelay(t, other, mem, cfg("relay-<b>"))
-	deadline := time.Now().Add(20 * time.Second)
-	for a.Stats().Partitions+b.Stats().Partitions < 64 || a.Stats().Partitions == 0 || b.Stats().Partitions == 0 {
-		if time.Now().After(deadline) {
-			t.Fatalf("partitions owned: %d and %d", a.Stats().Partitions, b.Stats().Partitions)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	testenv.Wait(t, ctx, "both relays owning partitions", func() bool {
+		return a.Stats().Partitions+b.Stats().Partitions >= 64 && a.Stats().Partitions > 0 && b.Stats().Partitions > 0
+	})
 	c := client(t)
-	for {
-		_, body := get(t, c, f.srv.URL+"/ui/relays?partial=1")
-		if strings.Contains(body, "relay-a") && strings.Contains(body, "relay-&lt;b&gt;") && strings.Count(body, `<span class="part`) == 64 &&
-			!strings.Contains(body, "<html") {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("relays page never showed both members and 64 partitions:\n%s", body)
-		}
-		time.Sleep(200 * time.Millisecond)
-	}
+	var body string
+	testenv.WaitTell(t, ctx, "the relays page showing both members and 64 partitions", func() bool {
+		_, body = get(t, c, f.srv.URL+"/ui/relays?partial=1")
+		return strings.Contains(body, "relay-a") && strings.Contains(body, "relay-&lt;b&gt;") && strings.Count(body, `<span class="part`) == 64 &&
+			!strings.Contains(body, "<html")
+	}, func() string { return body })
 }
 
 // countingStatus counts the status reads of the real store it wraps.
@@ -355,13 +348,9 @@ func TestSamplesOnlyWhileWatched(t *testing.T) {
 	srv := httptest.NewServer(d)
 	defer srv.Close()
 	get(t, client(t), srv.URL+"/ui/relays")
-	deadline := time.Now().Add(5 * time.Second)
-	for cs.n.Load() < 5 {
-		if time.Now().After(deadline) {
-			t.Fatalf("only %d status reads after a page was served", cs.n.Load())
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+	wctx, wcancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer wcancel()
+	testenv.Wait(t, wctx, "the status sampled once a page was served", func() bool { return cs.n.Load() >= 5 })
 }
 
 // TestHostAllowlist: the dashboard answers to IP addresses, localhost and the names it

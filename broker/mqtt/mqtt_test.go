@@ -188,16 +188,15 @@ func TestConformanceRestart(t *testing.T) {
 		if err := cmd.Start(); err != nil {
 			testenv.Missing(t, "mosquitto: %v", err)
 		}
-		for i := 0; ; i++ {
-			if c, err := net.Dial("tcp", addr); err == nil {
+		wctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		testenv.Wait(t, wctx, "mosquitto listening", func() bool {
+			c, err := net.Dial("tcp", addr)
+			if err == nil {
 				c.Close()
-				return
 			}
-			if i > 200 {
-				t.Fatal("mosquitto did not start")
-			}
-			time.Sleep(10 * time.Millisecond)
-		}
+			return err == nil
+		})
 	}
 	stop := func() { _ = cmd.Process.Kill(); _ = cmd.Wait() }
 	start(t)

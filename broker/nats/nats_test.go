@@ -325,13 +325,11 @@ func closeCase(t *testing.T, maxControlLine int) (first, second []broker.Result)
 	first = pub.Publish(ctx, []broker.Message{msg(prefix+".a", "a"), msg(long, "long"), msg(prefix+".b", "b")})
 	// The relay retries what failed as unavailable; the next batch must go out once
 	// the broker answers, whatever became of the connection.
-	for {
+	testenv.Wait(t, ctx, "the broker answering again", func() bool {
 		second = pub.Publish(ctx, []broker.Message{msg(prefix+".a", "a"), msg(prefix+".b", "b")})
-		if !broker.IsUnavailable(second[0].Err) || ctx.Err() != nil {
-			return first, second
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+		return !broker.IsUnavailable(second[0].Err)
+	})
+	return first, second
 }
 
 // TestSubjectTooLongForTheServer: a subject that would make the server close the

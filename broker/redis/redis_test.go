@@ -130,12 +130,9 @@ func TestConformanceRestart(t *testing.T) {
 		}
 		c := goredis.NewClient(&goredis.Options{Addr: "127.0.0.1:" + port})
 		defer c.Close()
-		for i := 0; c.Ping(context.Background()).Err() != nil; i++ {
-			if i > 200 {
-				t.Fatal("redis-server did not start")
-			}
-			time.Sleep(10 * time.Millisecond)
-		}
+		wctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		testenv.Wait(t, wctx, "redis-server answering", func() bool { return c.Ping(context.Background()).Err() == nil })
 	}
 	stop := func() {
 		_ = cmd.Process.Kill()

@@ -51,16 +51,10 @@ func TestEndToEnd(t *testing.T) {
 	env.Wait(t, "e1", "e2", "e3")
 	// The acknowledgement follows the handler's commit: wait for it before stopping
 	// (an entry stopped between the two is redelivered, and the inbox skips it).
-	for {
+	testenv.Wait(t, ctx, "no entry left pending", func() bool {
 		n, err := c.XPending(ctx, stream, "billing").Result()
-		if err == nil && n.Count == 0 {
-			break
-		}
-		if ctx.Err() != nil {
-			t.Fatalf("entries left pending: %+v, %v", n, err)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+		return err == nil && n.Count == 0
+	})
 	stop()
 	if err := <-done; err != nil {
 		t.Fatal(err)

@@ -281,7 +281,9 @@ func run(t *testing.T, d *db, p *pub) {
 	start := time.Now()
 	var acked []outboxdriver.Row
 	var dead map[string]outboxdriver.DeadLetter
-	for {
+	wctx, wcancel := context.WithTimeout(context.Background(), deadline)
+	defer wcancel()
+	testenv.WaitTell(t, wctx, "every good event delivered and every bad one resolved", func() bool {
 		select {
 		case err := <-runErr:
 			runErr <- err
@@ -290,20 +292,17 @@ func run(t *testing.T, d *db, p *pub) {
 		}
 		acked = rec.snapshot()
 		dead = deadLetters(t, d.store)
-		if goodDone(acked) == len(good) && resolved(acked, dead, bad) == len(bad) {
-			break
-		}
-		if time.Since(start) > deadline {
-			for id, b := range bad {
-				if !isAcked(acked, id) && dead[id].ID == "" {
-					t.Errorf("bad event %q (%s) neither delivered nor dead", id, b.class)
-				}
+		return goodDone(acked) == len(good) && resolved(acked, dead, bad) == len(bad)
+	}, func() string {
+		var b strings.Builder
+		for id, bd := range bad {
+			if !isAcked(acked, id) && dead[id].ID == "" {
+				fmt.Fprintf(&b, "bad event %q (%s) neither delivered nor dead\n", id, bd.class)
 			}
-			t.Fatalf("after %v: %d of %d good events delivered, %d of %d bad events resolved",
-				deadline, goodDone(acked), len(good), resolved(acked, dead, bad), len(bad))
 		}
-		time.Sleep(50 * time.Millisecond)
-	}
+		fmt.Fprintf(&b, "%d of %d good events delivered, %d of %d bad events resolved", goodDone(acked), len(good), resolved(acked, dead, bad), len(bad))
+		return b.String()
+	})
 	checkOrder(t, acked)
 	for id, dl := range dead {
 		b, ok := bad[id]
@@ -446,13 +445,11 @@ func TestFlakyReceiver(t *testing.T) {
 	testenv.StartRelay(t, d.store, p, &relay.Config{Hooks: rec, Logger: quietLogger(),
 		BackoffMin: relay.BackoffMinDefault, BackoffMax: relay.BackoffMaxDefault})
 	start := time.Now()
-	for goodDone(rec.snapshot()) < len(good) {
-		if time.Since(start) > deadline {
-			t.Fatalf("after %v: %d of %d events delivered through a receiver failing 10%% of requests",
-				deadline, goodDone(rec.snapshot()), len(good))
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+	wctx, cancel := context.WithTimeout(context.Background(), deadline)
+	defer cancel()
+	testenv.WaitTell(t, wctx, "every event delivered through a receiver failing 10% of requests", func() bool {
+		return goodDone(rec.snapshot()) >= len(good)
+	}, func() string { return fmt.Sprintf("%d of %d delivered", goodDone(rec.snapshot()), len(good)) })
 	checkOrder(t, rec.snapshot())
 	if dead := deadLetters(t, d.store); len(dead) > 0 {
 		t.Fatalf("%d events dead behind a flaky receiver", len(dead))

@@ -2,6 +2,7 @@ package relayprom_test
 
 import (
 	"context"
+	"fmt"
 	"io"
 	"log/slog"
 	"strings"
@@ -50,9 +51,7 @@ func TestMetricsAfterKnownWorkload(t *testing.T) {
 		t.Fatal(err)
 	}
 	_ = r.Start(ctx)
-	for r.Stats().Published < 19 && ctx.Err() == nil {
-		time.Sleep(10 * time.Millisecond)
-	}
+	testenv.Wait(t, ctx, "19 events published", func() bool { return r.Stats().Published >= 19 })
 	if got := testutil.ToFloat64(metrics.PublishedCounter("outbox.event.order")); got != 19 {
 		t.Errorf("published_total = %v, want 19", got)
 	}
@@ -74,16 +73,11 @@ outbox_held_aggregates 1
 outbox_unpublished_events 1
 `
 	// The relay marks rows after the broker's answer: wait for the table to agree.
-	for {
-		err := testutil.GatherAndCompare(reg, strings.NewReader(want), "outbox_dead_letters", "outbox_held_aggregates", "outbox_unpublished_events")
-		if err == nil {
-			break
-		}
-		if ctx.Err() != nil {
-			t.Fatal(err)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+	var diff error
+	testenv.WaitTell(t, ctx, "the table's gauges to agree", func() bool {
+		diff = testutil.GatherAndCompare(reg, strings.NewReader(want), "outbox_dead_letters", "outbox_held_aggregates", "outbox_unpublished_events")
+		return diff == nil
+	}, func() string { return fmt.Sprint(diff) })
 	if n := testutil.CollectAndCount(reg, "outbox_relay_commit_to_ack_seconds"); n != 1 {
 		t.Errorf("latency histogram missing (%d)", n)
 	}
