@@ -278,30 +278,30 @@ func waitDelivered(t *testing.T, e *cdcEnv, b *memory.Broker, produced map[strin
 	for _, ids := range produced {
 		want += len(ids)
 	}
-	deadline := time.Now().Add(60 * time.Second)
-	for len(b.Messages()) < want {
-		if time.Now().After(deadline) {
-			got := map[string]bool{}
-			for _, m := range b.Messages() {
-				got[m.ID] = true
-			}
-			for agg, ids := range produced {
-				for i, id := range ids {
-					if got[id] {
-						continue
-					}
-					ev, err := e.admin(t).Event(context.Background(), id)
-					if err != nil {
-						t.Errorf("missing %s #%d %s: %v", agg, i, id, err)
-						continue
-					}
-					t.Errorf("missing %s #%d %s: %s attempts %d error %q dead %v holds %v", agg, i, id, ev.State, ev.Attempts, ev.Error, ev.DeadAt, ev.HoldsKey)
-				}
-			}
-			t.Fatalf("only %d of %d messages arrived", len(b.Messages()), want)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	testenv.WaitTell(t, ctx, fmt.Sprintf("%d messages on the broker", want), func() bool { return len(b.Messages()) >= want }, func() string {
+		got := map[string]bool{}
+		for _, m := range b.Messages() {
+			got[m.ID] = true
 		}
-		time.Sleep(20 * time.Millisecond)
-	}
+		var out strings.Builder
+		for agg, ids := range produced {
+			for i, id := range ids {
+				if got[id] {
+					continue
+				}
+				ev, err := e.admin(t).Event(context.Background(), id)
+				if err != nil {
+					fmt.Fprintf(&out, "missing %s #%d %s: %v\n", agg, i, id, err)
+					continue
+				}
+				fmt.Fprintf(&out, "missing %s #%d %s: %s attempts %d error %q dead %v holds %v\n", agg, i, id, ev.State, ev.Attempts, ev.Error, ev.DeadAt, ev.HoldsKey)
+			}
+		}
+		fmt.Fprintf(&out, "only %d of %d messages arrived", len(b.Messages()), want)
+		return out.String()
+	})
 }
 
 // A relay stopped cleanly confirms everything it published: the next one, on the same

@@ -93,13 +93,9 @@ func TestPostgresRestart(t *testing.T) {
 			waitMessages(t, b, aggs*per)
 			// Repeats are allowed (after the crash, and the lost commit answers), gaps
 			// and reordering are not.
-			deadline := time.Now().Add(30 * time.Second)
-			for {
-				if ok := delivered(b, aggs, per); ok || time.Now().After(deadline) {
-					break
-				}
-				time.Sleep(50 * time.Millisecond)
-			}
+			dctx, dcancel := context.WithTimeout(context.Background(), 30*time.Second)
+			defer dcancel()
+			testenv.Wait(t, dctx, "every event delivered", func() bool { return delivered(b, aggs, per) })
 			dups := checkDelivery(t, b.Messages(), aggs, per)
 			t.Logf("%s: %d messages for %d events (%d repeats)", mode, len(b.Messages()), aggs*per, dups)
 		})

@@ -19,7 +19,6 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/outboxd/outbox/internal/testenv"
-	"github.com/outboxd/outbox/outboxdriver"
 )
 
 // TestSecretsNeverPrinted: a table of bad inputs, each carrying a password or secret
@@ -146,9 +145,13 @@ func leastPrivilegeRelay(t *testing.T, completion string) {
 	prefix := testenv.UniqueName("leastpriv:")
 	relayProc := startRelayProc(t, nil, "--db", roleURL, "--table", schema+".outbox", "--broker", redisURL, "--completion", completion,
 		"--topic-template", prefix+"${aggregatetype}", "--max-message-bytes", "1000", "--poll-interval", "50ms", "--http", "")
-	if !waitUnpublishedOK(pool, table, 30*time.Second) {
-		t.Fatalf("events still unpublished; the relay said:\n%s", relayProc.output())
-	}
+	ctx30, cancel30 := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel30()
+	q := "SELECT count(*) FROM " + pgx.Identifier{schema, "outbox"}.Sanitize() + " WHERE published_at IS NULL"
+	testenv.WaitTell(t, ctx30, "every event published by the relay role", func() bool {
+		var n int64
+		return pool.QueryRow(ctx, q).Scan(&n) == nil && n == 0
+	}, relayProc.output)
 	var dead, archived int
 	if err := pool.QueryRow(ctx, `SELECT (SELECT count(*) FROM `+pgx.Identifier{schema, "outbox_dead"}.Sanitize()+`),
        (SELECT count(*) FROM `+pgx.Identifier{schema, "outbox_published"}.Sanitize()+`)`).Scan(&dead, &archived); err != nil {
@@ -196,19 +199,6 @@ func leastPrivilegeRelay(t *testing.T, completion string) {
 			t.Fatalf("%v as the operator role: exit %d\n%s%s", args, code, stdout, stderr)
 		}
 	}
-}
-
-func waitUnpublishedOK(pool *pgxpool.Pool, table outboxdriver.Table, timeout time.Duration) bool {
-	deadline := time.Now().Add(timeout)
-	q := "SELECT count(*) FROM " + pgx.Identifier{table.Schema, table.Name}.Sanitize() + " WHERE published_at IS NULL"
-	for time.Now().Before(deadline) {
-		var n int64
-		if err := pool.QueryRow(context.Background(), q).Scan(&n); err == nil && n == 0 {
-			return true
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-	return false
 }
 
 // grantRole creates a role of its own from the SQL block that follows <!-- marker -->

@@ -76,11 +76,9 @@ func TestVerify(t *testing.T) {
 			flags := append([]string{"--broker", brokerURL}, b.args(testenv.UniqueName("verify"))...)
 			p := startRelayProc(t, nil, append([]string{"--db", url, "--table", table.Schema + ".outbox"}, flags...)...)
 			// The relay's publisher declares the exchange when it connects, before "active".
-			for deadline := time.Now().Add(20 * time.Second); !strings.Contains(p.output(), "relay: active"); time.Sleep(20 * time.Millisecond) {
-				if time.Now().After(deadline) {
-					t.Fatalf("relay not active:\n%s", p.output())
-				}
-			}
+			actx, acancel := context.WithTimeout(context.Background(), 20*time.Second)
+			defer acancel()
+			testenv.WaitTell(t, actx, "the relay active", func() bool { return strings.Contains(p.output(), "relay: active") }, p.output)
 			args := append([]string{"verify", "--db", url, "--table", table.Schema + ".outbox", "--events", "40", "--deadline", "30s"}, flags...)
 			stdout, stderr, code := runCLI(t, nil, args...)
 			if code != 0 || !strings.Contains(stdout, "delivered    40 of 40") {
