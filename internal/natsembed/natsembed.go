@@ -17,6 +17,10 @@ type Server struct {
 	opts server.Options
 }
 
+// startTimeout bounds a server's start: a cluster member on a loaded machine (a CI
+// run of every package at once) can take well over ten seconds to be ready.
+const startTimeout = time.Minute
+
 // Start starts a server storing JetStream data in storeDir, on a free port.
 func Start(storeDir string) (*Server, error) {
 	s := &Server{opts: server.Options{
@@ -42,9 +46,9 @@ func (s *Server) start() error {
 		return fmt.Errorf("embedded NATS: %w", err)
 	}
 	ns.Start()
-	if !ns.ReadyForConnections(10 * time.Second) {
+	if !ns.ReadyForConnections(startTimeout) {
 		ns.Shutdown()
-		return fmt.Errorf("embedded NATS did not start within 10s")
+		return fmt.Errorf("embedded NATS did not start within %v", startTimeout)
 	}
 	s.ns = ns
 	return nil
