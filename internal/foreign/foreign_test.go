@@ -6,6 +6,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -18,8 +19,11 @@ import (
 
 	"github.com/outboxd/outbox"
 	"github.com/outboxd/outbox/broker"
+	amqppub "github.com/outboxd/outbox/broker/amqp"
 	"github.com/outboxd/outbox/broker/kafka"
+	mqttpub "github.com/outboxd/outbox/broker/mqtt"
 	natspub "github.com/outboxd/outbox/broker/nats"
+	redispub "github.com/outboxd/outbox/broker/redis"
 	"github.com/outboxd/outbox/internal/natsembed"
 	"github.com/outboxd/outbox/internal/testenv"
 	"github.com/outboxd/outbox/relay"
@@ -51,6 +55,12 @@ type record struct {
 // every one is published; it returns them in write order.
 func relayEvents(t *testing.T, pub broker.Publisher, n int) []outbox.Event {
 	t.Helper()
+	return relayTo(t, pub, "", n)
+}
+
+// relayTo is relayEvents with a topic template ("" for the default).
+func relayTo(t *testing.T, pub broker.Publisher, template string, n int) []outbox.Event {
+	t.Helper()
 	_, drv := testenv.Outbox(t)
 	w, err := outbox.NewWriter(drv, nil)
 	if err != nil {
@@ -70,7 +80,7 @@ func relayEvents(t *testing.T, pub broker.Publisher, n int) []outbox.Event {
 	if err != nil {
 		t.Fatal(err)
 	}
-	r := testenv.StartRelay(t, store, pub, &relay.Config{BatchSize: 7})
+	r := testenv.StartRelay(t, store, pub, &relay.Config{BatchSize: 7, TopicTemplate: template})
 	testenv.Wait(t, ctx, "every event published", func() bool { return r.Stats().Published >= int64(n) })
 	return evs
 }
@@ -182,4 +192,106 @@ func stderrOf(err error) string {
 		return string(ee.Stderr)
 	}
 	return ""
+}
+
+// readyConsumer starts a foreign consumer that says "ready" on stderr once it is
+// subscribed, and waits for that.
+func readyConsumer(t *testing.T, ctx context.Context, args ...string) (*exec.Cmd, *bytes.Buffer) {
+	t.Helper()
+	cmd := exec.CommandContext(ctx, node(t), args...)
+	var out bytes.Buffer
+	cmd.Stdout = &out
+	stderr, err := cmd.StderrPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	ready := make(chan string, 1)
+	go func() {
+		sc := bufio.NewScanner(stderr)
+		var said strings.Builder
+		for sc.Scan() {
+			if sc.Text() == "ready" {
+				ready <- ""
+				_, _ = io.Copy(io.Discard, stderr)
+				return
+			}
+			said.WriteString(sc.Text() + "\n")
+		}
+		ready <- said.String()
+	}()
+	if said := <-ready; said != "" {
+		_ = cmd.Wait()
+		t.Fatalf("%s did not subscribe:\n%s", args[0], said)
+	}
+	return cmd, &out
+}
+
+// TestIORedis: ioredis reads the relay's stream entries: the key, type, headers and
+// payload fields as documented.
+func TestIORedis(t *testing.T) {
+	t.Parallel()
+	nodeBin := node(t)
+	url := testenv.ServiceURL(t, "TEST_REDIS_URL", "redis://127.0.0.1:6379/0", "127.0.0.1:6379", "Redis")
+	pub, err := redispub.Dial(context.Background(), url, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = pub.Close() })
+	prefix := testenv.UniqueName("foreign")
+	const n = 30
+	evs := relayTo(t, pub, prefix+".${aggregatetype}", n)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	out, err := exec.CommandContext(ctx, nodeBin, "node/redis.js", url, prefix+".order", fmt.Sprint(n)).Output()
+	if err != nil {
+		t.Fatalf("ioredis: %v\n%s", err, stderrOf(err))
+	}
+	check(t, evs, out)
+}
+
+// TestAMQPLib: amqplib, bound to the relay's exchange, reads its messages: message_id
+// and the id header, type, the key in outbox-key, the headers, the body.
+func TestAMQPLib(t *testing.T) {
+	t.Parallel()
+	url := testenv.ServiceURL(t, "TEST_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/", "127.0.0.1:5672", "RabbitMQ")
+	exchange := testenv.UniqueName("foreign")
+	pub, err := amqppub.Dial(context.Background(), url, &amqppub.Config{Exchange: exchange})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = pub.Close() })
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	const n = 30
+	cmd, out := readyConsumer(t, ctx, "node/amqp.js", url, exchange, "outbox.event.#", fmt.Sprint(n))
+	evs := relayEvents(t, pub, n)
+	if err := cmd.Wait(); err != nil {
+		t.Fatalf("amqplib: %v\n%s", err, out)
+	}
+	check(t, evs, out.Bytes())
+}
+
+// TestMQTTJS: MQTT.js, subscribed at QoS 1, reads the relay's messages: the key in
+// the outbox-key user property, the headers as user properties, the payload.
+func TestMQTTJS(t *testing.T) {
+	t.Parallel()
+	url := testenv.ServiceURL(t, "TEST_MQTT_URL", "mqtt://127.0.0.1:1883", "127.0.0.1:1883", "Mosquitto")
+	pub, err := mqttpub.Dial(context.Background(), url, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = pub.Close() })
+	prefix := testenv.UniqueName("foreign")
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	const n = 30
+	cmd, out := readyConsumer(t, ctx, "node/mqtt.js", url, prefix+"/#", fmt.Sprint(n))
+	evs := relayTo(t, pub, prefix+"/${aggregatetype}", n)
+	if err := cmd.Wait(); err != nil {
+		t.Fatalf("MQTT.js: %v\n%s", err, out)
+	}
+	check(t, evs, out.Bytes())
 }
