@@ -1,6 +1,8 @@
 module github.com/outboxd/outbox
 
-go 1.26.8
+go 1.26.0
+
+toolchain go1.26.8
 
 require (
 	cloud.google.com/go/pubsub/v2 v2.9.0

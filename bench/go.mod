@@ -1,6 +1,8 @@
 module github.com/outboxd/outbox/bench
 
-go 1.26.8
+go 1.26.0
+
+toolchain go1.26.8
 
 require (
 	github.com/ThreeDotsLabs/watermill v1.5.1

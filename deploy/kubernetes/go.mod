@@ -2,6 +2,8 @@ module github.com/outboxd/outbox/deploy/kubernetes
 
 go 1.26.0
 
+toolchain go1.26.8
+
 require (
 	github.com/prometheus-operator/prometheus-operator/pkg/apis/monitoring v0.95.2
 	go.uber.org/goleak v1.3.0
