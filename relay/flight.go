@@ -63,7 +63,10 @@ func (r *Relay) startPublish(work context.Context, rows []outboxdriver.Row) *fli
 		if r.cfg.Tracer != nil {
 			endTrace = r.cfg.Tracer.StartPublish(msgs)
 		}
-		ctx := broker.WithAnswers(work, msgs, func(j int, res broker.Result) { f.decide(idx[j], res) })
+		ctx := work
+		if r.splits() { // early answers serve only a batch that may be split
+			ctx = broker.WithAnswers(work, msgs, func(j int, res broker.Result) { f.decide(idx[j], res) })
+		}
 		pubResults := r.pub.Publish(ctx, msgs)
 		if endTrace != nil {
 			endTrace(pubResults)

@@ -147,13 +147,7 @@ func TestKafkaJS(t *testing.T) {
 	}
 	t.Cleanup(func() { _ = pub.Close() })
 	evs := relayEvents(t, pub, n)
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-	defer cancel()
-	out, err := exec.CommandContext(ctx, nodeBin, "node/kafka.js", cluster.ListenAddrs()[0], topic, fmt.Sprint(n)).Output()
-	if err != nil {
-		t.Fatalf("kafkajs: %v\n%s", err, stderrOf(err))
-	}
-	check(t, evs, out)
+	readAndCheck(t, evs, "kafkajs", nodeBin, "node/kafka.js", cluster.ListenAddrs()[0], topic, fmt.Sprint(n))
 }
 
 // TestNatsJS: nats.js reads the relay's messages from a JetStream stream (an embedded
@@ -173,18 +167,25 @@ func TestNatsJS(t *testing.T) {
 	}
 	t.Cleanup(func() { _ = pub.Close() })
 	evs := relayEvents(t, pub, n)
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-	defer cancel()
-	out, err := exec.CommandContext(ctx, nodeBin, "node/nats.js", ns.URL(), "OUTBOX", fmt.Sprint(n)).Output()
-	if err != nil {
-		t.Fatalf("nats.js: %v\n%s", err, stderrOf(err))
-	}
-	check(t, evs, out)
+	readAndCheck(t, evs, "nats.js", nodeBin, "node/nats.js", ns.URL(), "OUTBOX", fmt.Sprint(n))
 }
 
 func jsonEqual(got string, want []byte) bool {
 	var a, b any
 	return json.Unmarshal([]byte(got), &a) == nil && json.Unmarshal(want, &b) == nil && fmt.Sprint(a) == fmt.Sprint(b)
+}
+
+// readAndCheck runs a foreign client that reads what the relay published, and
+// checks its output against the events written.
+func readAndCheck(t *testing.T, evs []outbox.Event, name, nodeBin string, args ...string) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	out, err := exec.CommandContext(ctx, nodeBin, args...).Output()
+	if err != nil {
+		t.Fatalf("%s: %v\n%s", name, err, stderrOf(err))
+	}
+	check(t, evs, out)
 }
 
 func stderrOf(err error) string {
@@ -243,13 +244,7 @@ func TestIORedis(t *testing.T) {
 	prefix := testenv.UniqueName("foreign")
 	const n = 30
 	evs := relayTo(t, pub, prefix+".${aggregatetype}", n)
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-	defer cancel()
-	out, err := exec.CommandContext(ctx, nodeBin, "node/redis.js", url, prefix+".order", fmt.Sprint(n)).Output()
-	if err != nil {
-		t.Fatalf("ioredis: %v\n%s", err, stderrOf(err))
-	}
-	check(t, evs, out)
+	readAndCheck(t, evs, "ioredis", nodeBin, "node/redis.js", url, prefix+".order", fmt.Sprint(n))
 }
 
 // TestAMQPLib: amqplib, bound to the relay's exchange, reads its messages: message_id
