@@ -459,6 +459,15 @@ type Settler interface {
 	Settle(ctx context.Context, p *CompleteParams) error
 }
 
+// Completer is implemented by a table store that completes published rows outside
+// any claim (marks, deletes or archives them, as c says). A CDC source reads rows from
+// the WAL instead of claiming them, and completes them with it once the broker
+// acknowledged them, so status, cleanup and a takeover by a polling relay see them
+// published.
+type Completer interface {
+	CompletePublished(ctx context.Context, ids []string, c Completion) error
+}
+
 // ClaimKeeper is implemented by a Claim whose hold lapses when it idles for
 // ClaimParams.HoldTimeout: KeepAlive proves, while the claim's batch is out, that its
 // relay still runs, so a slow publish does not end the claim. It is never called

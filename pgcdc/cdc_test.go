@@ -217,3 +217,40 @@ func TestRowsInOrderNoPhantoms(t *testing.T) {
 		})
 	}
 }
+
+// The rows a CDC relay publishes are completed in the table, as the relay's
+// completion says, so status, cleanup and a polling relay taking over see them
+// published.
+func TestPublishedRowsCompleted(t *testing.T) {
+	for _, c := range []outboxdriver.Completion{outboxdriver.CompleteMark, outboxdriver.CompleteDelete, outboxdriver.CompleteArchive} {
+		t.Run(string(c), func(t *testing.T) {
+			e := setup(t, outboxdriver.WriteRows)
+			b := memory.New(0)
+			e.startRelay(t, e.source(t, nil), b, &relay.Config{Completion: c})
+			const aggs, per = 4, 25
+			e.produce(t, aggs, per)
+			waitMessages(t, b, aggs*per)
+			ctx := context.Background()
+			count := func(table, where string) int {
+				var n int
+				if err := e.pool.QueryRow(ctx, `SELECT count(*) FROM `+pgx.Identifier{e.table.Schema, table}.Sanitize()+` WHERE `+where).Scan(&n); err != nil {
+					t.Fatal(err)
+				}
+				return n
+			}
+			want := map[outboxdriver.Completion][3]int{ // marked, in the table, archived
+				outboxdriver.CompleteMark:    {aggs * per, aggs * per, 0},
+				outboxdriver.CompleteDelete:  {0, 0, 0},
+				outboxdriver.CompleteArchive: {0, 0, aggs * per},
+			}[c]
+			var got [3]int
+			testenv.WaitTell(t, ctx, "the published rows completed", func() bool {
+				got = [3]int{count("outbox", "published_at IS NOT NULL"), count("outbox", "true"), count("outbox_published", "true")}
+				return got == want
+			}, func() string { return fmt.Sprintf("marked, in the table, archived: %v, want %v", got, want) })
+			if st, err := e.admin(t).Status(ctx); err != nil || st.Unpublished != 0 {
+				t.Fatalf("status after the relay: %+v, %v", st, err)
+			}
+		})
+	}
+}

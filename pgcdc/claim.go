@@ -68,6 +68,26 @@ func (s *Source) Claim(ctx context.Context, p *outboxdriver.ClaimParams) (outbox
 	}
 }
 
+// published hands acknowledged events on: rows of the table to the marker, which
+// completes them there before they count as done; table-less events are done.
+func (ss *session) published(es []*entry, c outboxdriver.Completion) {
+	if ss.marks == nil {
+		ss.q.done(es)
+		return
+	}
+	var rows []*entry
+	done := es[:0:0]
+	for _, e := range es {
+		if e.inserted {
+			rows = append(rows, e)
+		} else {
+			done = append(done, e)
+		}
+	}
+	ss.q.done(done)
+	ss.marks.add(rows, c)
+}
+
 // finishBackfill ends the backfill once no row before the slot waits any more.
 func (ss *session) finishBackfill(ctx context.Context) error {
 	s := ss.src
@@ -189,7 +209,7 @@ func (c *claim) Complete(ctx context.Context, p *outboxdriver.CompleteParams) er
 			}
 		}
 		c.ss.q.giveBack(back)
-		c.ss.q.done(acked)
+		c.ss.published(acked, p.Completion)
 		return err
 	}
 	if len(dead) > 0 {
@@ -201,17 +221,19 @@ func (c *claim) Complete(ctx context.Context, p *outboxdriver.CompleteParams) er
 		}
 		c.ss.heldMu.Unlock()
 	}
-	done := make([]*entry, 0, len(c.es))
+	acked := make([]*entry, 0, len(c.es))
 	for _, e := range c.es {
 		if !failed[e] {
-			done = append(done, e) // published (an id the broker acked)
+			acked = append(acked, e) // published (an id the broker acked)
 		}
 	}
+	done := make([]*entry, 0, len(dead))
 	for _, d := range dead {
 		done = append(done, d.e)
 	}
 	c.ss.q.giveBack(back)
 	c.ss.q.done(done)
+	c.ss.published(acked, p.Completion)
 	// Report now, before the relay sends its next batch. A failed write ends the
 	// stream, and the relay steps down.
 	if err := c.ss.st.sendStatus(false); err != nil {

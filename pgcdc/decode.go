@@ -46,6 +46,9 @@ type Change struct {
 	// Bad, for ChangeEvent, is why the message could not be made into an event at all
 	// (its content is not an outbox event): it is skipped and reported.
 	Bad error
+	// Inserted, for ChangeEvent, says the event is a row inserted into the table (not
+	// a table-less message): once published, the row is completed there too.
+	Inserted bool
 }
 
 // Column type OIDs the decoder reads in binary format.
@@ -201,7 +204,7 @@ func (d *Decoder) insert(r *reader) (Change, error) {
 	if n != len(rel.cols) {
 		return Change{}, fmt.Errorf("%w: insert: %d columns, relation has %d", ErrMalformed, n, len(rel.cols))
 	}
-	ch := Change{Kind: ChangeEvent, Xid: d.xid}
+	ch := Change{Kind: ChangeEvent, Xid: d.xid, Inserted: true}
 	row := &ch.Row
 	seen := 0
 	for _, c := range rel.cols {

@@ -40,6 +40,7 @@ type entry struct {
 	availableAt time.Time
 	reject      error  // goes to the dead letters instead of the broker
 	xid         uint32 // the transaction that wrote it (0: none), see waitVisible
+	inserted    bool   // a row of the table, completed there once published (marker)
 	// failed: the broker did not take it; until its retry time its aggregate's later
 	// events wait behind it. An event only delayed (NotBefore) holds nothing back.
 	failed bool
@@ -93,10 +94,11 @@ func (q *queue) hasSpace() bool {
 	return q.open < q.capacity && (q.maxBytes <= 0 || q.openBytes < q.maxBytes)
 }
 
-// push adds an event read from the stream, written by transaction xid.
-func (q *queue) push(row outboxdriver.Row, availableAt time.Time, reject error, xid uint32) {
+// push adds an event read from the stream, written by transaction xid (a row of the
+// table when inserted).
+func (q *queue) push(row outboxdriver.Row, availableAt time.Time, reject error, xid uint32, inserted bool) {
 	q.mu.Lock()
-	q.pending = append(q.pending, &entry{idx: q.nextIdx, row: row, availableAt: availableAt, reject: reject, xid: xid})
+	q.pending = append(q.pending, &entry{idx: q.nextIdx, row: row, availableAt: availableAt, reject: reject, xid: xid, inserted: inserted})
 	q.nextIdx++
 	q.open++
 	q.openBytes += len(row.Payload)

@@ -21,8 +21,10 @@ type session struct {
 	lead          outboxdriver.Leadership // the table's single-active-relay lock
 	q             *queue
 	st            *stream
+	marks         *marker // nil: the table store cannot complete rows outside a claim
 	cancel        context.CancelFunc
 	done          chan struct{}
+	marked        chan struct{} // closed when the marker stopped (nil: no marker)
 	err           atomic.Pointer[error]
 	backfilling   atomic.Bool // still publishing the rows written before the slot
 	backfillUntil int64       // the backfill's last seq
@@ -162,6 +164,14 @@ UPDATE `+s.qCDC+` SET backfill_until = coalesce(backfill_until, m.n) FROM m WHER
 	sess.st = st
 	runCtx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	sess.cancel = cancel
+	if s.completer != nil {
+		sess.marks = newMarker(sess)
+		sess.marked = make(chan struct{})
+		go func() {
+			defer close(sess.marked)
+			sess.marks.run(runCtx)
+		}()
+	}
 	go func() {
 		defer close(sess.done)
 		err := st.run(runCtx)
@@ -194,10 +204,23 @@ func (ss *session) Check(ctx context.Context) error {
 // Release implements outboxdriver.Leadership: the stream reports its last confirmed
 // position and closes, then the table lock goes.
 func (ss *session) Release(ctx context.Context) error {
+	if ss.marks != nil {
+		// Rows already acknowledged are marked, and their position confirmed, before
+		// the stream closes: a graceful stop sends nothing twice.
+		dctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		ss.marks.drain(dctx)
+		cancel()
+	}
 	ss.cancel()
 	select {
 	case <-ss.done:
 	case <-ctx.Done():
+	}
+	if ss.marked != nil {
+		select {
+		case <-ss.marked:
+		case <-ctx.Done():
+		}
 	}
 	ss.src.mu.Lock()
 	if ss.src.sess == ss {

@@ -93,11 +93,12 @@ type Config struct {
 // polling the table. Everything else (dead letters, status, cleanup) is the table
 // store's. Build it with New and hand it to relay.New like any store.
 type Source struct {
-	pool  *pgxpool.Pool
-	inner outboxdriver.Store
-	table outboxdriver.Table
-	cfg   Config
-	log   *slog.Logger
+	pool      *pgxpool.Pool
+	inner     outboxdriver.Store
+	completer outboxdriver.Completer // inner's, when it has one: rows are completed once published
+	table     outboxdriver.Table
+	cfg       Config
+	log       *slog.Logger
 
 	qTable, qDead, qCDC string
 	deadLetterStmt      string // set by checkServer, before any session
@@ -175,6 +176,7 @@ func New(pool *pgxpool.Pool, inner outboxdriver.Store, table outboxdriver.Table,
 		qDead: pgx.Identifier{table.Schema, table.Derived("_dead")}.Sanitize(),
 		qCDC:  pgx.Identifier{table.Schema, table.Derived("_cdc")}.Sanitize(),
 	}
+	s.completer, _ = inner.(outboxdriver.Completer)
 	return s, nil
 }
 

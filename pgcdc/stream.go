@@ -135,7 +135,7 @@ func (s *stream) handle(data []byte, at uint64) error {
 			s.bad(at, ch.Bad)
 			return nil
 		}
-		s.q.push(ch.Row, ch.AvailableAt, ch.Reject, ch.Xid)
+		s.q.push(ch.Row, ch.AvailableAt, ch.Reject, ch.Xid, ch.Inserted)
 		s.failpoint(FailpointAfterReceive)
 	case ChangeCommit:
 		s.q.mark(ch.EndLSN)

@@ -35,7 +35,6 @@ type Statements struct {
 	relays       string // quoted relay registry (several active relays)
 	leases       string // quoted partition leases
 	published    string // quoted archive of published rows (completion "archive")
-	statusCDC    string
 
 	insert, claim, markPublished, deletePublished, archivePublished, recordFailure, moveDead, status string
 	// The same write-backs, applied only while the relay holds the partitions' leases
@@ -139,8 +138,6 @@ FROM ` + q
 	s.fencedFailure = "WITH " + s.heldLeases(5) + " " + s.recordFailure + held
 	s.fencedDead = strings.Replace(strings.Replace(s.moveDead, "WITH ", "WITH "+s.heldLeases(5)+", ", 1),
 		"WHERE o.id = f.id", "WHERE o.id = f.id"+held, 1)
-	s.statusCDC = `SELECT count(*), coalesce(extract(epoch FROM now() - min(created_at)), 0)::float8 FROM ` + q + `
-WHERE published_at IS NULL AND seq <= (SELECT coalesce(max(backfill_until), 0) FROM ` + s.cdc + ` WHERE backfilled_at IS NULL)`
 	return s, nil
 }
 
@@ -777,6 +774,24 @@ func (s *Store) Listen(ctx context.Context) (outboxdriver.Listener, error) {
 	return s.ListenFunc(ctx)
 }
 
+// CompletePublished implements outboxdriver.Completer: the statements a claim's
+// Complete runs, unfenced (the CDC relay runs alone on its table).
+func (s *Store) CompletePublished(ctx context.Context, ids []string, c outboxdriver.Completion) error {
+	if len(ids) == 0 {
+		return nil
+	}
+	stmt := s.Statements.markPublished
+	switch c {
+	case outboxdriver.CompleteDelete:
+		stmt = s.Statements.deletePublished
+	case outboxdriver.CompleteArchive:
+		stmt = s.Statements.archivePublished
+	}
+	return InterpretError(s.DB.Exec(ctx, stmt, ids))
+}
+
+var _ outboxdriver.Completer = (*Store)(nil)
+
 // Status implements outboxdriver.Store.
 func (s *Store) Status(ctx context.Context) (*outboxdriver.Status, error) {
 	st := &outboxdriver.Status{Table: s.Statements.table.String()}
@@ -828,15 +843,6 @@ ORDER BY a.backend_start NULLS LAST, a.pid`, s.Statements.lockKey)
 	}
 	if err := s.groupStatus(ctx, st); err != nil {
 		return nil, err
-	}
-	if len(st.Slots) > 0 {
-		// CDC mode: rows are relayed from the WAL, not marked. Only rows before a slot
-		// whose backfill is pending are the table's to publish.
-		var ageSec float64
-		if err := QueryRow(ctx, s.DB, s.Statements.statusCDC, nil, &st.Unpublished, &ageSec); err != nil {
-			return nil, InterpretError(err)
-		}
-		st.OldestAge = time.Duration(ageSec * float64(time.Second))
 	}
 	return st, nil
 }
