@@ -150,6 +150,7 @@ func New(cfg *Config) (*Dashboard, error) {
 	mux.HandleFunc("GET "+p+"/events", d.findEvent)
 	mux.HandleFunc("GET "+p+"/events/{id}", d.event)
 	mux.HandleFunc("GET "+p+"/events/{id}/payload", d.eventPayload)
+	mux.HandleFunc("POST "+p+"/events/{id}/edit", d.editDead)
 	mux.HandleFunc("GET "+p+"/login", d.loginPage)
 	mux.HandleFunc("POST "+p+"/login", d.login)
 	mux.HandleFunc("POST "+p+"/logout", d.logout)

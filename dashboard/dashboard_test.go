@@ -431,3 +431,58 @@ func TestBigPayloadPage(t *testing.T) {
 		t.Fatalf("download: %d, %d bytes, %q", resp.StatusCode, len(whole), resp.Header.Get("Content-Disposition"))
 	}
 }
+
+// TestEditDeadLetter: an admin fixes a dead letter's payload and headers on its page,
+// then saves and replays it; a bad form is refused with what was typed kept, and a
+// read-only visitor gets no form and no edit.
+func TestEditDeadLetter(t *testing.T) {
+	f := newFixture(t, dashboard.Config{Token: "s3cret-admin-token"})
+	ids := f.write(outbox.Event{AggregateType: "order", AggregateID: "o-1", Type: "Placed", Payload: []byte(`{"n":"bad"}`),
+		Headers: map[string]string{"tenant": "a", "stale": "x"}})
+	f.kill(t, ids...)
+	u := f.srv.URL + "/ui"
+	edit := u + "/events/" + ids[0] + "/edit"
+	c := client(t)
+	if _, page := get(t, c, u+"/events/"+ids[0]); strings.Contains(page, `id="edit"`) {
+		t.Fatal("a read-only visitor sees the edit form")
+	}
+	if code, _ := post(t, c, edit, url.Values{"payload": {`{"n":1}`}}); code != http.StatusForbidden {
+		t.Fatalf("anonymous edit: %d", code)
+	}
+	if code, _ := post(t, c, u+"/login", url.Values{"token": {"s3cret-admin-token"}}); code != http.StatusSeeOther {
+		t.Fatalf("sign in: %d", code)
+	}
+	_, page := get(t, c, u+"/events/"+ids[0])
+	m := csrfField.FindStringSubmatch(page)
+	if m == nil || !strings.Contains(page, `id="edit"`) || !strings.Contains(page, `{&#34;n&#34;: &#34;bad&#34;}`) {
+		t.Fatalf("no edit form with the payload for an admin:\n%s", page)
+	}
+	form := url.Values{"csrf": {m[1]}, "do": {"save"}, "payload": {`{"n":1}`}, "headers": {`{"tenant": "a", "fixed": "yes"`}}
+	code, body := post(t, c, edit, form)
+	if code != http.StatusBadRequest || !strings.Contains(body, "JSON object") || !strings.Contains(body, `{&#34;tenant&#34;: &#34;a&#34;, &#34;fixed&#34;: &#34;yes&#34;`) {
+		t.Fatalf("bad headers: %d, want 400 with the typed text kept:\n%s", code, body)
+	}
+	form.Set("payload", "not json\r\n")
+	form.Set("headers", `{"tenant": "a", "fixed": "yes"}`)
+	if code, body := post(t, c, edit, form); code != http.StatusBadRequest || !strings.Contains(body, "not changed") || !strings.Contains(body, "not json") {
+		t.Fatalf("a payload the jsonb column refuses: %d\n%s", code, body)
+	}
+	if e, _ := f.store.Event(context.Background(), ids[0]); string(e.Payload) != `{"n": "bad"}` || e.Headers["stale"] != "x" {
+		t.Fatalf("a refused edit changed the dead letter: %s %v", e.Payload, e.Headers)
+	}
+	form.Set("payload", `{"n":1}`)
+	form.Set("do", "save-replay")
+	if code, body := post(t, c, edit, form); code != http.StatusSeeOther {
+		t.Fatalf("save and replay: %d\n%s", code, body)
+	}
+	e, err := f.store.Event(context.Background(), ids[0])
+	if err != nil || e.State != outboxdriver.EventWaiting || string(e.Payload) != `{"n": 1}` || e.Headers["fixed"] != "yes" || e.Headers["stale"] != "" {
+		t.Fatalf("after save and replay: %+v, %v", e, err)
+	}
+	if _, page := get(t, c, u+"/events/"+ids[0]+"?done=replayed"); !strings.Contains(page, "Saved and replayed") {
+		t.Fatal("no confirmation after the edit")
+	}
+	if code, _ := post(t, c, edit, form); code != http.StatusNotFound {
+		t.Fatalf("editing an event that is no longer dead: %d", code)
+	}
+}

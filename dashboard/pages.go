@@ -376,17 +376,7 @@ func (d *Dashboard) deadAction(w http.ResponseWriter, r *http.Request) {
 		d.message(w, r, http.StatusBadRequest, "Bad request", "The form could not be read: "+err.Error())
 		return
 	}
-	sess, err := d.auth.session(r, d.now())
-	if err != nil {
-		text := "This dashboard is read-only: start the relay (or `outbox ui`) with --ui-token to allow replay and purge."
-		if d.auth.enabled() {
-			text = "Replay and purge need the admin token: sign in first."
-		}
-		d.message(w, r, http.StatusForbidden, "Refused", text)
-		return
-	}
-	if !d.auth.checkCSRF(sess, r.PostForm.Get("csrf")) {
-		d.message(w, r, http.StatusForbidden, "Refused", "The form's CSRF token is missing or stale: reload the page and try again.")
+	if !d.allowed(w, r) {
 		return
 	}
 	do := r.PostForm.Get("do")
@@ -436,6 +426,25 @@ func (d *Dashboard) deadAction(w http.ResponseWriter, r *http.Request) {
 	http.Redirect(w, r, d.cfg.Prefix+"/dead?"+back.Encode(), http.StatusSeeOther)
 }
 
+// allowed reports whether the parsed form r comes from a signed-in admin with the
+// session's CSRF token; if not, it says why.
+func (d *Dashboard) allowed(w http.ResponseWriter, r *http.Request) bool {
+	sess, err := d.auth.session(r, d.now())
+	if err != nil {
+		text := "This dashboard is read-only: start the relay (or `outbox ui`) with --ui-token to allow replay, edit and purge."
+		if d.auth.enabled() {
+			text = "Replay, edit and purge need the admin token: sign in first."
+		}
+		d.message(w, r, http.StatusForbidden, "Refused", text)
+		return false
+	}
+	if !d.auth.checkCSRF(sess, r.PostForm.Get("csrf")) {
+		d.message(w, r, http.StatusForbidden, "Refused", "The form's CSRF token is missing or stale: reload the page and try again.")
+		return false
+	}
+	return true
+}
+
 // ---- one event ----
 
 type header struct{ K, V string }
@@ -449,6 +458,16 @@ type eventData struct {
 	// one is a download (eventPayload).
 	PayloadCut  bool
 	PayloadSize int
+	// Edit is a dead letter's fix-before-replay form (admins only).
+	Edit *editForm
+}
+
+// editForm is the dead-letter edit form: the payload as text (when it is text and
+// whole on the page) and the headers as a JSON object.
+type editForm struct {
+	PayloadEditable bool
+	Payload         string
+	Headers         string
 }
 
 // PayloadPreview is the most of a payload an event page shows: a huge payload must
@@ -465,6 +484,19 @@ func (d *Dashboard) findEvent(w http.ResponseWriter, r *http.Request) {
 }
 
 func (d *Dashboard) event(w http.ResponseWriter, r *http.Request) {
+	p := d.base(r, "", "")
+	switch r.URL.Query().Get("done") {
+	case "edited":
+		p.Flash = "Saved. Replay it to send the fixed event."
+	case "replayed":
+		p.Flash = "Saved and replayed: the event is back in the outbox, in its aggregate's order."
+	}
+	d.eventPage(w, r, p, http.StatusOK, nil)
+}
+
+// eventPage renders an event's story on p; edit, when not nil, is a submitted edit
+// form to show again (with p.Error saying what was wrong with it).
+func (d *Dashboard) eventPage(w http.ResponseWriter, r *http.Request, p *page, status int, edit *editForm) {
 	ctx, cancel := d.ctx(r)
 	defer cancel()
 	id := r.PathValue("id")
@@ -492,7 +524,13 @@ func (d *Dashboard) event(w http.ResponseWriter, r *http.Request) {
 		v.StateText = "Dead letter"
 	}
 	if v.Waiting && (d.cfg.Mode == "cdc" || d.cdcTable(ctx)) {
-		v.CDCNote = "A CDC relay reads events from the WAL and does not mark rows: a row it published stays here, unmarked, until cleanup. Its slot's lag (Relays) says what it has yet to send."
+		v.CDCNote = "A CDC relay reads events from the WAL and marks a row published a moment after the broker acknowledged it. Its slot's lag (Relays) says what it has yet to send."
+	}
+	if v.Dead && p.Admin {
+		v.Edit = edit
+		if v.Edit == nil {
+			v.Edit = newEditForm(e)
+		}
 	}
 	v.PayloadSize = len(e.Payload)
 	if len(e.Payload) > PayloadPreview {
@@ -507,9 +545,91 @@ func (d *Dashboard) event(w http.ResponseWriter, r *http.Request) {
 		v.Headers = append(v.Headers, header{k, val})
 	}
 	sort.Slice(v.Headers, func(i, j int) bool { return v.Headers[i].K < v.Headers[j].K })
-	p := d.base(r, "Event "+e.ID, "")
+	p.Title = "Event " + e.ID
 	p.Data = v
-	d.render(w, r, http.StatusOK, "event", p)
+	d.render(w, r, status, "event", p)
+}
+
+func newEditForm(e *outboxdriver.EventInfo) *editForm {
+	f := &editForm{Headers: "{}"}
+	if len(e.Headers) > 0 {
+		b, _ := json.MarshalIndent(e.Headers, "", "  ")
+		f.Headers = string(b)
+	}
+	if !e.PayloadNull && len(e.Payload) <= PayloadPreview && utf8.Valid(e.Payload) {
+		f.PayloadEditable, f.Payload = true, string(e.Payload)
+	}
+	return f
+}
+
+// editDead fixes a dead letter's payload or headers (an admin's form on the event
+// page), and replays it when asked. A refused edit shows the form again as
+// submitted, with the reason: nothing typed is lost.
+func (d *Dashboard) editDead(w http.ResponseWriter, r *http.Request) {
+	r.Body = http.MaxBytesReader(w, r.Body, 2*PayloadPreview+1<<20)
+	if err := r.ParseForm(); err != nil {
+		d.message(w, r, http.StatusBadRequest, "Bad request", "The form could not be read: "+err.Error())
+		return
+	}
+	if !d.allowed(w, r) {
+		return
+	}
+	id := r.PathValue("id")
+	ctx, cancel := context.WithTimeout(r.Context(), 30*time.Second)
+	defer cancel()
+	cur, err := d.cfg.Admin.Event(ctx, id)
+	if err == nil && cur.State != outboxdriver.EventDead {
+		err = outboxdriver.ErrEventNotFound
+	}
+	if errors.Is(err, outboxdriver.ErrEventNotFound) {
+		d.message(w, r, http.StatusNotFound, "No such dead letter", fmt.Sprintf("No dead letter has id %q: replayed or purged meanwhile?", id))
+		return
+	}
+	if err != nil {
+		d.message(w, r, http.StatusInternalServerError, "Failed", "Reading the dead letter: "+err.Error())
+		return
+	}
+	was := newEditForm(cur)
+	// Browsers send a textarea's line breaks as CRLF: the payload keeps LF.
+	got := &editForm{PayloadEditable: was.PayloadEditable, Headers: r.PostForm.Get("headers"),
+		Payload: strings.ReplaceAll(r.PostForm.Get("payload"), "\r\n", "\n")}
+	refuse := func(status int, why string) {
+		p := d.base(r, "", "")
+		p.Error = why
+		d.eventPage(w, r, p, status, got)
+	}
+	var edit outboxdriver.DeadEdit
+	if was.PayloadEditable && got.Payload != strings.ReplaceAll(was.Payload, "\r\n", "\n") {
+		edit.Payload = []byte(got.Payload)
+	}
+	if strings.TrimSpace(got.Headers) != strings.TrimSpace(was.Headers) {
+		if err := json.Unmarshal([]byte(got.Headers), &edit.Headers); err != nil || edit.Headers == nil {
+			refuse(http.StatusBadRequest, `The headers must be a JSON object of strings, such as {"name": "value"}: nothing was saved.`)
+			return
+		}
+	}
+	replay := r.PostForm.Get("do") == "save-replay"
+	if edit.Payload == nil && edit.Headers == nil && !replay {
+		refuse(http.StatusBadRequest, "Nothing changed: nothing was saved.")
+		return
+	}
+	if edit.Payload != nil || edit.Headers != nil {
+		if err := d.cfg.Admin.EditDead(ctx, id, &edit); err != nil {
+			refuse(http.StatusBadRequest, "The dead letter was not changed: "+err.Error())
+			return
+		}
+	}
+	done := "edited"
+	if replay {
+		if _, err := d.cfg.Admin.ReplayDead(ctx, &outboxdriver.DeadFilter{IDs: []string{id}}); err != nil {
+			d.message(w, r, http.StatusInternalServerError, "Failed", "Saved, but the replay failed: "+err.Error())
+			return
+		}
+		done = "replayed"
+	}
+	d.log.Info("dashboard: dead letter edited", "id", id, "payload", edit.Payload != nil, "headers", edit.Headers != nil,
+		"replayed", replay, "remote", r.RemoteAddr)
+	http.Redirect(w, r, d.cfg.Prefix+"/events/"+url.PathEscape(id)+"?done="+done, http.StatusSeeOther)
 }
 
 // eventPayload sends an event's whole payload, as a download (never rendered).

@@ -664,10 +664,10 @@ type Status struct {
 	// and PartitionBacklog the unpublished rows per partition (group mode only).
 	Relays           []RelayStatus
 	PartitionBacklog []int64
-	// Slots are the CDC relay's replication slots for this table (PostgreSQL). In CDC
-	// mode rows are not marked when published: Unpublished and OldestAge then count
-	// only the rows written before a slot that its backfill has yet to publish, and the
-	// backlog is the slot's lag.
+	// Slots are the CDC relay's replication slots for this table (PostgreSQL). A CDC
+	// relay completes the rows it publishes, so Unpublished counts as in poll mode;
+	// insert-delete and table-less events have no row, and the slot's lag is their
+	// backlog.
 	Slots []SlotStatus
 }
 
