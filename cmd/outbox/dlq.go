@@ -18,6 +18,19 @@ import (
 )
 
 func runDLQ(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	if len(args) == 1 && (args[0] == "-h" || args[0] == "--help") {
+		fmt.Fprint(stderr, `Usage: outbox dlq SUBCOMMAND [flags] [ID...]
+
+  list     dead letters, oldest first (filters: --aggregate-type, --aggregate-id, --type, --older-than)
+  show     one dead letter: its event, headers, payload and why it died
+  edit     change a dead letter's payload or headers before replaying it
+  replay   put dead letters back in the outbox, in their original order
+  purge    delete dead letters for good
+
+`+"`outbox help dlq SUBCOMMAND`"+` lists a subcommand's flags.
+`)
+		return flag.ErrHelp
+	}
 	if len(args) == 0 || strings.HasPrefix(args[0], "-") {
 		return usageErr("want a subcommand: outbox dlq list|show|edit|replay|purge [flags] [ID...]")
 	}
@@ -30,20 +43,32 @@ func runDLQ(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	fs := newFlags("dlq "+sub, stderr)
 	dsn := fs.String("db", "", dbFlagHelp)
 	tableName := fs.String("table", outboxdriver.DefaultSchema+"."+outboxdriver.DefaultTable, "outbox table, [schema.]name")
+	// Each subcommand lists only its own flags (`outbox dlq edit --help`).
 	var f outboxdriver.DeadFilter
-	fs.StringVar(&f.AggregateType, "aggregate-type", "", "only dead letters of this aggregate type")
-	fs.StringVar(&f.AggregateID, "aggregate-id", "", "only dead letters of this aggregate id")
-	fs.StringVar(&f.Type, "type", "", "only dead letters of this event type")
-	fs.DurationVar(&f.OlderThan, "older-than", 0, "only dead letters dead for at least this long")
-	all := fs.Bool("all", false, "replay or purge: every dead letter the filters match, even with no filter")
-	asJSON := fs.Bool("json", false, "list: print JSON")
-	fullPayload := fs.Bool("full-payload", false, "show: the whole payload (default: its first 64 KiB, and its size)")
-	fs.IntVar(&f.Limit, "limit", 0, "at most this many (list defaults to 100)")
-	payload := fs.String("payload", "", "edit: the new payload")
-	payloadFile := fs.String("payload-file", "", "edit: a file holding the new payload")
+	var all, asJSON, fullPayload bool
+	var payload, payloadFile string
 	var setHeaders, dropHeaders listFlag
-	fs.Var(&setHeaders, "header", "edit: set a header, name=value (repeatable)")
-	fs.Var(&dropHeaders, "drop-header", "edit: remove a header (repeatable)")
+	switch sub {
+	case "list", "replay", "purge":
+		fs.StringVar(&f.AggregateType, "aggregate-type", "", "only dead letters of this aggregate type")
+		fs.StringVar(&f.AggregateID, "aggregate-id", "", "only dead letters of this aggregate id")
+		fs.StringVar(&f.Type, "type", "", "only dead letters of this event type")
+		fs.DurationVar(&f.OlderThan, "older-than", 0, "only dead letters dead for at least this long")
+	}
+	switch sub {
+	case "list":
+		fs.BoolVar(&asJSON, "json", false, "print JSON (each payload's first 4 KiB)")
+		fs.IntVar(&f.Limit, "limit", 100, "at most this many")
+	case "replay", "purge":
+		fs.BoolVar(&all, "all", false, "every dead letter the filters match, even with no filter")
+	case "show":
+		fs.BoolVar(&fullPayload, "full-payload", false, "the whole payload (default: its first 64 KiB, and its size)")
+	case "edit":
+		fs.StringVar(&payload, "payload", "", "the new payload")
+		fs.StringVar(&payloadFile, "payload-file", "", "a file holding the new payload")
+		fs.Var(&setHeaders, "header", "set a header, name=value (repeatable)")
+		fs.Var(&dropHeaders, "drop-header", "remove a header (repeatable)")
+	}
 	ids, err := parseWithIDs(fs, args)
 	if err != nil {
 		return err
@@ -53,23 +78,22 @@ func runDLQ(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	switch {
 	case (sub == "show" || sub == "edit") && len(ids) != 1:
 		return usageErr("%s takes exactly one dead letter id", sub)
-	case sub == "edit" && *payload == "" && *payloadFile == "" && len(setHeaders)+len(dropHeaders) == 0:
+	case sub == "edit" && payload == "" && payloadFile == "" && len(setHeaders)+len(dropHeaders) == 0:
 		return usageErr("edit needs --payload, --payload-file, --header or --drop-header")
-	case *payload != "" && *payloadFile != "":
+	case payload != "" && payloadFile != "":
 		return usageErr("give --payload or --payload-file, not both")
-	case (sub == "replay" || sub == "purge") && !filtered && !*all:
+	case (sub == "replay" || sub == "purge") && !filtered && !all:
 		return usageErr("%s needs ids, a filter (--aggregate-type, --aggregate-id, --type, --older-than) or --all", sub)
-	}
-	if sub == "list" && f.Limit == 0 {
-		f.Limit = 100
+	case sub == "list" && f.Limit <= 0:
+		return usageErr("--limit must be positive")
 	}
 	// Payloads as previews: one huge payload must not be read whole a hundred times.
 	switch {
-	case sub == "list" && *asJSON:
+	case sub == "list" && asJSON:
 		f.PayloadMax = listPayloadPreview
 	case sub == "list":
 		f.PayloadMax = 1 // the table shows no payload
-	case sub == "show" && !*fullPayload:
+	case sub == "show" && !fullPayload:
 		f.PayloadMax = showPayloadPreview
 	}
 	db, _, err := openTable(ctx, *dsn, *tableName)
@@ -84,7 +108,7 @@ func runDLQ(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 		if err != nil {
 			return err
 		}
-		if *asJSON {
+		if asJSON {
 			out := make([]deadJSON, len(dead))
 			for i := range dead {
 				out[i] = toDeadJSON(&dead[i])
@@ -113,7 +137,7 @@ func runDLQ(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 		}
 		return printJSON(stdout, toDeadJSON(&dead[0]))
 	case "edit":
-		return editDead(ctx, db.store, ids[0], *payload, *payloadFile, setHeaders, dropHeaders, stdout)
+		return editDead(ctx, db.store, ids[0], payload, payloadFile, setHeaders, dropHeaders, stdout)
 	case "replay":
 		n, err := db.store.ReplayDead(ctx, &f)
 		if err != nil {

@@ -93,7 +93,6 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		if err == nil || errors.Is(err, flag.ErrHelp) {
 			return 0
 		}
-		// One line: driver errors can span several.
 		// One line (driver errors can span several), through the one redaction path:
 		// a driver's or client's error can quote a DSN or a URL with its password.
 		msg := redact.String(strings.Join(strings.Fields(strings.ReplaceAll(err.Error(), "\n", "; ")), " "))

@@ -88,6 +88,18 @@ func TestHelpCommand(t *testing.T) {
 			t.Errorf("outbox %s: exit %d, want its own flags (%q):\n%s", strings.Join(args, " "), code, want, stderr)
 		}
 	}
+	// Each dlq subcommand lists its own flags, and `help dlq` the subcommands.
+	for sub, flags := range map[string][2]string{"list": {"-json", "-payload"}, "edit": {"-payload-file", "-older-than"},
+		"show": {"-full-payload", "-all"}, "purge": {"-all", "-header"}} {
+		_, stderr, _ := runCLI(t, nil, "help", "dlq", sub)
+		lists := func(flag string) bool { return regexp.MustCompile(`(?m)^  ` + flag + `\b[^-]`).MatchString(stderr) }
+		if !lists(flags[0]) || lists(flags[1]) {
+			t.Errorf("outbox help dlq %s: want %s and not %s:\n%s", sub, flags[0], flags[1], stderr)
+		}
+	}
+	if _, stderr, code := runCLI(t, nil, "help", "dlq"); code != 0 || !strings.Contains(stderr, "replay   put dead letters back") {
+		t.Errorf("outbox help dlq: exit %d:\n%s", code, stderr)
+	}
 }
 
 // TestVersion: `outbox version` and `outbox --version` say the module version, the
