@@ -38,6 +38,7 @@ package debezium
 import (
 	"fmt"
 	"maps"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -119,7 +120,8 @@ func New(cfg *Config) (*Router, error) {
 		routeBy: o["route.by.field"], idField: o["table.field.event.id"], keyField: o["table.field.event.key"],
 		payloadField: o["table.field.event.payload"], traceField: o["tracing.span.context.field"],
 		tombstone:     strings.EqualFold(o["route.tombstone.on.empty.payload"], "true"),
-		ignoreMissing: strings.EqualFold(o["table.field.additional.missing"], "ignore"),
+		ignoreMissing: strings.EqualFold(o["table.field.additional.missing"], "ignore") ||
+			strings.EqualFold(o["table.fields.additional.error.on.missing"], "false"),
 		keyConv:       c.key, valueConv: c.value, bytesPayload: t.Payload == outboxdriver.PayloadBytes,
 		ignored:      c.ignored,
 		schemaPrefix: t.Schema + "." + t.Name + ".",
@@ -176,6 +178,9 @@ func New(cfg *Config) (*Router, error) {
 		for _, c := range cfg.TableColumns {
 			r.columns[c.Name] = c
 		}
+		if r.ignoreMissing {
+			r.skipAbsentPlacements()
+		}
 		for _, c := range r.Columns() {
 			col, ok := r.columns[c]
 			if !ok {
@@ -224,6 +229,43 @@ func New(cfg *Config) (*Router, error) {
 		}
 	}
 	return r, nil
+}
+
+// skipAbsentPlacements drops the placements of columns the table does not have, as
+// Debezium skips them on every record under table.field.additional.missing=ignore;
+// Ignored reports each. Columns the other options name stay required.
+func (r *Router) skipAbsentPlacements() {
+	absent := func(p placement) bool {
+		_, ok := r.columns[p.column]
+		return !ok && !ownColumns[p.column] && !strings.HasPrefix(p.column, "headers.")
+	}
+	for _, list := range []*[]placement{&r.headers, &r.envelope, &r.partition} {
+		*list = slices.DeleteFunc(*list, func(p placement) bool {
+			if !absent(p) {
+				return false
+			}
+			r.ignored = append(r.ignored, fmt.Sprintf("table.fields.additional.placement %s:%s (the table has no column %s)", p.column, p.where, p.column))
+			return true
+		})
+	}
+	required := []string{r.routeBy, r.idField, r.keyField, r.payloadField, r.traceField, r.timestampField, r.versionField}
+	for c := range r.custom {
+		if _, ok := r.columns[c]; !ok && !slices.Contains(required, c) && !r.placed(c) {
+			delete(r.custom, c) // named by skipped placements only
+		}
+	}
+}
+
+// placed reports whether a placement names column c.
+func (r *Router) placed(c string) bool {
+	for _, list := range [][]placement{r.headers, r.envelope, r.partition} {
+		for _, p := range list {
+			if p.column == c {
+				return true
+			}
+		}
+	}
+	return false
 }
 
 // Ignored lists the keys of the config that change nothing here (the connector's

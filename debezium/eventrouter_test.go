@@ -1,6 +1,7 @@
 package debezium_test
 
 import (
+	"slices"
 	"strings"
 	"testing"
 
@@ -340,5 +341,38 @@ func TestIgnoredConnectorKeys(t *testing.T) {
 	}
 	if debezium.Enabled(map[string]string{"database.hostname": "db"}) || !debezium.Enabled(map[string]string{"transforms.x.route.by.field": "type"}) {
 		t.Fatal("Enabled")
+	}
+}
+
+// TestMissingAdditionalColumn: a placement naming a column the table lacks stops the
+// relay at start by default (Debezium throws on every record); ignored (Debezium's
+// table.fields.additional.error.on.missing=false, or table.field.additional.missing=ignore),
+// the placement is skipped, reported once, and the other placements still apply.
+func TestMissingAdditionalColumn(t *testing.T) {
+	const placement = "nosuch:header,tenant:header:t,gone:envelope"
+	_, err := debezium.New(&debezium.Config{Options: map[string]string{"table.fields.additional.placement": placement}, TableColumns: outboxColumns})
+	if err == nil || !strings.Contains(err.Error(), "nosuch") && !strings.Contains(err.Error(), "gone") {
+		t.Fatalf("a missing column by default: %v, want an error naming it", err)
+	}
+	for _, opt := range [][2]string{{"table.fields.additional.error.on.missing", "false"}, {"table.field.additional.missing", "ignore"}} {
+		t.Run(opt[0], func(t *testing.T) {
+			r, err := debezium.New(&debezium.Config{Options: map[string]string{"table.fields.additional.placement": placement, opt[0]: opt[1]},
+				TableColumns: outboxColumns})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if cols := r.Columns(); !slices.Equal(cols, []string{"tenant"}) {
+				t.Fatalf("columns read with each row: %v, want only tenant", cols)
+			}
+			if ig := strings.Join(r.Ignored(), "; "); !strings.Contains(ig, "nosuch:header") || !strings.Contains(ig, "gone:envelope") {
+				t.Fatalf("the skipped placements are not reported: %q", ig)
+			}
+			row := routeRow("", nil, false)
+			row.Columns = map[string]outboxdriver.Value{"tenant": {Type: "text", V: "acme"}}
+			m, err := r.Route(row, nil)
+			if err != nil || m.Headers["t"] != "acme" || string(m.Payload) != "{}" {
+				t.Fatalf("routed: %+v, %v (want header t and the bare payload: no envelope field is left)", m, err)
+			}
+		})
 	}
 }

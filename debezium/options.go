@@ -27,6 +27,8 @@ var options = map[string]option{
 	"table.field.event.schema.version":        {"", anything},
 	"table.fields.additional.placement":       {"", placementList},
 	"table.field.additional.missing":          {"error", oneOf("error", "ignore")},
+	// Debezium's own name for it (a boolean: false is ignore).
+	"table.fields.additional.error.on.missing": {"true", oneOf("true", "false")},
 	"table.expand.json.payload":               {"false", boolean},
 	"table.json.payload.null.behavior":        {"ignore", oneOf("ignore", "optional_bytes")},
 	"table.json.payload.empty.array.behavior": {"ignore", oneOf("ignore", "optional_string")},
