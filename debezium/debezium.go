@@ -119,10 +119,10 @@ func New(cfg *Config) (*Router, error) {
 	r := &Router{
 		routeBy: o["route.by.field"], idField: o["table.field.event.id"], keyField: o["table.field.event.key"],
 		payloadField: o["table.field.event.payload"], traceField: o["tracing.span.context.field"],
-		tombstone:     strings.EqualFold(o["route.tombstone.on.empty.payload"], "true"),
+		tombstone: strings.EqualFold(o["route.tombstone.on.empty.payload"], "true"),
 		ignoreMissing: strings.EqualFold(o["table.field.additional.missing"], "ignore") ||
 			strings.EqualFold(o["table.fields.additional.error.on.missing"], "false"),
-		keyConv:       c.key, valueConv: c.value, bytesPayload: t.Payload == outboxdriver.PayloadBytes,
+		keyConv: c.key, valueConv: c.value, bytesPayload: t.Payload == outboxdriver.PayloadBytes,
 		ignored:      c.ignored,
 		schemaPrefix: t.Schema + "." + t.Name + ".",
 	}

@@ -15,27 +15,27 @@ type option struct {
 }
 
 var options = map[string]option{
-	"route.by.field":                          {"aggregatetype", column},
-	"route.topic.regex":                       {"(?<routedByValue>.*)", anything}, // checked with the replacement
-	"route.topic.replacement":                 {"outbox.event.${routedByValue}", anything},
-	"route.tombstone.on.empty.payload":        {"false", boolean},
-	"table.field.event.id":                    {"id", column},
-	"table.field.event.key":                   {"aggregateid", anything}, // empty: no key
-	"table.field.event.payload":               {"payload", column},
-	"table.field.event.type":                  {"type", anything}, // accepted, unused (DBZ-2014)
-	"table.field.event.timestamp":             {"", anything},
-	"table.field.event.schema.version":        {"", anything},
-	"table.fields.additional.placement":       {"", placementList},
-	"table.field.additional.missing":          {"error", oneOf("error", "ignore")},
+	"route.by.field":                    {"aggregatetype", column},
+	"route.topic.regex":                 {"(?<routedByValue>.*)", anything}, // checked with the replacement
+	"route.topic.replacement":           {"outbox.event.${routedByValue}", anything},
+	"route.tombstone.on.empty.payload":  {"false", boolean},
+	"table.field.event.id":              {"id", column},
+	"table.field.event.key":             {"aggregateid", anything}, // empty: no key
+	"table.field.event.payload":         {"payload", column},
+	"table.field.event.type":            {"type", anything}, // accepted, unused (DBZ-2014)
+	"table.field.event.timestamp":       {"", anything},
+	"table.field.event.schema.version":  {"", anything},
+	"table.fields.additional.placement": {"", placementList},
+	"table.field.additional.missing":    {"error", oneOf("error", "ignore")},
 	// Debezium's own name for it (a boolean: false is ignore).
 	"table.fields.additional.error.on.missing": {"true", oneOf("true", "false")},
-	"table.expand.json.payload":               {"false", boolean},
-	"table.json.payload.null.behavior":        {"ignore", oneOf("ignore", "optional_bytes")},
-	"table.json.payload.empty.array.behavior": {"ignore", oneOf("ignore", "optional_string")},
-	"table.op.invalid.behavior":               {"warn", oneOf("warn", "error", "fatal")},
-	"tracing.span.context.field":              {"tracingspancontext", column},
-	"tracing.operation.name":                  {"debezium-read", anything},
-	"tracing.with.context.field.only":         {"false", boolean},
+	"table.expand.json.payload":                {"false", boolean},
+	"table.json.payload.null.behavior":         {"ignore", oneOf("ignore", "optional_bytes")},
+	"table.json.payload.empty.array.behavior":  {"ignore", oneOf("ignore", "optional_string")},
+	"table.op.invalid.behavior":                {"warn", oneOf("warn", "error", "fatal")},
+	"tracing.span.context.field":               {"tracingspancontext", column},
+	"tracing.operation.name":                   {"debezium-read", anything},
+	"tracing.with.context.field.only":          {"false", boolean},
 }
 
 // IsOption reports whether key is a router option (also with a Kafka Connect
