@@ -254,3 +254,38 @@ func TestPublishedRowsCompleted(t *testing.T) {
 		})
 	}
 }
+
+// TestSeqAcrossWriteModes: one aggregate written as rows, insert-deletes and
+// table-less messages, switching mode between transactions, arrives with outbox-seq
+// increasing in write order (a message's number comes from the table's sequence).
+func TestSeqAcrossWriteModes(t *testing.T) {
+	e := setup(t, outboxdriver.WriteRows)
+	b := memory.New(0)
+	e.startRelay(t, e.source(t, nil), b, nil)
+	ctx := context.Background()
+	modes := []outboxdriver.WriteMode{outboxdriver.WriteMessage, outboxdriver.WriteRows, outboxdriver.WriteInsertDelete,
+		outboxdriver.WriteMessage, outboxdriver.WriteInsertDelete, outboxdriver.WriteRows, outboxdriver.WriteMessage}
+	for i, mode := range modes {
+		table := e.table
+		table.Write = mode
+		w, err := outbox.NewWriter(outboxpgx.New(e.pool, &table), nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		// Two events per transaction: the order within one holds too.
+		evs := []outbox.Event{
+			{AggregateType: "order", AggregateID: "agg-0", Type: string(mode), Payload: []byte(fmt.Sprintf(`{"i":%d}`, 2*i))},
+			{AggregateType: "order", AggregateID: "agg-0", Type: string(mode), Payload: []byte(fmt.Sprintf(`{"i":%d}`, 2*i+1))},
+		}
+		if err := pgx.BeginFunc(ctx, e.pool, func(tx pgx.Tx) error { return w.WriteTx(ctx, tx, evs...) }); err != nil {
+			t.Fatal(err)
+		}
+	}
+	msgs := waitMessages(t, b, 2*len(modes))
+	checkDelivery(t, msgs, 1, 2*len(modes))
+	for i := 1; i < len(msgs); i++ {
+		if msgs[i].Seq <= msgs[i-1].Seq {
+			t.Fatalf("outbox-seq went from %d (%s) to %d (%s): not increasing in write order", msgs[i-1].Seq, msgs[i-1].EventType, msgs[i].Seq, msgs[i].EventType)
+		}
+	}
+}

@@ -378,7 +378,9 @@ func (d *Decoder) message(r *reader) (Change, error) {
 		ch.Bad = err
 		return ch, nil
 	}
-	row.Seq = int64(lsn)
+	if row.Seq == 0 {
+		row.Seq = int64(lsn) // a message written without "seq" (by hand): its WAL position
+	}
 	if row.CreatedAt.IsZero() {
 		row.CreatedAt = d.commitTime
 	}

@@ -16,6 +16,9 @@ func FuzzMessageHeader(f *testing.F) {
 	f.Add([]byte(`{"id":"x","created_at":"2026-01-02T03:04:05.123Z","available_at":"2026-01-02T03:04:05+02:00"}`))
 	f.Add([]byte(` { "ID" : "é\u00e9" , "type":"\n" } `))
 	f.Add([]byte(`{"headers":{"a":"1"},"headers":{"b":"2"}}`))
+	f.Add([]byte(`{"seq":12,"id":"x","aggregatetype":"order"}`))
+	f.Add([]byte(`{"seq":0123}`))
+	f.Add([]byte(`{"seq":1e3,"seq":999999999999999999}`))
 	f.Fuzz(func(t *testing.T, b []byte) {
 		var fast messageHeader
 		if !fast.parseSimple(b) {

@@ -25,13 +25,17 @@ import (
 //	{"id":"…","aggregatetype":"order","aggregateid":"42","type":"OrderPlaced","headers":{…},"tracingspancontext":"…"}\n<payload>
 //
 // "headers", "tracingspancontext", "created_at" (RFC 3339; default: the commit
-// time) and "available_at" (a delayed event) are optional;
+// time), "available_at" (a delayed event) and "seq" are optional. "seq" is the
+// event's order number, drawn from the outbox table's own sequence as a row's is, so
+// the outbox-seq header increases in write order whatever the write mode (default:
+// the message's WAL position, which is not comparable with rows' numbers);
 // "payload_null": true marks a NULL payload (the bytes after the newline are then
 // empty). Any language can emit it:
 //
 //	SELECT pg_logical_emit_message(true, 'public.outbox',
 //	    convert_to(json_build_object('id', gen_random_uuid(), 'aggregatetype', 'order',
-//	        'aggregateid', '42', 'type', 'OrderPlaced')::text || E'\n', 'UTF8')
+//	        'aggregateid', '42', 'type', 'OrderPlaced',
+//	        'seq', nextval(pg_get_serial_sequence('public.outbox', 'seq')))::text || E'\n', 'UTF8')
 //	    || convert_to('{"total": 10}', 'UTF8'));
 type messageHeader struct {
 	ID            string            `json:"id"`
@@ -43,6 +47,7 @@ type messageHeader struct {
 	CreatedAt     *time.Time        `json:"created_at,omitempty"`
 	PayloadNull   bool              `json:"payload_null,omitempty"`
 	AvailableAt   *time.Time        `json:"available_at,omitempty"`
+	Seq           int64             `json:"seq,omitempty"`
 }
 
 // PrefixDefault returns the logical message prefix of a table's events:
@@ -98,6 +103,9 @@ func Decode(content []byte) (outboxdriver.Row, time.Time, error) {
 	}
 	if h.CreatedAt != nil {
 		r.CreatedAt = *h.CreatedAt
+	}
+	if h.Seq > 0 {
+		r.Seq = h.Seq
 	}
 	var at time.Time
 	if h.AvailableAt != nil {
@@ -156,6 +164,12 @@ func (h *messageHeader) parseSimple(b []byte) bool {
 			} else {
 				h.AvailableAt = &t
 			}
+		case "seq":
+			n, ok := p.uint()
+			if !ok {
+				return false
+			}
+			h.Seq = n
 		case "payload_null":
 			switch {
 			case p.lit("true"):
@@ -230,6 +244,26 @@ func (p *simpleParser) lit(s string) bool {
 		return true
 	}
 	return false
+}
+
+// uint reads a JSON integer of at most 18 digits, without sign, fraction or
+// exponent (anything else goes to encoding/json).
+func (p *simpleParser) uint() (int64, bool) {
+	p.space()
+	start := p.i
+	var n int64
+	for p.i < len(p.b) && p.b[p.i] >= '0' && p.b[p.i] <= '9' {
+		n = n*10 + int64(p.b[p.i]-'0')
+		p.i++
+	}
+	digits := p.i - start
+	if digits == 0 || digits > 18 || (digits > 1 && p.b[start] == '0') {
+		return 0, false
+	}
+	if p.i < len(p.b) && (p.b[p.i] == '.' || p.b[p.i] == 'e' || p.b[p.i] == 'E') {
+		return 0, false
+	}
+	return n, true
 }
 
 func (p *simpleParser) end() bool {

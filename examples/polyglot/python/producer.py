@@ -31,7 +31,11 @@ def main():
                                             " VALUES (%s, %s, %s, %s, %s)").format(sql.Identifier(schema, name)),
                                     (event["id"], event["aggregatetype"], event["aggregateid"], event["type"], payload))
                     else:
-                        # The table-less format: a one-line JSON object, a newline, the payload.
+                        # The table-less format: a one-line JSON object, a newline, the
+                        # payload. Its order number comes from the table's sequence, as
+                        # a row's does (outbox-seq stays comparable across write modes).
+                        cur.execute("SELECT nextval(pg_get_serial_sequence(%s, 'seq'))", (table,))
+                        event["seq"] = cur.fetchone()[0]
                         content = (json.dumps(event) + "\n").encode() + payload.encode()
                         cur.execute("SELECT pg_logical_emit_message(true, %s, %s)",
                                     (table, psycopg2.Binary(content)))

@@ -235,8 +235,13 @@ func (e Executor) emitMessages(ctx context.Context, events []outboxdriver.Insert
 		}
 		contents[i] = c
 	}
-	return InterpretError(e.Querier.Exec(ctx, `SELECT count(pg_logical_emit_message(true, $1, c)) FROM unnest($2::bytea[]) WITH ORDINALITY AS u(c, i)`,
-		e.Statements.table.MessagePrefix, contents))
+	// Each event's order number comes from the table's own sequence, as a row's does,
+	// spliced in as the header's first key ({"seq":N,...): outbox-seq then increases
+	// in write order across the write modes, and across a switch between them.
+	return InterpretError(e.Querier.Exec(ctx, `WITH s AS (SELECT pg_get_serial_sequence($3, 'seq') AS name)
+SELECT count(pg_logical_emit_message(true, $1, convert_to('{"seq":' || nextval(s.name) || ',', 'UTF8') || substring(u.c FROM 2)))
+FROM s, unnest($2::bytea[]) WITH ORDINALITY AS u(c, i)`,
+		e.Statements.table.MessagePrefix, contents, e.Statements.qualified))
 }
 
 func (e Executor) insertRows(ctx context.Context, events []outboxdriver.InsertEvent) error {
