@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"maps"
 	"strings"
 	"sync/atomic"
 	"time"
@@ -185,7 +186,17 @@ func (w *Writer[TTx]) prepare(i int, ev *Event, row *outboxdriver.InsertEvent) e
 	}
 	row.ID, row.AggregateType, row.AggregateID, row.Type, row.Payload = ev.ID, ev.AggregateType, ev.AggregateID, ev.Type, ev.Payload
 	row.AvailableAt = ev.NotBefore
-	if len(ev.Headers) > 0 {
+	headers := ev.Headers
+	if !ev.NotBefore.IsZero() {
+		// Its aggregate's later events do not wait for it: consumers must not take its
+		// outbox-seq as a version (the inbox's version guard reads this header).
+		headers = maps.Clone(ev.Headers)
+		if headers == nil {
+			headers = map[string]string{}
+		}
+		headers[wire.HeaderLate] = wire.LateDelayed
+	}
+	if len(headers) > 0 {
 		if len(ev.Headers) > w.cfg.MaxHeaders {
 			return bad("Headers", "%d headers, at most %d allowed", len(ev.Headers), w.cfg.MaxHeaders)
 		}
@@ -202,7 +213,7 @@ func (w *Writer[TTx]) prepare(i int, ev *Event, row *outboxdriver.InsertEvent) e
 				return bad("Headers", "value of %q must be valid UTF-8 without control characters, at most %d bytes", k, maxHeaderValueBytes)
 			}
 		}
-		h, err := json.Marshal(ev.Headers)
+		h, err := json.Marshal(headers)
 		if err != nil {
 			return bad("Headers", "%v", err)
 		}

@@ -33,6 +33,10 @@ const (
 	// aggregate: consumers (the inbox's version guard) skip an event older than one
 	// they already applied.
 	HeaderSeq = "outbox-seq"
+	// HeaderLate ("delayed" or "replayed") marks an event that may arrive after later
+	// events of its aggregate, rightly: a delayed event, or a dead letter replayed
+	// after its aggregate went on past it. Its outbox-seq is no version to compare.
+	HeaderLate = wire.HeaderLate
 )
 
 // Message is one event as a broker sees it.

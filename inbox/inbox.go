@@ -13,7 +13,10 @@
 //
 // With Config.VersionGuard, an event older than the last one applied for its aggregate
 // (by the relay's outbox-seq header) is skipped as Stale: per-aggregate order holds even
-// if a broker redelivers out of order.
+// if a broker redelivers out of order. An event the relay marks late (outbox-late: a
+// delayed event, or a dead letter replayed after its aggregate went on past it) is
+// processed once, like any other, but is no version: never Stale, and it does not
+// make the aggregate's later events Stale either.
 //
 // The inbox table must not grow forever: Prune deletes records older than the dedup
 // window. A redelivery older than the window is processed again, so keep the window
@@ -66,6 +69,19 @@ type Message struct {
 	Seq           int64 // write position, from the outbox-seq header; 0 if absent
 	Payload       []byte
 	Headers       map[string]string // every header, trace context included
+}
+
+// Late reports whether the relay marked the message as rightly arriving after later
+// events of its aggregate (broker.HeaderLate: a delayed event, or a dead letter
+// replayed after its aggregate went on): its Seq is no version, and the version guard
+// neither skips it nor moves past it.
+func (m *Message) Late() bool {
+	for k, v := range m.Headers {
+		if v != "" && strings.EqualFold(k, broker.HeaderLate) {
+			return true
+		}
+	}
+	return false
 }
 
 // FromHeaders fills a Message from wire-format headers (any case); payload as given.
@@ -225,7 +241,7 @@ func (ib *Inbox[TTx]) RecordTx(ctx context.Context, tx TTx, consumer string, msg
 	if n == 0 {
 		return Duplicate, nil
 	}
-	if ib.cfg.VersionGuard && msg.Seq > 0 && msg.AggregateID != "" {
+	if ib.cfg.VersionGuard && msg.Seq > 0 && msg.AggregateID != "" && !msg.Late() {
 		n, err := ib.exec(ctx, tx, ib.q.guard, consumer, msg.AggregateType, msg.AggregateID, msg.Seq)
 		if err != nil {
 			return 0, fmt.Errorf("inbox: version guard %s: %w", msg.ID, err)

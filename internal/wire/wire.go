@@ -15,6 +15,19 @@ const (
 	HeaderAggregateID   = "aggregateId"
 )
 
+// HeaderLate marks an event that may reach consumers after later events of its
+// aggregate, rightly: its outbox-seq is no version to compare (the inbox's version
+// guard neither skips it nor moves past it). Its value says why.
+const (
+	HeaderLate = "outbox-late"
+	// LateDelayed: written with a delay (Event.NotBefore); its aggregate's later
+	// events do not wait for it.
+	LateDelayed = "delayed"
+	// LateReplayed: a dead letter replayed after its aggregate's later events went on
+	// past it (--flow-past-dead-letters).
+	LateReplayed = "replayed"
+)
+
 // MaxHeaderNameBytes is the longest header name every broker carries (an AMQP table
 // key is a short string).
 const MaxHeaderNameBytes = 255

@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/outboxd/outbox/internal/wire"
 	"github.com/outboxd/outbox/outboxdriver"
 )
 
@@ -119,8 +120,14 @@ func testDeadLetterReplay[TTx any](t *testing.T, h *Harness[TTx]) {
 		t.Fatalf("replay: %d, %v; want at least the %d dead letters of k", n, err, len(dead))
 	}
 	want := []string{k[0], k[1], more[0]}
-	if got := ids(drainN(t, s, len(want))); fmt.Sprint(got) != fmt.Sprint(want) {
+	replayed := drainN(t, s, len(want))
+	if got := ids(replayed); fmt.Sprint(got) != fmt.Sprint(want) {
 		t.Fatalf("after replay got %v, want the replayed event first, in order: %v", got, want)
+	}
+	for _, r := range replayed {
+		if late, ok := r.Headers[wire.HeaderLate]; ok {
+			t.Fatalf("event %s replayed before its aggregate's later events carries %s: %q", r.ID, wire.HeaderLate, late)
+		}
 	}
 	if dead, _ := s.admin.ListDead(ctx, nil); len(dead) != 0 {
 		t.Fatalf("dead letters left after replay: %d", len(dead))
@@ -132,7 +139,9 @@ func testDeadLetterReplay[TTx any](t *testing.T, h *Harness[TTx]) {
 func testDeadLetterFlowPurge[TTx any](t *testing.T, h *Harness[TTx]) {
 	ctx := ctxT(t)
 	s := source(t, h)
-	a := writeCommitted(t, h, event("a", 1), event("a", 2))
+	a1 := event("a", 1)
+	a1.Headers = map[string]string{"tenant": "t1"}
+	a := writeCommitted(t, h, a1, event("a", 2))
 	b := writeCommitted(t, h, event("b", 1), event("b", 2))
 	c := claimN(t, s, 4, nil)
 	complete(t, c, &outboxdriver.CompleteParams{Failed: []outboxdriver.Failure{
@@ -156,6 +165,15 @@ func testDeadLetterFlowPurge[TTx any](t *testing.T, h *Harness[TTx]) {
 	if dead, _ := s.admin.ListDead(ctx, nil); len(dead) != 1 || dead[0].ID != a[0] {
 		t.Fatalf("dead letters = %v", dead)
 	}
+	// a's later event went on past it: replayed, it is marked late (its outbox-seq
+	// is no version to compare), its own headers kept.
+	if n, err := s.admin.ReplayDead(ctx, &outboxdriver.DeadFilter{IDs: a[:1]}); err != nil || n != 1 {
+		t.Fatalf("replay: %d, %v", n, err)
+	}
+	r := drainN(t, s, 1)
+	if len(r) != 1 || r[0].ID != a[0] || r[0].Headers[wire.HeaderLate] != wire.LateReplayed || r[0].Headers["tenant"] != "t1" {
+		t.Fatalf("replayed after its aggregate flowed past: %+v, want headers %s=%s and tenant=t1", r, wire.HeaderLate, wire.LateReplayed)
+	}
 }
 
 func testDelayed[TTx any](t *testing.T, h *Harness[TTx]) {
@@ -165,8 +183,13 @@ func testDelayed[TTx any](t *testing.T, h *Harness[TTx]) {
 	due := event("k", 2)
 	due.NotBefore = time.Now().Add(-time.Second)
 	ids2 := writeCommitted(t, h, later, due, event("k", 3))
-	if got := ids(drainN(t, s, 2)); fmt.Sprint(got) != fmt.Sprint(ids2[1:]) {
-		t.Fatalf("got %v, want the due events %v and not the one delayed by an hour", got, ids2[1:])
+	got := drainN(t, s, 2)
+	if fmt.Sprint(ids(got)) != fmt.Sprint(ids2[1:]) {
+		t.Fatalf("got %v, want the due events %v and not the one delayed by an hour", ids(got), ids2[1:])
+	}
+	// A delayed event is marked late: its aggregate's later events do not wait for it.
+	if got[0].Headers[wire.HeaderLate] != wire.LateDelayed || got[1].Headers[wire.HeaderLate] != "" {
+		t.Fatalf("headers %v and %v: want %s=%s on the delayed event only", got[0].Headers, got[1].Headers, wire.HeaderLate, wire.LateDelayed)
 	}
 	if s.stream {
 		return

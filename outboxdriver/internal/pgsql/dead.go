@@ -9,6 +9,7 @@ import (
 
 	"github.com/google/uuid"
 
+	"github.com/outboxd/outbox/internal/wire"
 	"github.com/outboxd/outbox/outboxdriver"
 )
 
@@ -102,10 +103,15 @@ func (s *Statements) behindSQL() string {
 // VALUE), so they precede the later events of their aggregate. They are due at once
 // (available_at = their write time, never the replay's now(): a claim that began
 // before the replay committed would otherwise see the aggregate released but the
-// replayed event not yet due, and send the next event first).
+// replayed event not yet due, and send the next event first). A dead letter that held
+// nothing back ($6 is the waiting-behind reason) goes back marked late: its
+// aggregate's later events went on past it, so its outbox-seq is no version.
 func (s *Statements) backToOutbox(from string) string {
 	return `moved AS (DELETE FROM ` + s.dead + ` AS d USING ` + from + ` WHERE d.id = ` + from + `.id
-          RETURNING d.id, d.aggregatetype, d.aggregateid, d.type, d.payload, d.headers, d.tracingspancontext, d.seq, d.created_at),
+          RETURNING d.id, d.aggregatetype, d.aggregateid, d.type, d.payload,
+                    CASE WHEN NOT d.holds_key AND d.error <> $6 THEN coalesce(d.headers, '{}'::jsonb) || jsonb_build_object('` + wire.HeaderLate + `', '` + wire.LateReplayed + `')
+                         ELSE d.headers END,
+                    d.tracingspancontext, d.seq, d.created_at),
 ins AS (INSERT INTO ` + s.qualified + ` (id, aggregatetype, aggregateid, type, payload, headers, tracingspancontext, seq, created_at, available_at)
         OVERRIDING SYSTEM VALUE SELECT *, moved.created_at FROM moved ORDER BY seq RETURNING 1)`
 }

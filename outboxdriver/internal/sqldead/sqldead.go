@@ -11,6 +11,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/outboxd/outbox/internal/wire"
 	"github.com/outboxd/outbox/outboxdriver"
 )
 
@@ -83,8 +84,12 @@ func Move(ctx context.Context, db *sql.DB, outbox, dead, where string, args []an
 	}
 	in := " WHERE id IN (" + Placeholders(len(ids)) + ")"
 	if replay {
+		// A dead letter that held nothing back (its aggregate's later events went on
+		// past it) goes back marked late: its outbox-seq is no version to compare.
 		if _, err := tx.ExecContext(ctx, `INSERT INTO `+outbox+` (seq, id, aggregatetype, aggregateid, type, payload, headers, tracingspancontext, created_at)
-SELECT seq, id, aggregatetype, aggregateid, type, payload, headers, tracingspancontext, created_at FROM `+dead+in, Args(ids)...); err != nil {
+SELECT seq, id, aggregatetype, aggregateid, type, payload,
+       CASE WHEN NOT holds_key AND error <> ? THEN JSON_SET(COALESCE(headers, '{}'), '$."`+wire.HeaderLate+`"', '`+wire.LateReplayed+`') ELSE headers END,
+       tracingspancontext, created_at FROM `+dead+in, append([]any{outboxdriver.WaitingBehindDeadLetter}, Args(ids)...)...); err != nil {
 			return 0, err
 		}
 	}
