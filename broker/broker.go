@@ -10,6 +10,7 @@ package broker
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"sort"
@@ -66,6 +67,10 @@ type Message struct {
 	Verbatim bool
 	// KeyNull marks a null key (Verbatim messages; Key is then "").
 	KeyNull bool
+	// ContentType, if set, is the body's media type, for brokers with a slot for it
+	// (AMQP's content_type, HTTP's Content-Type, MQTT 5's Content Type); empty: the
+	// publisher's own choice.
+	ContentType string
 	// Timestamp, if set, is the record's time where the broker keeps one (Kafka);
 	// zero leaves it to the broker.
 	Timestamp time.Time
@@ -73,6 +78,18 @@ type Message struct {
 	// (Debezium's partition placement); other brokers have none and ignore it.
 	Partition    int32
 	HasPartition bool
+}
+
+// MediaType is the body's media type for a broker's content-type slot: ContentType
+// when set, else application/json for a JSON payload, else application/octet-stream.
+func (m *Message) MediaType() string {
+	switch {
+	case m.ContentType != "":
+		return m.ContentType
+	case json.Valid(m.Payload):
+		return "application/json"
+	}
+	return "application/octet-stream"
 }
 
 // EachHeader calls fn for every header the message carries on the wire, in a fixed

@@ -10,7 +10,6 @@ package amqp
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"sync"
@@ -177,10 +176,7 @@ func (p *Publisher) prepare(m *broker.Message) (amqp.Publishing, error) {
 	}
 	headers := amqp.Table{HeaderKey: m.Key}
 	m.EachHeader(func(k, v string) { headers[k] = v })
-	ct := "application/octet-stream"
-	if json.Valid(m.Payload) {
-		ct = "application/json"
-	}
+	ct := m.MediaType()
 	return amqp.Publishing{
 		MessageId:    m.ID,
 		DeliveryMode: amqp.Persistent,

@@ -16,6 +16,7 @@ import (
 	"github.com/outboxd/outbox/broker"
 	"github.com/outboxd/outbox/broker/amqp"
 	"github.com/outboxd/outbox/broker/brokertest"
+	"github.com/outboxd/outbox/cloudevents"
 	"github.com/outboxd/outbox/internal/testenv"
 )
 
@@ -83,7 +84,7 @@ func (s *sink) read(ctx context.Context, topic string, n int) ([]broker.Message,
 				h[k] = fmt.Sprint(v)
 			}
 			s.mu.Lock()
-			s.got = append(s.got, broker.Message{ID: d.MessageId, Topic: d.RoutingKey, Key: h[amqp.HeaderKey], Payload: d.Body, Headers: h})
+			s.got = append(s.got, broker.Message{ID: d.MessageId, Topic: d.RoutingKey, Key: h[amqp.HeaderKey], Payload: d.Body, Headers: h, ContentType: d.ContentType})
 			s.mu.Unlock()
 			continue
 		}
@@ -142,10 +143,11 @@ func TestConformance(t *testing.T) {
 		}
 		t.Cleanup(func() { _ = pub.Close() })
 		return &brokertest.Harness{
-			Publisher: pub,
-			Topic:     func(*testing.T) string { return testenv.UniqueName("outbox.event.t") },
-			Read:      s.read,
-			Restart:   func(t *testing.T) { closeConnections(t, name) },
+			CloudEvents: cloudevents.AMQP,
+			Publisher:   pub,
+			Topic:       func(*testing.T) string { return testenv.UniqueName("outbox.event.t") },
+			Read:        s.read,
+			Restart:     func(t *testing.T) { closeConnections(t, name) },
 		}
 	})
 }

@@ -12,6 +12,7 @@ import (
 	"github.com/google/uuid"
 
 	"github.com/outboxd/outbox/broker"
+	"github.com/outboxd/outbox/cloudevents"
 	"github.com/outboxd/outbox/internal/testname"
 )
 
@@ -26,6 +27,9 @@ type Harness struct {
 	Read func(ctx context.Context, topic string, n int) ([]broker.Message, error)
 	// Restart, if set, stops the broker server and starts it again.
 	Restart func(t *testing.T)
+	// CloudEvents is the broker's CloudEvents protocol binding (Read fills
+	// Message.ContentType from the broker's content-type slot, where it has one).
+	CloudEvents cloudevents.Binding
 }
 
 // NewFunc builds a fresh harness for one test.
@@ -40,6 +44,7 @@ func Run(t *testing.T, newHarness NewFunc) {
 	t.Run("Oversized", func(t *testing.T) { testOversized(t, newHarness(t)) })
 	t.Run("CanceledContext", func(t *testing.T) { testCanceled(t, newHarness(t)) })
 	t.Run("Restart", func(t *testing.T) { testRestart(t, newHarness(t)) })
+	t.Run("CloudEvents", func(t *testing.T) { testCloudEvents(t, newHarness) })
 }
 
 // UniqueName returns prefix plus random hex, for topics and streams.

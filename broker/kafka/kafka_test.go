@@ -17,6 +17,7 @@ import (
 	"github.com/outboxd/outbox/broker"
 	"github.com/outboxd/outbox/broker/brokertest"
 	"github.com/outboxd/outbox/broker/kafka"
+	"github.com/outboxd/outbox/cloudevents"
 	"github.com/outboxd/outbox/internal/testenv"
 )
 
@@ -66,8 +67,9 @@ func harness(t *testing.T, addrs func() []string, restart func(*testing.T)) *bro
 	}
 	t.Cleanup(func() { _ = pub.Close() })
 	return &brokertest.Harness{
-		Publisher: pub,
-		Topic:     func(*testing.T) string { return testenv.UniqueName("outbox.event.t") },
+		CloudEvents: cloudevents.Kafka,
+		Publisher:   pub,
+		Topic:       func(*testing.T) string { return testenv.UniqueName("outbox.event.t") },
 		Read: func(ctx context.Context, topic string, n int) ([]broker.Message, error) {
 			return readTopic(ctx, addrs(), topic, n)
 		},

@@ -9,6 +9,7 @@ import (
 	"github.com/outboxd/outbox/broker"
 	"github.com/outboxd/outbox/broker/brokertest"
 	"github.com/outboxd/outbox/broker/memory"
+	"github.com/outboxd/outbox/cloudevents"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -17,8 +18,9 @@ func TestConformance(t *testing.T) {
 	brokertest.Run(t, func(t *testing.T) *brokertest.Harness {
 		b := memory.New(4096)
 		return &brokertest.Harness{
-			Publisher: b,
-			Topic:     func(*testing.T) string { return brokertest.UniqueName("outbox.event.t") },
+			CloudEvents: cloudevents.NATS,
+			Publisher:   b,
+			Topic:       func(*testing.T) string { return brokertest.UniqueName("outbox.event.t") },
 			Read: func(ctx context.Context, topic string, n int) ([]broker.Message, error) {
 				msgs, err := b.Wait(ctx, topic, n)
 				if len(msgs) > n {

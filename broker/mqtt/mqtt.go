@@ -228,7 +228,12 @@ func (p *Publisher) prepare(m *broker.Message, maxPkt int) (*paho.Publish, error
 	if p := wire.HeaderValueProblem(m.Key); p != "" {
 		return nil, broker.Permanent(fmt.Errorf("key: %s", p))
 	}
-	props := &paho.PublishProperties{User: paho.UserProperties{{Key: HeaderKey, Value: m.Key}}}
+	props := &paho.PublishProperties{}
+	if !m.Verbatim {
+		// A router's verbatim message carries its own headers only (CloudEvents on
+		// MQTT reads every user property as an attribute).
+		props.User = paho.UserProperties{{Key: HeaderKey, Value: m.Key}}
+	}
 	size := len(m.Payload) + len(m.Topic) + len(m.Key)
 	m.EachHeader(func(k, v string) {
 		props.User = append(props.User, paho.UserProperty{Key: k, Value: v})
@@ -237,6 +242,7 @@ func (p *Publisher) prepare(m *broker.Message, maxPkt int) (*paho.Publish, error
 	if maxPkt > 0 && size+64 > maxPkt {
 		return nil, broker.Permanent(fmt.Errorf("message of about %d bytes exceeds the broker's maximum packet size of %d", size, maxPkt))
 	}
+	props.ContentType = m.ContentType
 	return &paho.Publish{QoS: 1, Topic: m.Topic, Payload: m.Payload, Properties: props}, nil
 }
 

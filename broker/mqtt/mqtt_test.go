@@ -16,6 +16,7 @@ import (
 	"github.com/outboxd/outbox/broker"
 	"github.com/outboxd/outbox/broker/brokertest"
 	"github.com/outboxd/outbox/broker/mqtt"
+	"github.com/outboxd/outbox/cloudevents"
 	"github.com/outboxd/outbox/internal/testenv"
 )
 
@@ -64,13 +65,15 @@ func (s *subscriber) run() {
 		c := paho.NewClient(paho.ClientConfig{Conn: conn, OnPublishReceived: []func(paho.PublishReceived) (bool, error){
 			func(pr paho.PublishReceived) (bool, error) {
 				h := map[string]string{}
+				var ct string
 				if pr.Packet.Properties != nil {
 					for _, u := range pr.Packet.Properties.User {
 						h[u.Key] = u.Value
 					}
+					ct = pr.Packet.Properties.ContentType
 				}
 				s.mu.Lock()
-				s.got = append(s.got, broker.Message{ID: h["id"], Topic: pr.Packet.Topic, Key: h[mqtt.HeaderKey], Payload: pr.Packet.Payload, Headers: h})
+				s.got = append(s.got, broker.Message{ID: h["id"], Topic: pr.Packet.Topic, Key: h[mqtt.HeaderKey], Payload: pr.Packet.Payload, Headers: h, ContentType: ct})
 				s.mu.Unlock()
 				return true, nil
 			}}})
@@ -135,9 +138,10 @@ func harnessWithID(t *testing.T, addr, clientID string, restart func(*testing.T,
 	}
 	t.Cleanup(func() { _ = pub.Close() })
 	h := &brokertest.Harness{
-		Publisher: pub,
-		Topic:     func(*testing.T) string { return testenv.UniqueName(prefix + "/t") },
-		Read:      s.read,
+		CloudEvents: cloudevents.MQTT,
+		Publisher:   pub,
+		Topic:       func(*testing.T) string { return testenv.UniqueName(prefix + "/t") },
+		Read:        s.read,
 	}
 	if restart != nil {
 		h.Restart = func(t *testing.T) { restart(t, s) }

@@ -14,6 +14,7 @@ import (
 	"github.com/outboxd/outbox/broker"
 	"github.com/outboxd/outbox/broker/brokertest"
 	"github.com/outboxd/outbox/broker/nats"
+	"github.com/outboxd/outbox/cloudevents"
 	"github.com/outboxd/outbox/internal/natsembed"
 	"github.com/outboxd/outbox/internal/testenv"
 )
@@ -42,8 +43,9 @@ func harness(t *testing.T, url string, restart func(t *testing.T)) *brokertest.H
 		_ = js.DeleteStream(ctx, prefix)
 	})
 	return &brokertest.Harness{
-		Publisher: pub,
-		Topic:     func(*testing.T) string { return testenv.UniqueName(prefix + ".t") },
+		CloudEvents: cloudevents.NATS,
+		Publisher:   pub,
+		Topic:       func(*testing.T) string { return testenv.UniqueName(prefix + ".t") },
 		Read: func(ctx context.Context, topic string, n int) ([]broker.Message, error) {
 			return testenv.ReadNATS(ctx, url, prefix, topic, n)
 		},

@@ -19,6 +19,7 @@ import (
 	"github.com/outboxd/outbox/broker"
 	"github.com/outboxd/outbox/broker/brokertest"
 	"github.com/outboxd/outbox/broker/pubsub"
+	"github.com/outboxd/outbox/cloudevents"
 )
 
 func TestMain(m *testing.M) {
@@ -63,8 +64,9 @@ func TestConformance(t *testing.T) {
 	brokertest.Run(t, func(t *testing.T) *brokertest.Harness {
 		srv, p := fake(t, &pubsub.Config{CreateTopics: true, MaxMessageBytes: 4096})
 		return &brokertest.Harness{
-			Publisher: p,
-			Topic:     func(*testing.T) string { return brokertest.UniqueName("outbox.test.") },
+			CloudEvents: cloudevents.PubSub,
+			Publisher:   p,
+			Topic:       func(*testing.T) string { return brokertest.UniqueName("outbox.test.") },
 			Read: func(ctx context.Context, topic string, n int) ([]broker.Message, error) {
 				for {
 					got := read(srv, topic)

@@ -16,6 +16,7 @@ import (
 	"github.com/outboxd/outbox/broker"
 	"github.com/outboxd/outbox/broker/brokertest"
 	"github.com/outboxd/outbox/broker/redis"
+	"github.com/outboxd/outbox/cloudevents"
 	"github.com/outboxd/outbox/internal/testenv"
 )
 
@@ -60,7 +61,8 @@ func harness(t *testing.T, url string, restart func(*testing.T)) *brokertest.Har
 		}
 	})
 	return &brokertest.Harness{
-		Publisher: pub,
+		CloudEvents: cloudevents.Redis,
+		Publisher:   pub,
 		Topic: func(*testing.T) string {
 			topics = append(topics, testenv.UniqueName("outbox.event.t"))
 			return topics[len(topics)-1]

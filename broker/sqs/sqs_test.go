@@ -14,6 +14,7 @@ import (
 	"github.com/outboxd/outbox/broker"
 	"github.com/outboxd/outbox/broker/brokertest"
 	"github.com/outboxd/outbox/broker/sqs"
+	"github.com/outboxd/outbox/cloudevents"
 	"github.com/outboxd/outbox/internal/sqsemu"
 )
 
@@ -29,9 +30,10 @@ func TestConformance(t *testing.T) {
 			t.Fatal(err)
 		}
 		return &brokertest.Harness{
-			Publisher: p,
-			Topic:     func(*testing.T) string { return brokertest.UniqueName("bt-") + ".fifo" },
-			Read:      sqsemu.NewReader(c).Read,
+			CloudEvents: cloudevents.SQS,
+			Publisher:   p,
+			Topic:       func(*testing.T) string { return brokertest.UniqueName("bt-") + ".fifo" },
+			Read:        sqsemu.NewReader(c).Read,
 		}
 	})
 }

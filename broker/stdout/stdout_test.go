@@ -15,6 +15,7 @@ import (
 	"github.com/outboxd/outbox/broker"
 	"github.com/outboxd/outbox/broker/brokertest"
 	"github.com/outboxd/outbox/broker/stdout"
+	"github.com/outboxd/outbox/cloudevents"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -50,8 +51,9 @@ func TestConformance(t *testing.T) {
 	brokertest.Run(t, func(t *testing.T) *brokertest.Harness {
 		buf := &buffer{}
 		return &brokertest.Harness{
-			Publisher: stdout.New(buf),
-			Topic:     func(*testing.T) string { return brokertest.UniqueName("outbox.event.t") },
+			CloudEvents: cloudevents.Stdout,
+			Publisher:   stdout.New(buf),
+			Topic:       func(*testing.T) string { return brokertest.UniqueName("outbox.event.t") },
 			Read: func(ctx context.Context, topic string, n int) ([]broker.Message, error) {
 				for {
 					var got []broker.Message

@@ -21,7 +21,6 @@ import (
 	"crypto/hmac"
 	"crypto/sha256"
 	"encoding/base64"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -232,10 +231,7 @@ func (p *Publisher) request(ctx context.Context, m *broker.Message) (*http.Reque
 		return nil, broker.Permanent(err)
 	}
 	ts := p.cfg.Now().Unix()
-	ct := "application/octet-stream"
-	if json.Valid(m.Payload) {
-		ct = "application/json"
-	}
+	ct := m.MediaType()
 	m.EachHeader(func(k, v string) { req.Header.Set(k, v) })
 	req.Header.Set("Content-Type", ct)
 	req.Header.Set(HeaderID, m.ID)

@@ -16,6 +16,7 @@ import (
 	"github.com/outboxd/outbox/broker"
 	"github.com/outboxd/outbox/broker/brokertest"
 	"github.com/outboxd/outbox/broker/webhook"
+	"github.com/outboxd/outbox/cloudevents"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -88,7 +89,7 @@ func (r *receiver) serve(w http.ResponseWriter, req *http.Request) {
 		}
 	}
 	r.got = append(r.got, broker.Message{ID: req.Header.Get(webhook.HeaderID), Topic: req.Header.Get(webhook.HeaderTopic),
-		Key: req.Header.Get(webhook.HeaderKey), Payload: body, Headers: h})
+		Key: req.Header.Get(webhook.HeaderKey), Payload: body, Headers: h, ContentType: req.Header.Get("Content-Type")})
 	w.WriteHeader(http.StatusNoContent)
 }
 
@@ -122,9 +123,10 @@ func TestConformance(t *testing.T) {
 		}
 		t.Cleanup(func() { _ = pub.Close() })
 		return &brokertest.Harness{
-			Publisher: pub,
-			Topic:     func(*testing.T) string { return brokertest.UniqueName("outbox.event.t") },
-			Read:      r.read,
+			CloudEvents: cloudevents.HTTP,
+			Publisher:   pub,
+			Topic:       func(*testing.T) string { return brokertest.UniqueName("outbox.event.t") },
+			Read:        r.read,
 			Restart: func(*testing.T) {
 				pub.Close() // drop kept-alive connections, as a server restart would
 				r.stop()

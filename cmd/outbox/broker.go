@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/outboxd/outbox/broker"
+	"github.com/outboxd/outbox/cloudevents"
 	"github.com/outboxd/outbox/broker/amqp"
 	"github.com/outboxd/outbox/broker/kafka"
 	"github.com/outboxd/outbox/broker/mqtt"
@@ -80,6 +81,29 @@ func defaultTopicTemplate(scheme string) string {
 		return sqs.TopicTemplateDefault
 	}
 	return broker.TopicTemplateDefault
+}
+
+// cloudEventsBinding is the CloudEvents protocol binding of a broker scheme.
+func cloudEventsBinding(scheme string) cloudevents.Binding {
+	switch scheme {
+	case "kafka", "kafkas":
+		return cloudevents.Kafka
+	case "nats", "tls":
+		return cloudevents.NATS
+	case "http", "https":
+		return cloudevents.HTTP
+	case "amqp", "amqps":
+		return cloudevents.AMQP
+	case "mqtt", "mqtts":
+		return cloudevents.MQTT
+	case "pubsub":
+		return cloudevents.PubSub
+	case "redis", "rediss":
+		return cloudevents.Redis
+	case "sqs":
+		return cloudevents.SQS
+	}
+	return cloudevents.Stdout
 }
 
 // openBroker connects the publisher for a --broker URL.

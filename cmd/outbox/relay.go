@@ -13,8 +13,10 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/outboxd/outbox/broker"
 	"github.com/outboxd/outbox/broker/amqp"
 	"github.com/outboxd/outbox/broker/kafka"
+	"github.com/outboxd/outbox/cloudevents"
 	"github.com/outboxd/outbox/dashboard"
 	"github.com/outboxd/outbox/debezium"
 	"github.com/outboxd/outbox/internal/failpoint"
@@ -88,6 +90,9 @@ func parseRelayFlags(args []string, stderr io.Writer) (*relayOptions, error) {
 	retention := fs.Duration("retention", relay.RetentionDefault, "delete published rows older than this (0: keep them)")
 	flowPast := fs.Bool("flow-past-dead-letters", false, "let later events of a dead letter's aggregate go on (default: they wait for a replay or purge)")
 	topic := fs.String("topic-template", "", "topic template (default outbox.event.${aggregatetype}; outbox/event/${aggregatetype} for MQTT)")
+	format := fs.String("format", "outbox", "wire format: outbox (the event as its payload, with outbox's headers) or cloudevents (CloudEvents 1.0 in the broker's binding; docs/cloudevents.md)")
+	ceMode := fs.String("cloudevents-mode", string(cloudevents.Binary), "with --format cloudevents: binary (attributes as headers, the payload as the body) or structured (the whole event as JSON)")
+	ceSource := fs.String("cloudevents-source", "", "with --format cloudevents: the source attribute (default /outbox/<schema>.<table>)")
 	var bo brokerOptions
 	fs.BoolVar(&bo.natsCreateStream, "nats-create-stream", false, "NATS: create the JetStream stream OUTBOX over outbox.event.> when no stream covers a subject")
 	fs.StringVar(&bo.webhookSecret, "webhook-secret", "", "webhook: the signing secret (whsec_<base64> or raw); prefer --webhook-secret-file")
@@ -190,6 +195,23 @@ func parseRelayFlags(args []string, stderr io.Writer) (*relayOptions, error) {
 	if *group {
 		cfg.Group = &relay.GroupConfig{RelayID: *relayID, LeaseTTL: *partitionLease}
 	}
+	switch {
+	case *format != "outbox" && *format != "cloudevents":
+		return nil, usageErr("--format %q: want outbox or cloudevents", *format)
+	case *format == "cloudevents" && len(routerOpts) > 0:
+		return nil, usageErr("--format cloudevents and the Debezium router options of --config %s: choose one wire format", *configPath)
+	case *format == "cloudevents":
+		tmpl, err := broker.ParseTemplate(*topic)
+		if err != nil {
+			return nil, usageErr("--topic-template: %v", err)
+		}
+		router, err := cloudevents.New(&cloudevents.Config{Mode: cloudevents.Mode(*ceMode), Binding: cloudEventsBinding(scheme),
+			Source: *ceSource, Table: table, Topic: tmpl})
+		if err != nil {
+			return nil, usageErr("%v", err)
+		}
+		cfg.Router = router
+	}
 	if len(routerOpts) > 0 {
 		router, err := debezium.New(&debezium.Config{Options: routerOpts, Table: table})
 		if err != nil {
@@ -278,7 +300,7 @@ func buildRelay(ctx context.Context, o *relayOptions) (_ *relayService, err erro
 	if err := checkSchema(ctx, db.migrator, o.allowNewerSchema, logger); err != nil {
 		return nil, fmt.Errorf("%s: %w", table, err)
 	}
-	if cfg.Router != nil {
+	if len(o.routerOpts) > 0 {
 		// Bound to the table: its column types make the converters' schemas exact,
 		// and a custom column the options name must exist. (Custom columns off
 		// PostgreSQL: relay.New refuses them, as the store declares.)
