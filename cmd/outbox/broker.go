@@ -13,7 +13,6 @@ import (
 	"time"
 
 	"github.com/outboxd/outbox/broker"
-	"github.com/outboxd/outbox/cloudevents"
 	"github.com/outboxd/outbox/broker/amqp"
 	"github.com/outboxd/outbox/broker/kafka"
 	"github.com/outboxd/outbox/broker/mqtt"
@@ -23,6 +22,7 @@ import (
 	"github.com/outboxd/outbox/broker/sqs"
 	"github.com/outboxd/outbox/broker/stdout"
 	"github.com/outboxd/outbox/broker/webhook"
+	"github.com/outboxd/outbox/cloudevents"
 	"github.com/outboxd/outbox/internal/redact"
 )
 
