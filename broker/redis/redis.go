@@ -19,6 +19,15 @@ import (
 	"github.com/outboxd/outbox/broker"
 )
 
+// The fields of a stream entry (consumers read them: inbox/redisinbox).
+const (
+	FieldID      = "id"      // the event id
+	FieldKey     = "key"     // the ordering key (the aggregate id)
+	FieldType    = "type"    // the event type
+	FieldHeaders = "headers" // every header, as one JSON object
+	FieldPayload = "payload" // the payload bytes
+)
+
 // Config configures a Publisher. The zero value is valid.
 type Config struct {
 	// MaxLen, if positive, trims each stream to about this many entries (MAXLEN ~).
@@ -105,7 +114,7 @@ func (p *Publisher) prepare(m *broker.Message) (*goredis.XAddArgs, error) {
 	headers, _ := json.Marshal(h)
 	args := &goredis.XAddArgs{
 		Stream: m.Topic,
-		Values: []any{"id", m.ID, "key", m.Key, "type", m.EventType, "headers", headers, "payload", m.Payload},
+		Values: []any{FieldID, m.ID, FieldKey, m.Key, FieldType, m.EventType, FieldHeaders, headers, FieldPayload, m.Payload},
 	}
 	if p.cfg.MaxLen > 0 {
 		args.MaxLen, args.Approx = p.cfg.MaxLen, true

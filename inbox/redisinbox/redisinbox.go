@@ -14,6 +14,7 @@ import (
 
 	goredis "github.com/redis/go-redis/v9"
 
+	"github.com/outboxd/outbox/broker/redis"
 	"github.com/outboxd/outbox/inbox"
 )
 
@@ -21,13 +22,13 @@ import (
 func Message(x goredis.XMessage) inbox.Message {
 	str := func(k string) string { s, _ := x.Values[k].(string); return s }
 	var h map[string]string
-	_ = json.Unmarshal([]byte(str("headers")), &h)
-	m := inbox.FromHeaders(h, []byte(str("payload")))
+	_ = json.Unmarshal([]byte(str(redis.FieldHeaders)), &h)
+	m := inbox.FromHeaders(h, []byte(str(redis.FieldPayload)))
 	if m.ID == "" {
-		m.ID = str("id")
+		m.ID = str(redis.FieldID)
 	}
 	if m.AggregateID == "" {
-		m.AggregateID = str("key")
+		m.AggregateID = str(redis.FieldKey)
 	}
 	return m
 }
