@@ -38,6 +38,8 @@ const (
 	// events of its aggregate, rightly: a delayed event, or a dead letter replayed
 	// after its aggregate went on past it. Its outbox-seq is no version to compare.
 	HeaderLate = wire.HeaderLate
+	// HeaderReplay (the replay's name) marks an event sent again by `outbox replay`.
+	HeaderReplay = wire.HeaderReplay
 )
 
 // Message is one event as a broker sees it.

@@ -75,13 +75,23 @@ type Message struct {
 // events of its aggregate (broker.HeaderLate: a delayed event, or a dead letter
 // replayed after its aggregate went on): its Seq is no version, and the version guard
 // neither skips it nor moves past it.
-func (m *Message) Late() bool {
+func (m *Message) Late() bool { return m.header(broker.HeaderLate) != "" }
+
+// Replayed reports whether the message was sent again by `outbox replay` (the
+// outbox-replay header).
+func (m *Message) Replayed() bool { return m.header(broker.HeaderReplay) != "" }
+
+// header is a header's value, in any case ("" when absent).
+func (m *Message) header(name string) string {
+	if v, ok := m.Headers[name]; ok {
+		return v
+	}
 	for k, v := range m.Headers {
-		if v != "" && strings.EqualFold(k, broker.HeaderLate) {
-			return true
+		if strings.EqualFold(k, name) {
+			return v
 		}
 	}
-	return false
+	return ""
 }
 
 // FromHeaders fills a Message from wire-format headers (any case); payload as given.
@@ -124,6 +134,11 @@ type Config struct {
 	Table string
 	// VersionGuard skips events older than one already applied for their aggregate.
 	VersionGuard bool
+	// Reprocess processes a replayed event (outbox replay: the outbox-replay header)
+	// even when its id was processed before, and whatever the version guard says:
+	// for rebuilding a read model from history. Other events are deduplicated as
+	// always.
+	Reprocess bool
 	// StartSpan, when set, starts a span for a message (continuing the trace in its
 	// headers) and returns the context the handler runs in and a func ending the span
 	// with the handler's error. outboxotel.InboxSpan provides it for OpenTelemetry.
@@ -237,6 +252,9 @@ func (ib *Inbox[TTx]) RecordTx(ctx context.Context, tx TTx, consumer string, msg
 	n, err := ib.exec(ctx, tx, ib.q.record, consumer, msg.ID, msg.AggregateType, msg.AggregateID, msg.Seq, time.Now().UTC())
 	if err != nil {
 		return 0, fmt.Errorf("inbox: record %s: %w", msg.ID, err)
+	}
+	if ib.cfg.Reprocess && msg.Replayed() {
+		return Processed, nil // a rebuild: neither the record nor the guard stands in its way
 	}
 	if n == 0 {
 		return Duplicate, nil

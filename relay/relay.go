@@ -877,9 +877,14 @@ func (r *Relay) route(rows []outboxdriver.Row) (msgs []broker.Message, idx []int
 	return msgs, idx, results
 }
 
-// message builds the broker message for a row. It allocates a headers map only
+// message builds the broker message for a row in outbox's own wire format.
+func (r *Relay) message(row *outboxdriver.Row) broker.Message { return Message(row, r.tmpl, r.esc) }
+
+// Message renders a row in outbox's own wire format (no Router): the topic from
+// tmpl, with values escaped by escape (nil: none; broker.TopicEscaper's), the
+// aggregate id as key, and the wire-format headers. It allocates a headers map only
 // when the row carries a trace context: this runs for every event.
-func (r *Relay) message(row *outboxdriver.Row) broker.Message {
+func Message(row *outboxdriver.Row, tmpl *broker.Template, escape func(string) string) broker.Message {
 	h := row.Headers
 	if tc := broker.TraceHeaders(row.TraceContext); tc != nil {
 		h = make(map[string]string, len(row.Headers)+len(tc))
@@ -892,7 +897,7 @@ func (r *Relay) message(row *outboxdriver.Row) broker.Message {
 	}
 	return broker.Message{
 		ID:            row.ID,
-		Topic:         r.tmpl.Execute(broker.TopicFields{AggregateType: row.AggregateType, Type: row.Type}, r.esc),
+		Topic:         tmpl.Execute(broker.TopicFields{AggregateType: row.AggregateType, Type: row.Type}, escape),
 		Key:           row.AggregateID,
 		EventType:     row.Type,
 		AggregateType: row.AggregateType,

@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/tls"
 	"crypto/x509"
+	"flag"
 	"log/slog"
 	"net"
 	"net/http"
@@ -81,6 +82,23 @@ func defaultTopicTemplate(scheme string) string {
 		return sqs.TopicTemplateDefault
 	}
 	return broker.TopicTemplateDefault
+}
+
+// brokerFlags registers the flags that configure a publisher (relay and replay).
+func brokerFlags(fs *flag.FlagSet) *brokerOptions {
+	var bo brokerOptions
+	fs.BoolVar(&bo.natsCreateStream, "nats-create-stream", false, "NATS: create the JetStream stream OUTBOX over outbox.event.> when no stream covers a subject")
+	fs.StringVar(&bo.webhookSecret, "webhook-secret", "", "webhook: the signing secret (whsec_<base64> or raw); prefer --webhook-secret-file")
+	fs.StringVar(&bo.webhookSecretFile, "webhook-secret-file", "", "webhook: a file holding the signing secret (kept out of ps and the environment)")
+	fs.StringVar(&bo.webhookCA, "webhook-ca", "", "webhook: PEM file of the CAs that sign the endpoint's certificate (default: the system's)")
+	fs.StringVar(&bo.webhookCert, "webhook-cert", "", "webhook: PEM client certificate for mutual TLS (with --webhook-key)")
+	fs.StringVar(&bo.webhookKey, "webhook-key", "", "webhook: PEM private key of --webhook-cert")
+	fs.BoolVar(&bo.webhookAllowHTTP, "webhook-allow-http", false, "webhook: allow plain http:// to a host that is not loopback (signed, but readable on the wire)")
+	fs.IntVar(&bo.maxMessageBytes, "max-message-bytes", 0, "refuse larger messages before sending them (0: the publisher's default)")
+	fs.StringVar(&bo.amqpExchange, "amqp-exchange", amqp.ExchangeDefault, "RabbitMQ: the topic exchange")
+	fs.Int64Var(&bo.redisMaxLen, "redis-maxlen", 0, "Redis: trim each stream to about this many entries (0: no trimming)")
+	fs.StringVar(&bo.kafkaCompression, "kafka-compression", "none", "Kafka: compress produced batches with "+kafka.Compressions+" (none, as Kafka Connect: every consumer can read it)")
+	return &bo
 }
 
 // cloudEventsBinding is the CloudEvents protocol binding of a broker scheme.

@@ -48,6 +48,7 @@ func commands() []command {
 		{"retry", "make events waiting for a retry due now (once their destination is fixed)", runRetry},
 		{"cleanup", "delete published rows older than the retention (the relay also does it)", runCleanup},
 		{"ui", "serve the dashboard (backlog, flow, relays, dead letters, events) for a table", runUI},
+		{"replay", "send published events again, in order, to rebuild or feed a consumer (docs/replay.md)", runReplay},
 		{"verify", "write canary events and check they reach the broker, all, once, in order", runVerify},
 		{"demo", "run the whole pattern on SQLite and an in-process NATS server", runDemo},
 		{"version", "print the version, the VCS revision and the Go version of this binary", runVersion},

@@ -14,8 +14,6 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/outboxd/outbox/broker"
-	"github.com/outboxd/outbox/broker/amqp"
-	"github.com/outboxd/outbox/broker/kafka"
 	"github.com/outboxd/outbox/cloudevents"
 	"github.com/outboxd/outbox/dashboard"
 	"github.com/outboxd/outbox/debezium"
@@ -93,18 +91,7 @@ func parseRelayFlags(args []string, stderr io.Writer) (*relayOptions, error) {
 	format := fs.String("format", "outbox", "wire format: outbox (the event as its payload, with outbox's headers) or cloudevents (CloudEvents 1.0 in the broker's binding; docs/cloudevents.md)")
 	ceMode := fs.String("cloudevents-mode", string(cloudevents.Binary), "with --format cloudevents: binary (attributes as headers, the payload as the body) or structured (the whole event as JSON)")
 	ceSource := fs.String("cloudevents-source", "", "with --format cloudevents: the source attribute (default /outbox/<schema>.<table>)")
-	var bo brokerOptions
-	fs.BoolVar(&bo.natsCreateStream, "nats-create-stream", false, "NATS: create the JetStream stream OUTBOX over outbox.event.> when no stream covers a subject")
-	fs.StringVar(&bo.webhookSecret, "webhook-secret", "", "webhook: the signing secret (whsec_<base64> or raw); prefer --webhook-secret-file")
-	fs.StringVar(&bo.webhookSecretFile, "webhook-secret-file", "", "webhook: a file holding the signing secret (kept out of ps and the environment)")
-	fs.StringVar(&bo.webhookCA, "webhook-ca", "", "webhook: PEM file of the CAs that sign the endpoint's certificate (default: the system's)")
-	fs.StringVar(&bo.webhookCert, "webhook-cert", "", "webhook: PEM client certificate for mutual TLS (with --webhook-key)")
-	fs.StringVar(&bo.webhookKey, "webhook-key", "", "webhook: PEM private key of --webhook-cert")
-	fs.BoolVar(&bo.webhookAllowHTTP, "webhook-allow-http", false, "webhook: allow plain http:// to a host that is not loopback (signed, but readable on the wire)")
-	fs.IntVar(&bo.maxMessageBytes, "max-message-bytes", 0, "refuse larger messages before sending them (0: the publisher's default)")
-	fs.StringVar(&bo.amqpExchange, "amqp-exchange", amqp.ExchangeDefault, "RabbitMQ: the topic exchange")
-	fs.Int64Var(&bo.redisMaxLen, "redis-maxlen", 0, "Redis: trim each stream to about this many entries (0: no trimming)")
-	fs.StringVar(&bo.kafkaCompression, "kafka-compression", "none", "Kafka: compress produced batches with "+kafka.Compressions+" (none, as Kafka Connect: every consumer can read it)")
+	bo := brokerFlags(fs)
 	leaseTTL := fs.Duration("lease-ttl", outboxsqlite.LeaseTTLDefault, "SQLite only: how long leadership lasts unrenewed; a standby takes over this long after the active relay dies")
 	group := fs.Bool("group", false, "PostgreSQL, poll mode: run as one of several active relays, each owning some of the table's partitions (every relay of the table needs it)")
 	relayID := fs.String("relay-id", "", "with --group: this relay's name in the group (default host-pid-random)")
@@ -134,7 +121,7 @@ func parseRelayFlags(args []string, stderr io.Writer) (*relayOptions, error) {
 		// peak RSS passed 100 MiB for no CPU measurably saved (docs/benchmarks.md).
 		debug.SetGCPercent(300)
 	}
-	scheme, err := brokerScheme(*brokerURL, bo)
+	scheme, err := brokerScheme(*brokerURL, *bo)
 	if err != nil {
 		return nil, err
 	}
@@ -232,7 +219,7 @@ func parseRelayFlags(args []string, stderr io.Writer) (*relayOptions, error) {
 		return nil, usageErr("%v", err) // bad flags, before connecting anywhere
 	}
 	return &relayOptions{dsn: *dsn, leaderDSN: *leaderDSN, brokerURL: *brokerURL, mode: *mode, configPath: *configPath, table: table, cfg: cfg,
-		cdc: cdcCfg, broker: bo, routerOpts: routerOpts, leaseTTL: *leaseTTL, httpAddr: *httpAddr, uiToken: *uiToken,
+		cdc: cdcCfg, broker: *bo, routerOpts: routerOpts, leaseTTL: *leaseTTL, httpAddr: *httpAddr, uiToken: *uiToken,
 		ui: *ui, uiHosts: uiHosts, allowNewerSchema: *allowNewer, logger: logger}, nil
 }
 

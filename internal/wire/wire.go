@@ -15,6 +15,10 @@ const (
 	HeaderAggregateID   = "aggregateId"
 )
 
+// HeaderReplay marks an event sent again by `outbox replay`; its value is the
+// replay's name.
+const HeaderReplay = "outbox-replay"
+
 // HeaderLate marks an event that may reach consumers after later events of its
 // aggregate, rightly: its outbox-seq is no version to compare (the inbox's version
 // guard neither skips it nor moves past it). Its value says why.

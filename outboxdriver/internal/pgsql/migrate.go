@@ -38,6 +38,7 @@ func (s *Statements) Migrations() ([]migrations.Migration, error) {
 		"PublishedDefault":     pgx.Identifier{t.Schema, t.Derived("_published_default")}.Sanitize(),
 		"PublishedDefaultName": pgx.Identifier{t.Derived("_published_default")}.Sanitize(),
 		"PublishedDayIndex":    pgx.Identifier{t.Derived("_published_day_idx")}.Sanitize(),
+		"ReplaysTable":         pgx.Identifier{t.Schema, t.Derived("_replays")}.Sanitize(),
 	})
 }
 
