@@ -46,6 +46,10 @@ const (
 type Message struct {
 	// ID is the event id, used as the broker's dedup id where it has one.
 	ID string
+	// DedupID, if set, is the broker's dedup id instead of ID (a replay: its events
+	// must not be dropped as repeats of their first delivery, yet an interrupted
+	// replay run again must be).
+	DedupID string
 	// Topic is where the message goes (NATS subject, Kafka topic, routing key...).
 	Topic string
 	// Key is the ordering and partitioning key (the aggregate id by default).
@@ -80,6 +84,14 @@ type Message struct {
 	// (Debezium's partition placement); other brokers have none and ignore it.
 	Partition    int32
 	HasPartition bool
+}
+
+// DedupKey is the id a broker deduplicates the message by: DedupID, else ID.
+func (m *Message) DedupKey() string {
+	if m.DedupID != "" {
+		return m.DedupID
+	}
+	return m.ID
 }
 
 // MediaType is the body's media type for a broker's content-type slot: ContentType

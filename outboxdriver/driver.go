@@ -653,9 +653,12 @@ type Status struct {
 	Unpublished int64         // rows not yet published
 	OldestAge   time.Duration // age of the oldest unpublished row, 0 when none
 	Published   int64         // published rows still kept (not yet cleaned up)
-	Failing     int64         // unpublished rows with at least one failed attempt
-	Dead        int64         // dead letters
-	HeldKeys    int64         // aggregates whose events wait behind a dead letter
+	// OldestPublished is when the oldest kept published event was published: how
+	// far back `outbox replay` reaches (zero: nothing kept, or not known).
+	OldestPublished time.Time
+	Failing         int64 // unpublished rows with at least one failed attempt
+	Dead            int64 // dead letters
+	HeldKeys        int64 // aggregates whose events wait behind a dead letter
 	// ActiveRelay describes the relay holding leadership ("" when none), and
 	// ActiveSince when it took it, where the database knows (zero otherwise).
 	ActiveRelay string

@@ -438,15 +438,22 @@ func (r *Replayer) message(row *outboxdriver.Row, c *Config, esc func(string) st
 	}
 	h[HeaderReplay] = c.Name
 	row.Headers = h
+	var m broker.Message
 	if c.Router != nil {
-		m, err := c.Router.Route(row, esc)
-		if err == nil && m.Verbatim {
-			if _, ok := m.Headers[HeaderReplay]; !ok {
-				m.Headers[HeaderReplay] = c.Name
-				m.HeaderOrder = append(m.HeaderOrder, HeaderReplay)
-			}
+		var err error
+		if m, err = c.Router.Route(row, esc); err != nil {
+			return m, err
 		}
-		return m, err
+		if _, ok := m.Headers[HeaderReplay]; m.Verbatim && !ok {
+			m.Headers[HeaderReplay] = c.Name
+			m.HeaderOrder = append(m.HeaderOrder, HeaderReplay)
+		}
+	} else {
+		m = relay.Message(row, c.Topic, esc)
 	}
-	return relay.Message(row, c.Topic, esc), nil
+	// Brokers that drop repeats (JetStream's window, SQS FIFO's five minutes) would
+	// drop a replay of a recent event as a repeat of its first delivery: the replay's
+	// dedup id is its own, the same on every run of the name.
+	m.DedupID = "replay:" + c.Name + ":" + m.ID
+	return m, nil
 }

@@ -268,7 +268,7 @@ func (p *Publisher) prepare(ctx context.Context, js jetstream.JetStream, m *brok
 	if bad != nil {
 		return nil, bad
 	}
-	set(jetstream.MsgIDHeader, m.ID)
+	set(jetstream.MsgIDHeader, m.DedupKey())
 	set(HeaderKey, m.Key)
 	if maxPayload > 0 && size > maxPayload {
 		return nil, broker.Permanent(fmt.Errorf("message of %d bytes exceeds the server's max_payload of %d", size, maxPayload))

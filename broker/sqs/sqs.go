@@ -463,7 +463,7 @@ func (p *Publisher) entry(i int, m *broker.Message) (*entry, error) {
 	}
 	e.req = types.SendMessageBatchRequestEntry{MessageBody: aws.String(body), MessageAttributes: attrs}
 	if isFIFO(m.Topic) {
-		e.req.MessageGroupId, e.req.MessageDeduplicationId = aws.String(fifoID(m.Key)), aws.String(fifoID(m.ID))
+		e.req.MessageGroupId, e.req.MessageDeduplicationId = aws.String(fifoID(m.Key)), aws.String(fifoID(m.DedupKey()))
 	}
 	return e, nil
 }

@@ -192,7 +192,7 @@ func leastPrivilegeRelay(t *testing.T, completion string) {
 	}
 	for _, args := range [][]string{
 		{"dlq", "list"}, {"dlq", "show", deadID}, {"dlq", "edit", deadID, "--payload", `{"small":true}`}, {"dlq", "replay", deadID},
-		{"retry", "--all"},
+		{"retry", "--all"}, {"replay", "--dry-run"},
 	} {
 		stdout, stderr, code := runCLI(t, nil, append(args, "--db", operatorURL, "--table", schema+".outbox")...)
 		if code != 0 {

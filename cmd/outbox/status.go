@@ -73,15 +73,19 @@ func runStatus(ctx context.Context, args []string, stdout, stderr io.Writer) err
 			SchemaVersion      int         `json:"schema_version"`
 			SchemaKnown        int         `json:"schema_version_known"`
 			SchemaError        string      `json:"schema_error,omitempty"`
+			HistoryFrom        *time.Time  `json:"history_from"`
 		}{st.Table, st.Unpublished, st.OldestAge.Seconds(), st.Published, st.Failing, st.Dead, st.HeldKeys,
 			st.ActiveRelay, timeOrNil(st.ActiveSince), slots, relays, st.PartitionBacklog,
-			schemaVersion(schema), latest(schema), schemaErr(schema, err)})
+			schemaVersion(schema), latest(schema), schemaErr(schema, err), timeOrNil(st.OldestPublished)})
 	}
 	fmt.Fprintf(stdout, "table:                 %s\n", st.Table)
 	fmt.Fprintf(stdout, "unpublished:           %d\n", st.Unpublished)
 	fmt.Fprintf(stdout, "oldest unpublished:    %s\n", st.OldestAge.Round(time.Millisecond))
 	fmt.Fprintf(stdout, "failing (attempts>0):  %d\n", st.Failing)
 	fmt.Fprintf(stdout, "published, kept:       %d\n", st.Published)
+	if !st.OldestPublished.IsZero() {
+		fmt.Fprintf(stdout, "history (replay):      back to %s (%s ago)\n", st.OldestPublished.UTC().Format(time.RFC3339), human.Age(time.Since(st.OldestPublished)))
+	}
 	fmt.Fprintf(stdout, "dead letters:          %d (holding %d aggregates; see `outbox dlq list`)\n", st.Dead, st.HeldKeys)
 	fmt.Fprintf(stdout, "schema:                %s\n", schemaLine(schema, err))
 	switch {

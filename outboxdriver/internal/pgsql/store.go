@@ -129,7 +129,8 @@ SELECT * FROM moved`
        count(*) FILTER (WHERE published_at IS NOT NULL) + (SELECT count(*) FROM ` + s.published + `),
        count(*) FILTER (WHERE published_at IS NULL AND attempts > 0),
        (SELECT count(*) FROM ` + s.dead + `),
-       (SELECT count(DISTINCT (aggregatetype, aggregateid)) FROM ` + s.dead + ` WHERE holds_key)
+       (SELECT count(DISTINCT (aggregatetype, aggregateid)) FROM ` + s.dead + ` WHERE holds_key),
+       least(min(published_at), (SELECT min(published_at) FROM ` + s.published + `))
 FROM ` + q
 	const held = " AND o.partition IN (SELECT partition FROM held)"
 	s.fencedMark = "WITH " + s.heldLeases(2) + " " + s.markPublished + held
@@ -801,8 +802,12 @@ var _ outboxdriver.Completer = (*Store)(nil)
 func (s *Store) Status(ctx context.Context) (*outboxdriver.Status, error) {
 	st := &outboxdriver.Status{Table: s.Statements.table.String()}
 	var ageSec float64
-	if err := QueryRow(ctx, s.DB, s.Statements.status, nil, &st.Unpublished, &ageSec, &st.Published, &st.Failing, &st.Dead, &st.HeldKeys); err != nil {
+	var oldest *time.Time
+	if err := QueryRow(ctx, s.DB, s.Statements.status, nil, &st.Unpublished, &ageSec, &st.Published, &st.Failing, &st.Dead, &st.HeldKeys, &oldest); err != nil {
 		return nil, InterpretError(err)
+	}
+	if oldest != nil {
+		st.OldestPublished = *oldest
 	}
 	st.OldestAge = time.Duration(ageSec * float64(time.Second))
 	// Who holds the leadership lock: a session, so pg_stat_activity says who it is;
