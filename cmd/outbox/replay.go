@@ -117,7 +117,7 @@ func runReplay(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	if err != nil {
 		return err
 	}
-	defer pub.Close()
+	defer func() { _ = pub.Close() }()
 	last := time.Time{}
 	cfg.Progress = func(p replay.Progress) {
 		if time.Since(last) < time.Second && p.Sent < p.Total {
