@@ -9,7 +9,6 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
@@ -35,17 +34,7 @@ func TestRebuildFromReplay(t *testing.T) {
 		ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 		defer cancel()
 		prefix := testenv.UniqueName("rebuild")
-		nc, err := nats.Connect(url)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer nc.Close()
-		js, _ := jetstream.New(nc)
-		stream, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: prefix, Subjects: []string{prefix + ".>"}})
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer js.DeleteStream(context.Background(), prefix)
+		stream := testenv.Stream(t, url, prefix)
 		pub, err := natspub.Dial(ctx, url, nil)
 		if err != nil {
 			t.Fatal(err)

@@ -3,6 +3,7 @@ package testenv
 import (
 	"context"
 	"fmt"
+	"testing"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -73,4 +74,27 @@ func DeleteStream(url, name string) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	_ = js.DeleteStream(ctx, name)
+}
+
+// Stream creates a JetStream stream named name over the subjects name.>, on the
+// NATS server at url, deleted when the test ends.
+func Stream(t testing.TB, url, name string) jetstream.Stream {
+	t.Helper()
+	nc, err := nats.Connect(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	stream, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: name, Subjects: []string{name + ".>"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { DeleteStream(url, name) })
+	return stream
 }
