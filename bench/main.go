@@ -45,7 +45,7 @@ import (
 
 func main() {
 	if len(os.Args) < 2 {
-		fmt.Fprintln(os.Stderr, "usage: bench compare|drain|produce|notify|latency|slowkey [flags]")
+		fmt.Fprintln(os.Stderr, "usage: bench compare|drain|produce|notify|latency|slowkey|replay [flags]")
 		os.Exit(2)
 	}
 	dbURL := env("TEST_DATABASE_URL", testenv.DatabaseURLDefault)
@@ -64,6 +64,8 @@ func main() {
 		err = compare(dbURL, natsURL, os.Args[2:])
 	case "slowkey":
 		err = slowKey(dbURL, os.Args[2:])
+	case "replay":
+		err = replayBeside(dbURL, os.Args[2:])
 	case "wm-forwarder":
 		err = wmForwarder(os.Args[2:])
 

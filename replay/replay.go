@@ -21,6 +21,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
 	"strings"
 	"time"
 
@@ -134,6 +135,9 @@ type Result struct {
 	Sent    int64
 	Resumed bool // it continued an interrupted replay of the same name
 	LastSeq int64
+	// UntilSeq bounds the replay: the history as it was when the replay started
+	// (events published since are live traffic, not history to replay).
+	UntilSeq int64
 }
 
 // History is what a table keeps of its published events.
@@ -175,18 +179,18 @@ func (r *Replayer) History(ctx context.Context) (History, error) {
 	return h, nil
 }
 
-// where is the selection's SQL condition over the history, from $2 on ($1 is the
-// checkpoint's seq).
+// where is the selection's SQL condition over the history, from $3 on ($1 is the
+// checkpoint's seq, $2 the replay's bound).
 func where(f *Filter) (string, []any) {
 	col := "published_at"
 	if f.ByCreation {
 		col = "created_at"
 	}
-	conds := []string{"seq > $1"}
+	conds := []string{"seq > $1", "seq <= $2"}
 	args := []any{}
 	add := func(cond string, v any) {
 		args = append(args, v)
-		conds = append(conds, fmt.Sprintf(cond, len(args)+1))
+		conds = append(conds, fmt.Sprintf(cond, len(args)+2))
 	}
 	if !f.Since.IsZero() {
 		add(col+" >= $%d", f.Since)
@@ -220,7 +224,7 @@ func (r *Replayer) DryRun(ctx context.Context, f *Filter, tmpl *broker.Template)
 	}
 	w, args := where(f)
 	rows, err := r.pool.Query(ctx, `SELECT aggregatetype, type, count(*) FROM `+r.history("seq, aggregatetype, aggregateid, type, published_at, created_at")+w+
-		` GROUP BY aggregatetype, type`, append([]any{int64(0)}, args...)...)
+		` GROUP BY aggregatetype, type`, append([]any{int64(0), int64(math.MaxInt64)}, args...)...)
 	if err != nil {
 		return nil, fmt.Errorf("replay: %w", outboxpgx.InterpretError(err))
 	}
@@ -294,7 +298,7 @@ func (r *Replayer) Run(ctx context.Context, pub broker.Publisher, cfg *Config) (
 	w, args := where(&c.Filter)
 	var total int64
 	if err := r.pool.QueryRow(ctx, `SELECT count(*) FROM `+r.history("seq, aggregatetype, aggregateid, type, published_at, created_at")+w,
-		append([]any{res.LastSeq}, args...)...).Scan(&total); err != nil {
+		append([]any{res.LastSeq, res.UntilSeq}, args...)...).Scan(&total); err != nil {
 		return res, fmt.Errorf("replay: %w", outboxpgx.InterpretError(err))
 	}
 	// The payload column's type, from the catalog (a table born as a Debezium outbox
@@ -322,7 +326,7 @@ func (r *Replayer) Run(ctx context.Context, pub broker.Publisher, cfg *Config) (
 	start := time.Now()
 	var sent int64
 	for {
-		batch, err := r.read(ctx, query, append([]any{res.LastSeq}, args...))
+		batch, err := r.read(ctx, query, append([]any{res.LastSeq, res.UntilSeq}, args...))
 		if err != nil {
 			return res, err
 		}
@@ -381,9 +385,9 @@ func (r *Replayer) checkpoint(ctx context.Context, c *Config) (Result, error) {
 	var res Result
 	sel := c.Filter.String()
 	var was string
-	var last int64
+	var last, until int64
 	var finished *time.Time
-	err := r.pool.QueryRow(ctx, `SELECT selection, last_seq, finished_at FROM `+r.qReplay+` WHERE name = $1`, c.Name).Scan(&was, &last, &finished)
+	err := r.pool.QueryRow(ctx, `SELECT selection, last_seq, until_seq, finished_at FROM `+r.qReplay+` WHERE name = $1`, c.Name).Scan(&was, &last, &until, &finished)
 	switch {
 	case errors.Is(err, pgx.ErrNoRows):
 	case err != nil:
@@ -391,12 +395,14 @@ func (r *Replayer) checkpoint(ctx context.Context, c *Config) (Result, error) {
 	case finished == nil && !c.Restart && was != sel:
 		return res, fmt.Errorf("%w: %q selected %q, now %q (continue with the same selection, or start over with --restart)", ErrOtherSelection, c.Name, was, sel)
 	case finished == nil && !c.Restart:
-		res.LastSeq, res.Resumed = last, true
+		res.LastSeq, res.UntilSeq, res.Resumed = last, until, true
 		c.Logger.Info("replay: continuing where it stopped", "name", c.Name, "after_seq", last)
 		return res, nil
 	}
-	_, err = r.pool.Exec(ctx, `INSERT INTO `+r.qReplay+` (name, selection) VALUES ($1, $2)
-ON CONFLICT (name) DO UPDATE SET selection = $2, last_seq = 0, sent = 0, started_at = now(), updated_at = now(), finished_at = NULL`, c.Name, sel)
+	err = r.pool.QueryRow(ctx, `WITH h AS (SELECT coalesce(max(seq), 0) AS until FROM `+r.history("seq")+`)
+INSERT INTO `+r.qReplay+` (name, selection, until_seq) SELECT $1, $2, h.until FROM h
+ON CONFLICT (name) DO UPDATE SET selection = $2, last_seq = 0, until_seq = excluded.until_seq, sent = 0, started_at = now(), updated_at = now(), finished_at = NULL
+RETURNING until_seq`, c.Name, sel).Scan(&res.UntilSeq)
 	if err != nil {
 		return res, fmt.Errorf("replay: checkpoint: %w", outboxpgx.InterpretError(err))
 	}

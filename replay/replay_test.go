@@ -206,8 +206,8 @@ func TestReplayKeptHistory(t *testing.T) {
 }
 
 // TestReplayResumes: a replay the broker stops at an event keeps its checkpoint; run
-// again it continues there and every event arrives; a different selection under
-// the same name is refused unless restarted.
+// again it continues there and every event arrives, and none published after it
+// started; a different selection under the same name is refused unless restarted.
 func TestReplayResumes(t *testing.T) {
 	e := newEnv(t)
 	store, err := e.drv.Store()
@@ -227,6 +227,11 @@ func TestReplayResumes(t *testing.T) {
 	if _, err := r.Run(ctx, b, &replay.Config{Name: "resume", Filter: replay.Filter{AggregateID: "order-0"}}); !errors.Is(err, replay.ErrOtherSelection) {
 		t.Fatalf("another selection under the unfinished name: %v, want ErrOtherSelection", err)
 	}
+	// Published after the replay started: live traffic, not the history it replays.
+	e.write(t, "order", 2, 3)
+	if _, err := e.pool.Exec(ctx, `UPDATE `+e.table.String()+` SET published_at = now() WHERE published_at IS NULL`); err != nil {
+		t.Fatal(err)
+	}
 	b.RefuseNone("order-1")
 	res2, err := r.Run(ctx, b, &replay.Config{Name: "resume", Batch: 10})
 	if err != nil || !res2.Resumed || res.Sent+res2.Sent != 40 {
@@ -243,7 +248,7 @@ func TestReplayResumes(t *testing.T) {
 	checkReplayed(t, got, want, "resume", nil)
 	// Finished: the same name starts over.
 	b3 := memory.New(0)
-	if res, err := r.Run(ctx, b3, &replay.Config{Name: "resume", Filter: replay.Filter{AggregateID: "order-0"}}); err != nil || res.Sent != 20 || res.Resumed {
+	if res, err := r.Run(ctx, b3, &replay.Config{Name: "resume", Filter: replay.Filter{AggregateID: "order-0"}}); err != nil || res.Sent != 23 || res.Resumed {
 		t.Fatalf("a finished name run again: %+v, %v", res, err)
 	}
 }
