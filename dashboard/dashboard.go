@@ -36,6 +36,7 @@ import (
 	"github.com/outboxd/outbox/outboxdriver"
 	"github.com/outboxd/outbox/relay"
 	"github.com/outboxd/outbox/relay/relayprom"
+	"github.com/outboxd/outbox/replay"
 )
 
 // Defaults.
@@ -77,6 +78,9 @@ type Config struct {
 	SampleInterval time.Duration
 	// Logger records the actions taken (replay, purge, sign-in). Default: discard.
 	Logger *slog.Logger
+	// Replays, when set, lets an admin start, watch and stop `outbox replay` runs
+	// (the relay's dashboard: it has the broker). Nil: the page says where to run one.
+	Replays *replay.Runner
 	// Hosts are the host names the dashboard answers to besides localhost and IP
 	// addresses (the name a proxy or a browser uses for it). A request for another
 	// name is refused: a page of another site whose name was made to resolve to this
@@ -151,6 +155,9 @@ func New(cfg *Config) (*Dashboard, error) {
 	mux.HandleFunc("GET "+p+"/events/{id}", d.event)
 	mux.HandleFunc("GET "+p+"/events/{id}/payload", d.eventPayload)
 	mux.HandleFunc("POST "+p+"/events/{id}/edit", d.editDead)
+	mux.HandleFunc("GET "+p+"/replay", d.replayPage)
+	mux.HandleFunc("POST "+p+"/replay/start", d.replayStart)
+	mux.HandleFunc("POST "+p+"/replay/stop", d.replayStop)
 	mux.HandleFunc("GET "+p+"/login", d.loginPage)
 	mux.HandleFunc("POST "+p+"/login", d.login)
 	mux.HandleFunc("POST "+p+"/logout", d.logout)

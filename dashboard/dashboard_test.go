@@ -2,6 +2,7 @@ package dashboard_test
 
 import (
 	"context"
+	"fmt"
 	"io"
 	"net/http"
 	"net/http/cookiejar"
@@ -14,6 +15,7 @@ import (
 	"time"
 
 	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"go.uber.org/goleak"
 
 	"github.com/outboxd/outbox"
@@ -23,12 +25,14 @@ import (
 	"github.com/outboxd/outbox/outboxdriver"
 	"github.com/outboxd/outbox/outboxdriver/outboxpgx"
 	"github.com/outboxd/outbox/relay"
+	"github.com/outboxd/outbox/replay"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
 // fixture is a migrated outbox table on the machine's PostgreSQL and a dashboard on it.
 type fixture struct {
+	pool  *pgxpool.Pool
 	store outboxdriver.Store
 	table outboxdriver.Table
 	write func(evs ...outbox.Event) []string
@@ -37,7 +41,14 @@ type fixture struct {
 
 func newFixture(t *testing.T, cfg dashboard.Config) *fixture {
 	t.Helper()
-	_, drv := testenv.Outbox(t)
+	return newFixtureWith(t, cfg, nil)
+}
+
+// newFixtureWith is newFixture; configure, if set, completes the dashboard's
+// configuration with the table's pool.
+func newFixtureWith(t *testing.T, cfg dashboard.Config, configure func(*pgxpool.Pool, outboxdriver.Table, *dashboard.Config)) *fixture {
+	t.Helper()
+	pool, drv := testenv.Outbox(t)
 	store, err := drv.Store()
 	if err != nil {
 		t.Fatal(err)
@@ -48,6 +59,9 @@ func newFixture(t *testing.T, cfg dashboard.Config) *fixture {
 	}
 	cfg.Admin = store
 	cfg.Table = drv.Table().String()
+	if configure != nil {
+		configure(pool, drv.Table(), &cfg)
+	}
 	d, err := dashboard.New(&cfg)
 	if err != nil {
 		t.Fatal(err)
@@ -58,7 +72,7 @@ func newFixture(t *testing.T, cfg dashboard.Config) *fixture {
 	t.Cleanup(func() { cancel(); <-done })
 	srv := httptest.NewServer(d)
 	t.Cleanup(srv.Close)
-	return &fixture{store: store, table: drv.Table(), srv: srv, write: func(evs ...outbox.Event) []string {
+	return &fixture{pool: pool, store: store, table: drv.Table(), srv: srv, write: func(evs ...outbox.Event) []string {
 		t.Helper()
 		ids := make([]string, len(evs))
 		for i := range evs {
@@ -484,5 +498,78 @@ func TestEditDeadLetter(t *testing.T) {
 	}
 	if code, _ := post(t, c, edit, form); code != http.StatusNotFound {
 		t.Fatalf("editing an event that is no longer dead: %d", code)
+	}
+}
+
+// TestReplayPage: an admin starts a replay from the dashboard with the command's
+// options, watches it finish, and stops another midway; a refused form is shown
+// again as typed; without the token nothing starts; a dashboard with no broker says
+// where to replay.
+func TestReplayPage(t *testing.T) {
+	b := memory.New(0)
+	var rn *replay.Runner
+	f := newFixtureWith(t, dashboard.Config{Token: "s3cret-admin-token"}, func(pool *pgxpool.Pool, table outboxdriver.Table, cfg *dashboard.Config) {
+		rn = replay.NewRunner(replay.New(pool, table), b, nil)
+		cfg.Replays = rn
+	})
+	t.Cleanup(func() { rn.Stop(context.Background()) })
+	for i := range 30 {
+		f.write(outbox.Event{AggregateType: "order", AggregateID: fmt.Sprintf("o-%d", i%3), Type: "Placed", Payload: []byte(`{}`)})
+	}
+	if _, err := f.pool.Exec(context.Background(), `UPDATE `+f.table.String()+` SET published_at = now()`); err != nil {
+		t.Fatal(err)
+	}
+	u := f.srv.URL + "/ui"
+	c := client(t)
+	if _, page := get(t, c, u+"/replay"); strings.Contains(page, `id="replay-form"`) {
+		t.Fatal("a read-only visitor sees the replay form")
+	}
+	if code, _ := post(t, c, u+"/replay/start", url.Values{"name": {"x"}}); code != http.StatusForbidden {
+		t.Fatalf("anonymous start: %d", code)
+	}
+	if code, _ := post(t, c, u+"/login", url.Values{"token": {"s3cret-admin-token"}}); code != http.StatusSeeOther {
+		t.Fatalf("sign in: %d", code)
+	}
+	_, page := get(t, c, u+"/replay")
+	m := csrfField.FindStringSubmatch(page)
+	if m == nil || !strings.Contains(page, `id="replay-form"`) {
+		t.Fatalf("no replay form for an admin:\n%s", page)
+	}
+	form := url.Values{"csrf": {m[1]}, "name": {"rebuild"}, "since": {"yesterday"}, "aggregateid": {"o-1"}}
+	if code, body := post(t, c, u+"/replay/start", form); code != http.StatusBadRequest || !strings.Contains(body, "want RFC 3339") || !strings.Contains(body, `value="o-1"`) {
+		t.Fatalf("a bad since: %d, want 400 with the form kept:\n%s", code, body)
+	}
+	form.Set("since", "1h")
+	if code, _ := post(t, c, u+"/replay/start", form); code != http.StatusSeeOther {
+		t.Fatalf("start: %d", code)
+	}
+	testenv.Wait(t, context.Background(), "the replay done", func() bool { return !rn.State().Running })
+	if st := rn.State(); st.Err != nil || st.Result.Sent != 10 || len(b.Messages()) != 10 || b.Messages()[0].Headers["outbox-replay"] != "rebuild" {
+		t.Fatalf("replay state %+v, %d messages", st, len(b.Messages()))
+	}
+	if _, page := get(t, c, u+"/replay"); !strings.Contains(page, "Done: 10 events sent") {
+		t.Fatalf("no result on the page:\n%s", page)
+	}
+	// A slow one, stopped midway; its checkpoint stands.
+	slow := url.Values{"csrf": {m[1]}, "name": {"slow"}, "rate": {"5"}}
+	if code, _ := post(t, c, u+"/replay/start", slow); code != http.StatusSeeOther {
+		t.Fatalf("start the slow one: %d", code)
+	}
+	if code, body := post(t, c, u+"/replay/start", slow); code != http.StatusConflict || !strings.Contains(body, "running") {
+		t.Fatalf("a second replay while one runs: %d\n%s", code, body)
+	}
+	if code, _ := post(t, c, u+"/replay/stop", url.Values{"csrf": {m[1]}}); code != http.StatusSeeOther {
+		t.Fatalf("stop: %d", code)
+	}
+	if st := rn.State(); st.Running || !st.Stopped || st.Err != nil {
+		t.Fatalf("after stop: %+v", st)
+	}
+	if _, page := get(t, c, u+"/replay"); !strings.Contains(page, "Stopped after") {
+		t.Fatalf("no stop on the page:\n%s", page)
+	}
+	// No broker, no replay: the page says where.
+	g := newFixture(t, dashboard.Config{Token: "s3cret-admin-token"})
+	if _, page := get(t, client(t), g.srv.URL+"/ui/replay"); !strings.Contains(page, `id="replay-unavailable"`) {
+		t.Fatalf("a dashboard without a broker:\n%s", page)
 	}
 }

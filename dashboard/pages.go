@@ -28,6 +28,7 @@ type page struct {
 	CSRF                string
 	Flash, Error        string
 	Data                any
+	Refresh             int // seconds: the page reloads itself (a replay running)
 }
 
 var funcs = template.FuncMap{
@@ -44,7 +45,7 @@ var funcs = template.FuncMap{
 
 func parsePages() (map[string]*template.Template, error) {
 	pages := map[string]*template.Template{}
-	for _, name := range []string{"overview", "relays", "dead", "event", "login", "message"} {
+	for _, name := range []string{"overview", "relays", "dead", "event", "login", "message", "replay"} {
 		t, err := template.New(name).Funcs(funcs).ParseFS(templateFS, "templates/layout.html", "templates/"+name+".html")
 		if err != nil {
 			return nil, fmt.Errorf("dashboard: template %s: %w", name, err)

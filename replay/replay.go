@@ -91,6 +91,22 @@ func (f *Filter) String() string {
 	return strings.Join(parts, " ")
 }
 
+// ParseWhen reads a time bound as the command and the dashboard take it: RFC 3339,
+// or a duration before now ("24h"); "" is no bound.
+func ParseWhen(s string, now time.Time) (time.Time, error) {
+	if s == "" {
+		return time.Time{}, nil
+	}
+	if t, err := time.Parse(time.RFC3339Nano, s); err == nil {
+		return t, nil
+	}
+	d, err := time.ParseDuration(s)
+	if err != nil || d < 0 {
+		return time.Time{}, fmt.Errorf("%q: want RFC 3339 (2026-11-30T00:00:00Z) or a duration ago (24h)", s)
+	}
+	return now.Add(-d), nil
+}
+
 // Config configures a replay.
 type Config struct {
 	// Name names the replay: its checkpoint and its lock. Default "default".

@@ -139,7 +139,7 @@ func contains(ids []string, id string) bool {
 	return false
 }
 
-// TestReplayKeptHistory: in mark and archive completion, and from a CDC relay, the
+// TestReplayKeptHistory: in mark and archive completion, from a polling and a CDC relay, the
 // published events go out again with their ids, in order per aggregate, marked; a
 // filter selects; the dry run counts per topic.
 func TestReplayKeptHistory(t *testing.T) {
@@ -147,7 +147,8 @@ func TestReplayKeptHistory(t *testing.T) {
 		name       string
 		completion outboxdriver.Completion
 		cdc        bool
-	}{{"mark", outboxdriver.CompleteMark, false}, {"archive", outboxdriver.CompleteArchive, false}, {"cdc-mark", outboxdriver.CompleteMark, true}} {
+	}{{"mark", outboxdriver.CompleteMark, false}, {"archive", outboxdriver.CompleteArchive, false},
+		{"cdc-mark", outboxdriver.CompleteMark, true}, {"cdc-archive", outboxdriver.CompleteArchive, true}} {
 		t.Run(tc.name, func(t *testing.T) {
 			e := newEnv(t)
 			var src outboxdriver.Source

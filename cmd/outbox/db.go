@@ -15,6 +15,7 @@ import (
 	"github.com/outboxd/outbox/outboxdriver"
 	"github.com/outboxd/outbox/outboxdriver/outboxpgx"
 	"github.com/outboxd/outbox/pgcdc"
+	"github.com/outboxd/outbox/replay"
 )
 
 // database is an opened --db.
@@ -25,6 +26,9 @@ type database struct {
 	leaseTTL time.Duration // 0 when leadership is not a lease (PostgreSQL's ends with the session)
 	// cdc opens the CDC source of the table (PostgreSQL only; nil elsewhere).
 	cdc func(*pgcdc.Config) (*pgcdc.Source, error)
+	// replayer reads the table's published history for `outbox replay` runs
+	// (PostgreSQL only; nil elsewhere).
+	replayer func() *replay.Replayer
 	// columns describes the table's columns, for the Debezium router (PostgreSQL
 	// only; nil elsewhere).
 	columns func(ctx context.Context) ([]debezium.Column, error)
@@ -133,6 +137,8 @@ func openPostgres(ctx context.Context, dsn string, table outboxdriver.Table, opt
 	return &database{store: store, migrator: m, close: closeAll,
 		cdc:     func(cfg *pgcdc.Config) (*pgcdc.Source, error) { return pgcdc.ForDriver(drv, cfg) },
 		columns: func(ctx context.Context) ([]debezium.Column, error) { return pgColumns(ctx, pool, drv.Table()) },
+		// its lock is a session's: the direct pool when --leader-db gives one
+		replayer: func() *replay.Replayer { return replay.New(drv.Sessions(), drv.Table()) },
 	}, nil
 }
 

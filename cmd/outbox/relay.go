@@ -25,6 +25,7 @@ import (
 	"github.com/outboxd/outbox/pgcdc"
 	"github.com/outboxd/outbox/relay"
 	"github.com/outboxd/outbox/relay/relayprom"
+	"github.com/outboxd/outbox/replay"
 )
 
 // runRelay is `outbox relay`: flags to a validated configuration (before anything
@@ -230,6 +231,7 @@ type relayService struct {
 	db      *database
 	status  *relayprom.StatusCache
 	reg     *prometheus.Registry
+	replays *replay.Runner // the dashboard's replays (PostgreSQL; nil elsewhere)
 	closers []func()
 }
 
@@ -344,6 +346,16 @@ func buildRelay(ctx context.Context, o *relayOptions) (_ *relayService, err erro
 		return nil, err
 	}
 	svc.r, svc.db, svc.status, svc.reg = r, db, status, reg
+	if db.replayer != nil {
+		// The dashboard's replays go through the relay's publisher, topic template and
+		// wire format.
+		tmpl, err := broker.ParseTemplate(cfg.TopicTemplate)
+		if err != nil {
+			return nil, err
+		}
+		svc.replays = replay.NewRunner(db.replayer(), pub, &replay.Config{Topic: tmpl, Router: cfg.Router})
+		svc.closers = append(svc.closers, func() { svc.replays.Stop(context.Background()) })
+	}
 	return svc, nil
 }
 
@@ -362,7 +374,8 @@ func (s *relayService) serve(ctx context.Context) error {
 		if ui {
 			var err error
 			dash, err = dashboard.New(&dashboard.Config{Admin: s.db.store, Status: s.status, Metrics: s.reg, Relay: r,
-				Table: o.table.String(), Mode: o.mode, Broker: redact.Endpoint(o.brokerURL), Token: o.uiToken, Logger: logger, Hosts: o.uiHosts})
+				Table: o.table.String(), Mode: o.mode, Broker: redact.Endpoint(o.brokerURL), Token: o.uiToken, Logger: logger, Hosts: o.uiHosts,
+				Replays: s.replays})
 			if err != nil {
 				return err
 			}

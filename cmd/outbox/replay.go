@@ -46,10 +46,10 @@ func runReplay(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	}
 	now := time.Now()
 	var err error
-	if f.Since, err = parseWhen(*since, now); err != nil {
+	if f.Since, err = replay.ParseWhen(*since, now); err != nil {
 		return usageErr("--since: %v", err)
 	}
-	if f.Until, err = parseWhen(*until, now); err != nil {
+	if f.Until, err = replay.ParseWhen(*until, now); err != nil {
 		return usageErr("--until: %v", err)
 	}
 	f.ByCreation = *byCreation
@@ -140,19 +140,4 @@ func runReplay(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	}
 	fmt.Fprintf(stdout, "replay %s: %s %d events (%s) from %s, each marked %s: %s\n", *name, how, res.Sent, f.String(), table, replay.HeaderReplay, *name)
 	return nil
-}
-
-// parseWhen reads a time: RFC 3339, or a duration before now ("" is zero).
-func parseWhen(s string, now time.Time) (time.Time, error) {
-	if s == "" {
-		return time.Time{}, nil
-	}
-	if t, err := time.Parse(time.RFC3339Nano, s); err == nil {
-		return t, nil
-	}
-	d, err := time.ParseDuration(s)
-	if err != nil || d < 0 {
-		return time.Time{}, fmt.Errorf("%q: want RFC 3339 (2026-11-30T00:00:00Z) or a duration ago (24h)", s)
-	}
-	return now.Add(-d), nil
 }
