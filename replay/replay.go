@@ -282,6 +282,11 @@ func (r *Replayer) Run(ctx context.Context, pub broker.Publisher, cfg *Config) (
 	if c.Rate < 0 {
 		return Result{}, fmt.Errorf("replay: rate %v: want events per second, or 0 for no bound", c.Rate)
 	}
+	if cr, ok := c.Router.(relay.ColumnRouter); ok && len(cr.Columns()) > 0 {
+		// The history keeps the outbox's own columns only (the archive leaves the
+		// others behind): a router that reads more cannot render it.
+		return Result{}, fmt.Errorf("replay: the router reads columns %v, which the history does not keep: %w", cr.Columns(), outboxdriver.ErrNotSupported)
+	}
 	h, err := r.History(ctx)
 	if err != nil {
 		return Result{}, err

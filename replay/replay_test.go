@@ -290,3 +290,26 @@ func TestReplayRefusals(t *testing.T) {
 		t.Fatalf("once the other ended: %+v, %v", res, err)
 	}
 }
+
+// columnRouter reads a custom column, which the history does not keep.
+type columnRouter struct{}
+
+func (columnRouter) Route(row *outboxdriver.Row, _ func(string) string) (broker.Message, error) {
+	return broker.Message{ID: row.ID}, nil
+}
+func (columnRouter) Columns() []string { return []string{"tenant"} }
+
+// TestReplayRefusesColumnRouter: a router that reads custom columns (a Debezium
+// table's placements) is refused before anything is sent.
+func TestReplayRefusesColumnRouter(t *testing.T) {
+	e := newEnv(t)
+	e.write(t, "order", 1, 1)
+	if _, err := e.pool.Exec(context.Background(), `UPDATE `+e.table.String()+` SET published_at = now()`); err != nil {
+		t.Fatal(err)
+	}
+	b := memory.New(0)
+	_, err := replay.New(e.pool, e.table).Run(context.Background(), b, &replay.Config{Router: columnRouter{}})
+	if !errors.Is(err, outboxdriver.ErrNotSupported) || len(b.Messages()) != 0 {
+		t.Fatalf("a column router: %v, %d sent", err, len(b.Messages()))
+	}
+}
