@@ -62,6 +62,18 @@ func groupFencing[TTx any](t *testing.T, h *Harness[TTx], completion outboxdrive
 	if st, _ := s.Status(ctx); st.Unpublished != int64(len(ids)) {
 		t.Fatalf("the fenced relay marked %d rows", int64(len(ids))-st.Unpublished)
 	}
+	// A claim of a's that the server runs only now (sent before the pause, delivered
+	// late) takes nothing: its leases moved. Were it to lock an aggregate's earlier
+	// rows, b's claim would skip them and take the later ones.
+	stale, err := s.Claim(ctx, &outboxdriver.ClaimParams{Limit: 100, HoldTimeout: time.Minute, Group: &outboxdriver.ClaimGroup{RelayID: "a", Leases: leases}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := len(stale.Rows())
+	_ = stale.Release(ctx)
+	if n != 0 {
+		t.Fatalf("a claim under leases that moved took %d rows; want none", n)
+	}
 	c2, err := s.Claim(ctx, &outboxdriver.ClaimParams{Limit: 100, HoldTimeout: time.Minute, Group: &outboxdriver.ClaimGroup{RelayID: "b", Leases: bl}})
 	if err != nil || len(c2.Rows()) != len(ids) {
 		t.Fatalf("b's claim: %v", err)

@@ -394,8 +394,23 @@ func (s *Store) Claim(ctx context.Context, p *outboxdriver.ClaimParams) (outboxd
 		}
 	}
 	stmt, args := s.Statements.claimWith(p.Columns), []any{p.Limit, p.MaxSeq, parts}
-	if len(p.Skip) > 0 {
+	switch {
+	case len(p.Skip) > 0 && p.Group != nil:
+		_ = tx.Rollback(context.WithoutCancel(ctx))
+		return nil, fmt.Errorf("a group member's claim skipping aggregates: %w", outboxdriver.ErrNotSupported)
+	case len(p.Skip) > 0:
 		stmt, args = skipping(stmt), append(args, skipArgs(p.Skip)...)
+	case p.Group != nil:
+		// Only partitions still leased to this relay at the epochs it claims under, as
+		// the statement sees the leases when it runs. A claim a cut-off member sent
+		// before the cut and the server ran after its lease moved (a connection that
+		// delivers late) then locks nothing, so the new owner's claim never skips an
+		// aggregate's earlier row that claim would hold. (Not FOR SHARE: the lease rows
+		// must stay free for a takeover while the claim's batch is out; a claim that
+		// began before the takeover is what the new owner's barrier waits for.)
+		stmt = "WITH " + strings.Replace(s.Statements.heldLeases(4), " FOR SHARE OF l)", ")", 1) + "\n" +
+			strings.Replace(stmt, "\nORDER BY o.seq", "\n  AND o.partition IN (SELECT partition FROM held)\nORDER BY o.seq", 1)
+		args = append(args, (&claim{group: p.Group}).fenceArgs()...)
 	}
 	rows, err := tx.Query(ctx, stmt, args...)
 	if err != nil {
