@@ -80,7 +80,9 @@
 //     idle_in_transaction_session_timeout = LeaseTTL, so the server ends the session
 //     and its row locks.
 //
-// Fencing. A member claims only rows of partitions it holds, and:
+// Fencing. A member claims only rows of partitions it holds, as the database sees the
+// leases when the claim's statement runs (a claim sent before a cut and delivered after
+// the takeover locks nothing: the new owner never skips an aggregate's earlier row), and:
 //
 //   - before publishing a batch it checks that its leases are still valid by its own
 //     clock (renewed at t, trusted until t + 3/4·LeaseTTL); otherwise it gives the batch
