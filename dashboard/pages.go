@@ -372,12 +372,7 @@ func (d *Dashboard) dead(w http.ResponseWriter, r *http.Request) {
 // deadAction replays or purges dead letters: the selected ones, or every one the
 // filter matches. Only for a signed-in admin, with the session's CSRF token.
 func (d *Dashboard) deadAction(w http.ResponseWriter, r *http.Request) {
-	r.Body = http.MaxBytesReader(w, r.Body, 1<<20)
-	if err := r.ParseForm(); err != nil {
-		d.message(w, r, http.StatusBadRequest, "Bad request", "The form could not be read: "+err.Error())
-		return
-	}
-	if !d.allowed(w, r) {
+	if !d.adminForm(w, r, 1<<20) {
 		return
 	}
 	do := r.PostForm.Get("do")
@@ -425,6 +420,17 @@ func (d *Dashboard) deadAction(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 	http.Redirect(w, r, d.cfg.Prefix+"/dead?"+back.Encode(), http.StatusSeeOther)
+}
+
+// adminForm reads r's form (at most maxBytes) and reports whether it comes from a
+// signed-in admin with the session's CSRF token; if not, it says why.
+func (d *Dashboard) adminForm(w http.ResponseWriter, r *http.Request, maxBytes int64) bool {
+	r.Body = http.MaxBytesReader(w, r.Body, maxBytes)
+	if err := r.ParseForm(); err != nil {
+		d.message(w, r, http.StatusBadRequest, "Bad request", "The form could not be read: "+err.Error())
+		return false
+	}
+	return d.allowed(w, r)
 }
 
 // allowed reports whether the parsed form r comes from a signed-in admin with the
@@ -567,12 +573,7 @@ func newEditForm(e *outboxdriver.EventInfo) *editForm {
 // page), and replays it when asked. A refused edit shows the form again as
 // submitted, with the reason: nothing typed is lost.
 func (d *Dashboard) editDead(w http.ResponseWriter, r *http.Request) {
-	r.Body = http.MaxBytesReader(w, r.Body, 2*PayloadPreview+1<<20)
-	if err := r.ParseForm(); err != nil {
-		d.message(w, r, http.StatusBadRequest, "Bad request", "The form could not be read: "+err.Error())
-		return
-	}
-	if !d.allowed(w, r) {
+	if !d.adminForm(w, r, 2*PayloadPreview+1<<20) {
 		return
 	}
 	id := r.PathValue("id")

@@ -63,12 +63,7 @@ func (d *Dashboard) replayPage(w http.ResponseWriter, r *http.Request) {
 // replayStart starts a replay from the form (admins only); a refused form is shown
 // again as typed, with the reason.
 func (d *Dashboard) replayStart(w http.ResponseWriter, r *http.Request) {
-	r.Body = http.MaxBytesReader(w, r.Body, 64<<10)
-	if err := r.ParseForm(); err != nil {
-		d.message(w, r, http.StatusBadRequest, "Bad request", "The form could not be read: "+err.Error())
-		return
-	}
-	if !d.allowed(w, r) {
+	if !d.adminForm(w, r, 64<<10) {
 		return
 	}
 	f := r.PostForm
@@ -102,12 +97,7 @@ func (d *Dashboard) replayStart(w http.ResponseWriter, r *http.Request) {
 }
 
 func (d *Dashboard) replayStop(w http.ResponseWriter, r *http.Request) {
-	r.Body = http.MaxBytesReader(w, r.Body, 64<<10)
-	if err := r.ParseForm(); err != nil {
-		d.message(w, r, http.StatusBadRequest, "Bad request", "The form could not be read: "+err.Error())
-		return
-	}
-	if !d.allowed(w, r) {
+	if !d.adminForm(w, r, 64<<10) {
 		return
 	}
 	if d.cfg.Replays != nil {
