@@ -333,13 +333,15 @@ func (r *Replayer) Run(ctx context.Context, pub broker.Publisher, cfg *Config) (
 	if payloadType != "bytea" {
 		payload = "convert_to(payload::text, 'UTF8')"
 	}
+	var limiter *rate.Limiter
+	if c.Rate > 0 {
+		// A batch is at most a second's worth: read no more than the limiter lets go.
+		c.Batch = max(1, min(c.Batch, int(c.Rate)))
+		limiter = rate.NewLimiter(rate.Limit(c.Rate), c.Batch)
+	}
 	query := `SELECT seq, id::text, aggregatetype, aggregateid, type, payload, payload IS NULL, headers::text, tracingspancontext, created_at FROM ` +
 		r.history("seq, id, aggregatetype, aggregateid, type, "+payload+" AS payload, headers, tracingspancontext, created_at, published_at") + w +
 		fmt.Sprintf(` ORDER BY seq LIMIT %d`, c.Batch)
-	var limiter *rate.Limiter
-	if c.Rate > 0 {
-		limiter = rate.NewLimiter(rate.Limit(c.Rate), max(1, min(c.Batch, int(c.Rate))))
-	}
 	var esc func(string) string
 	if e, ok := pub.(broker.TopicEscaper); ok {
 		esc = e.EscapeTopicToken
@@ -353,9 +355,6 @@ func (r *Replayer) Run(ctx context.Context, pub broker.Publisher, cfg *Config) (
 		}
 		if len(batch) == 0 {
 			break
-		}
-		if limiter != nil && len(batch) > limiter.Burst() {
-			batch = batch[:limiter.Burst()]
 		}
 		if limiter != nil {
 			if err := limiter.WaitN(ctx, len(batch)); err != nil {
