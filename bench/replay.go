@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"net"
 	"net/http"
 	"slices"
 	"sync"
@@ -48,16 +47,12 @@ SELECT 'order', 'h' || (i % 1000), 'OrderPlaced', jsonb_build_object('i', i, 'pa
 		return err
 	}
 	rc := &timingReceiver{live: map[string]time.Time{}}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	url, stop, err := serveReceiver(rc)
 	if err != nil {
 		return err
 	}
-	srv := &http.Server{Handler: rc, ReadHeaderTimeout: 10 * time.Second}
-	go func() { _ = srv.Serve(ln) }()
-	defer func() { _ = srv.Close() }()
-	dial := func() (*webhook.Publisher, error) {
-		return webhook.Dial(ctx, "http://"+ln.Addr().String(), &webhook.Config{Secret: "bench"})
-	}
+	defer stop()
+	dial := func() (*webhook.Publisher, error) { return webhook.Dial(ctx, url, &webhook.Config{Secret: "bench"}) }
 	pub, err := dial()
 	if err != nil {
 		return err

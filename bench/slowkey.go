@@ -97,6 +97,17 @@ func (h *holdingReceiver) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	h.mu.Unlock()
 }
 
+// serveReceiver serves a webhook receiver on a free loopback port and returns its URL.
+func serveReceiver(h http.Handler) (url string, stop func(), err error) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return "", nil, err
+	}
+	srv := &http.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second}
+	go func() { _ = srv.Serve(ln) }()
+	return "http://" + ln.Addr().String(), func() { _ = srv.Close() }, nil
+}
+
 func runSlowKey(dbURL string, hold, straggler time.Duration, rate, seconds, aggs int) (slowKeyResult, error) {
 	ctx := context.Background()
 	pool, table, drop, err := scratch(ctx, dbURL, 16)
@@ -105,14 +116,12 @@ func runSlowKey(dbURL string, hold, straggler time.Duration, rate, seconds, aggs
 	}
 	defer drop()
 	rc := &holdingReceiver{hold: hold, seen: map[string]time.Time{}, acks: map[string]int{}}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	url, stop, err := serveReceiver(rc)
 	if err != nil {
 		return slowKeyResult{}, err
 	}
-	srv := &http.Server{Handler: rc, ReadHeaderTimeout: 10 * time.Second}
-	go func() { _ = srv.Serve(ln) }()
-	defer func() { _ = srv.Close() }()
-	pub, err := webhook.Dial(ctx, "http://"+ln.Addr().String(), &webhook.Config{Secret: "bench", Timeout: hold + 30*time.Second})
+	defer stop()
+	pub, err := webhook.Dial(ctx, url, &webhook.Config{Secret: "bench", Timeout: hold + 30*time.Second})
 	if err != nil {
 		return slowKeyResult{}, err
 	}
