@@ -66,6 +66,7 @@ func TestConformanceEmbedded(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(srv.Stop)
+	keepStreamsDir(t, srv.URL())
 	brokertest.Run(t, func(t *testing.T) *brokertest.Harness {
 		return harness(t, srv.URL(), func(t *testing.T) {
 			if err := srv.Restart(); err != nil {
@@ -73,6 +74,25 @@ func TestConformanceEmbedded(t *testing.T) {
 			}
 		})
 	})
+}
+
+// keepStreamsDir creates a stream that outlives the suite's. The server removes an
+// account's streams folder, in a goroutine, when its last stream is deleted; a stream
+// created meanwhile (the next case's, right after the last one's cleanup) fails with
+// "could not create storage directory". A server with a stream left never does that.
+func keepStreamsDir(t *testing.T, url string) {
+	t.Helper()
+	nc, err := natsgo.Connect(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	js, _ := jetstream.New(nc)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: "keep", Subjects: []string{"keep.>"}}); err != nil {
+		t.Fatal(err)
+	}
 }
 
 func TestNoStream(t *testing.T) {
