@@ -9,9 +9,9 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/outboxd/outbox"
+	"github.com/outboxd/outbox/internal/testenv"
 	"github.com/outboxd/outbox/outboxdriver"
 	"github.com/outboxd/outbox/outboxdriver/outboxpgx"
-	"github.com/outboxd/outbox/outboxdriver/outboxsqlite"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -41,9 +41,8 @@ func TestWriteWithoutPool(t *testing.T) {
 }
 
 func TestValidation(t *testing.T) {
-	db, cleanup := openExampleDB()
-	defer cleanup()
-	w, err := outbox.NewWriter(outboxsqlite.New(db, nil), &outbox.Config{MaxHeaders: 2})
+	_, drv := testenv.Outbox(t)
+	w, err := outbox.NewWriter(drv, &outbox.Config{MaxHeaders: 2})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -11,8 +11,17 @@ require (
 	github.com/google/uuid v1.6.0
 	github.com/jackc/pgx/v5 v5.12.0
 	github.com/nats-io/nats.go v1.55.0
-	github.com/outboxd/outbox v0.0.0
 	gonum.org/v1/plot v0.17.0
+)
+
+require (
+	github.com/outboxd/outbox v0.0.0-00010101000000-000000000000
+	github.com/outboxd/outbox/broker/nats v0.0.0-00010101000000-000000000000
+	github.com/outboxd/outbox/broker/webhook v0.0.0-00010101000000-000000000000
+	github.com/outboxd/outbox/internal/natstest v0.0.0-00010101000000-000000000000
+	github.com/outboxd/outbox/pgcdc v0.0.0-00010101000000-000000000000
+	github.com/outboxd/outbox/relay v0.0.0-00010101000000-000000000000
+	github.com/outboxd/outbox/replay v0.0.0-00010101000000-000000000000
 )
 
 require (
@@ -44,4 +53,23 @@ require (
 	golang.org/x/time v0.16.0 // indirect
 )
 
-replace github.com/outboxd/outbox => ../
+// The project's own modules, from this checkout (a release replaces nothing:
+// these lines are ignored where this module is a dependency).
+replace (
+	github.com/outboxd/outbox => ..
+	github.com/outboxd/outbox/broker/brokertest => ../broker/brokertest
+	github.com/outboxd/outbox/broker/kafka => ../broker/kafka
+	github.com/outboxd/outbox/broker/nats => ../broker/nats
+	github.com/outboxd/outbox/broker/webhook => ../broker/webhook
+	github.com/outboxd/outbox/inbox => ../inbox
+	github.com/outboxd/outbox/inbox/kafkainbox => ../inbox/kafkainbox
+	github.com/outboxd/outbox/inbox/natsinbox => ../inbox/natsinbox
+	github.com/outboxd/outbox/internal/inboxtest => ../internal/inboxtest
+	github.com/outboxd/outbox/internal/natsembed => ../internal/natsembed
+	github.com/outboxd/outbox/internal/natstest => ../internal/natstest
+	github.com/outboxd/outbox/outboxdriver/outboxmysql => ../outboxdriver/outboxmysql
+	github.com/outboxd/outbox/outboxdriver/outboxsqlite => ../outboxdriver/outboxsqlite
+	github.com/outboxd/outbox/pgcdc => ../pgcdc
+	github.com/outboxd/outbox/relay => ../relay
+	github.com/outboxd/outbox/replay => ../replay
+)

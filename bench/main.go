@@ -36,6 +36,7 @@ import (
 
 	"github.com/outboxd/outbox"
 	natspub "github.com/outboxd/outbox/broker/nats"
+	"github.com/outboxd/outbox/internal/natstest"
 	"github.com/outboxd/outbox/internal/testenv"
 	"github.com/outboxd/outbox/outboxdriver"
 	"github.com/outboxd/outbox/outboxdriver/outboxpgx"
@@ -49,7 +50,7 @@ func main() {
 		os.Exit(2)
 	}
 	dbURL := env("TEST_DATABASE_URL", testenv.DatabaseURLDefault)
-	natsURL := env("TEST_NATS_URL", testenv.NATSURLDefault)
+	natsURL := env("TEST_NATS_URL", natstest.URLDefault)
 	var err error
 	switch os.Args[1] {
 	case "drain":

@@ -21,10 +21,12 @@ import (
 	"github.com/outboxd/outbox"
 	natspub "github.com/outboxd/outbox/broker/nats"
 	"github.com/outboxd/outbox/dashboard"
+	"github.com/outboxd/outbox/internal/natstest"
 	"github.com/outboxd/outbox/internal/testenv"
 	"github.com/outboxd/outbox/outboxdriver"
 	"github.com/outboxd/outbox/relay"
 	"github.com/outboxd/outbox/relay/relayprom"
+	"github.com/outboxd/outbox/relay/relaytest"
 )
 
 var screenshot = flag.String("screenshot", "", "write a PNG of the overview under load here (docs/dashboard.png)")
@@ -79,7 +81,7 @@ func TestBrowser(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	natsURL := testenv.NATSURL(t)
+	natsURL := natstest.URL(t)
 	nc, err := natsgo.Connect(natsURL)
 	if err != nil {
 		t.Fatal(err)
@@ -91,7 +93,7 @@ func TestBrowser(t *testing.T) {
 	if _, err := js.CreateStream(ctx, streamCfg); err != nil {
 		t.Fatal(err)
 	}
-	defer testenv.DeleteStream(natsURL, stream)
+	defer natstest.DeleteStream(natsURL, stream)
 	pub, err := natspub.Dial(ctx, natsURL, nil)
 	if err != nil {
 		t.Fatal(err)
@@ -105,7 +107,7 @@ func TestBrowser(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	r := testenv.StartRelay(t, store, pub, &relay.Config{TopicTemplate: stream + ".${aggregatetype}", Hooks: metrics, PollInterval: 100 * time.Millisecond})
+	r := relaytest.Start(t, store, pub, &relay.Config{TopicTemplate: stream + ".${aggregatetype}", Hooks: metrics, PollInterval: 100 * time.Millisecond})
 	d, err := dashboard.New(&dashboard.Config{Admin: store, Status: status, Metrics: reg, Relay: r, Table: drv.Table().String(),
 		Mode: "poll", Broker: natsURL, Token: "s3cret-admin-token", SampleInterval: 500 * time.Millisecond})
 	if err != nil {
@@ -219,7 +221,7 @@ func TestBrowser(t *testing.T) {
 	if got := text("#flash"); !strings.Contains(got, "Replayed 1") {
 		t.Fatalf("after the replay: %q", got)
 	}
-	msgs, err := testenv.ReadNATS(ctx, natsURL, stream, stream+".>", 201)
+	msgs, err := natstest.Read(ctx, natsURL, stream, stream+".>", 201)
 	if err != nil {
 		t.Fatal(err)
 	}

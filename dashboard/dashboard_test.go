@@ -25,6 +25,7 @@ import (
 	"github.com/outboxd/outbox/outboxdriver"
 	"github.com/outboxd/outbox/outboxdriver/outboxpgx"
 	"github.com/outboxd/outbox/relay"
+	"github.com/outboxd/outbox/relay/relaytest"
 	"github.com/outboxd/outbox/replay"
 )
 
@@ -306,13 +307,13 @@ func TestRelaysPage(t *testing.T) {
 	cfg := func(id string) *relay.Config {
 		return &relay.Config{PollInterval: 50 * time.Millisecond, Group: &relay.GroupConfig{RelayID: id, LeaseTTL: 2 * time.Second}}
 	}
-	a := testenv.StartRelay(t, f.store, mem, cfg("relay-a"))
+	a := relaytest.Start(t, f.store, mem, cfg("relay-a"))
 	// Each relay has its own pool, as each would have its own process.
 	other, err := outboxpgx.New(testenv.Pool(t, testenv.DatabaseURL(t)), &f.table).Store()
 	if err != nil {
 		t.Fatal(err)
 	}
-	b := testenv.StartRelay(t, other, mem, cfg("relay-<b>"))
+	b := relaytest.Start(t, other, mem, cfg("relay-<b>"))
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
 	testenv.Wait(t, ctx, "both relays owning partitions", func() bool {

@@ -19,6 +19,7 @@ import (
 	"github.com/outboxd/outbox/outboxdriver/outboxpgx"
 	"github.com/outboxd/outbox/pgcdc"
 	"github.com/outboxd/outbox/relay"
+	"github.com/outboxd/outbox/relay/relaytest"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -94,7 +95,7 @@ func relayRecord(ctx context.Context, t *testing.T, src outboxdriver.Source, cfg
 		t.Fatal(err)
 	}
 	defer pub.Close()
-	r := testenv.StartRelay(t, src, pub, &relay.Config{Router: router})
+	r := relaytest.Start(t, src, pub, &relay.Config{Router: router})
 	defer func() { _ = r.Stop(context.Background()) }()
 
 	cl, err := kgo.NewClient(kgo.SeedBrokers(cluster.ListenAddrs()...), kgo.ConsumeTopics(topic),

@@ -15,6 +15,7 @@ import (
 	"github.com/outboxd/outbox/internal/testenv"
 	"github.com/outboxd/outbox/outboxdriver"
 	"github.com/outboxd/outbox/relay"
+	"github.com/outboxd/outbox/relay/relaytest"
 )
 
 // TestVersionGuardTakesLateEvents: the relay rightly publishes two kinds of event
@@ -34,7 +35,7 @@ func TestVersionGuardTakesLateEvents(t *testing.T) {
 		t.Fatal(err)
 	}
 	b := memory.New(0)
-	testenv.StartRelay(t, store, b, &relay.Config{FlowPastDeadLetters: true, PollInterval: 20 * time.Millisecond})
+	relaytest.Start(t, store, b, &relay.Config{FlowPastDeadLetters: true, PollInterval: 20 * time.Millisecond})
 	ctx := context.Background()
 	write := func(ev outbox.Event) string {
 		t.Helper()

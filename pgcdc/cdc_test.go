@@ -22,6 +22,7 @@ import (
 	"github.com/outboxd/outbox/outboxdriver/outboxpgx"
 	"github.com/outboxd/outbox/pgcdc"
 	"github.com/outboxd/outbox/relay"
+	"github.com/outboxd/outbox/relay/relaytest"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -96,7 +97,7 @@ func (e *cdcEnv) admin(t testing.TB) outboxdriver.Store {
 
 func (e *cdcEnv) startRelay(t testing.TB, store outboxdriver.Source, pub broker.Publisher, cfg *relay.Config) *relay.Relay {
 	t.Helper()
-	return testenv.StartRelay(t, store, pub, cfg)
+	return relaytest.Start(t, store, pub, cfg)
 }
 
 // produce writes perAgg events for each of aggs aggregates, each in its own

@@ -17,6 +17,7 @@ import (
 	"github.com/outboxd/outbox"
 	"github.com/outboxd/outbox/broker/memory"
 	natspub "github.com/outboxd/outbox/broker/nats"
+	"github.com/outboxd/outbox/internal/natstest"
 	"github.com/outboxd/outbox/internal/testenv"
 	"github.com/outboxd/outbox/outboxdriver"
 	"github.com/outboxd/outbox/outboxdriver/outboxpgx"
@@ -188,7 +189,7 @@ func TestLargeTransactionBoundedMemory(t *testing.T) {
 		t.Skip("100,000 events")
 	}
 	e := setup(t, outboxdriver.WriteMessage)
-	url := testenv.NATSURL(t)
+	url := natstest.URL(t)
 	nc, err := nats.Connect(url)
 	if err != nil {
 		t.Fatal(err)

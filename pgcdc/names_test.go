@@ -16,6 +16,7 @@ import (
 	"github.com/outboxd/outbox/outboxdriver"
 	"github.com/outboxd/outbox/outboxdriver/outboxpgx"
 	"github.com/outboxd/outbox/pgcdc"
+	"github.com/outboxd/outbox/relay/relaytest"
 )
 
 func TestDefaultSlotNames(t *testing.T) {
@@ -69,7 +70,7 @@ func TestTablesWhoseSlotNamesUsedToCollide(t *testing.T) {
 			t.Fatal(err)
 		}
 		brokers[i] = memory.New(0)
-		testenv.StartRelay(t, src, brokers[i], nil)
+		relaytest.Start(t, src, brokers[i], nil)
 		w, err := outbox.NewWriter(drv, nil)
 		if err != nil {
 			t.Fatal(err)

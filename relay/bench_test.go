@@ -17,6 +17,7 @@ import (
 	"github.com/outboxd/outbox/broker"
 	"github.com/outboxd/outbox/broker/memory"
 	natspub "github.com/outboxd/outbox/broker/nats"
+	"github.com/outboxd/outbox/internal/natstest"
 	"github.com/outboxd/outbox/internal/testenv"
 	"github.com/outboxd/outbox/outboxdriver"
 	"github.com/outboxd/outbox/relay"
@@ -61,7 +62,7 @@ func BenchmarkDrainMemory(b *testing.B) {
 
 func BenchmarkDrainNATS(b *testing.B) {
 	benchDrain(b, func(b *testing.B) broker.Publisher {
-		url := testenv.NATSURL(b)
+		url := natstest.URL(b)
 		prefix := testenv.UniqueName("bench")
 		nc, _ := nats.Connect(url)
 		b.Cleanup(nc.Close)

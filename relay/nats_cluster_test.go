@@ -12,6 +12,7 @@ import (
 
 	natspub "github.com/outboxd/outbox/broker/nats"
 	"github.com/outboxd/outbox/internal/natsembed"
+	"github.com/outboxd/outbox/internal/natstest"
 	"github.com/outboxd/outbox/internal/testenv"
 	"github.com/outboxd/outbox/relay"
 )
@@ -87,7 +88,7 @@ func TestNATSClusterLeaderRestart(t *testing.T) {
 	testenv.Wait(t, ctx, "every event published", func() bool { return r.Stats().Published >= aggs*perAgg })
 	rctx, rcancel := context.WithTimeout(context.Background(), time.Minute)
 	defer rcancel()
-	msgs, err := testenv.ReadNATS(rctx, url, stream, "outbox.event.order", aggs*perAgg)
+	msgs, err := natstest.Read(rctx, url, stream, "outbox.event.order", aggs*perAgg)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -8,6 +8,7 @@ import (
 	"github.com/outboxd/outbox/internal/testenv"
 	"github.com/outboxd/outbox/outboxdriver/outboxpgx"
 	"github.com/outboxd/outbox/relay"
+	"github.com/outboxd/outbox/relay/relaytest"
 )
 
 // TestPartitionedLeader (issue #20): the active relay's connections to PostgreSQL are
@@ -24,10 +25,10 @@ func TestPartitionedLeader(t *testing.T) {
 
 	mem := memory.New(0)
 	pubA, pubB := &testenv.Counted{Publisher: mem}, &testenv.Counted{Publisher: mem}
-	a := testenv.StartRelay(t, storeA, pubA, &relay.Config{PollInterval: 50 * time.Millisecond})
+	a := relaytest.Start(t, storeA, pubA, &relay.Config{PollInterval: 50 * time.Millisecond})
 	ctx := waitCtx(t)
 	testenv.Wait(t, ctx, "the first relay to lead", func() bool { return a.Stats().Leader })
-	b := testenv.StartRelay(t, e.store, pubB, &relay.Config{PollInterval: 50 * time.Millisecond})
+	b := relaytest.Start(t, e.store, pubB, &relay.Config{PollInterval: 50 * time.Millisecond})
 
 	produced := make(chan map[string][]string, 1)
 	go func() { produced <- produce(t, e, 8, 150) }()
@@ -74,8 +75,8 @@ func TestPartitionedGroupMember(t *testing.T) {
 	cfg := func(id string) *relay.Config {
 		return &relay.Config{PollInterval: 50 * time.Millisecond, Group: &relay.GroupConfig{RelayID: id, LeaseTTL: lease}}
 	}
-	a := testenv.StartRelay(t, storeA, pubA, cfg("a"))
-	b := testenv.StartRelay(t, e.store, pubB, cfg("b"))
+	a := relaytest.Start(t, storeA, pubA, cfg("a"))
+	b := relaytest.Start(t, e.store, pubB, cfg("b"))
 	ctx := waitCtx(t)
 	testenv.Wait(t, ctx, "both members owning partitions", func() bool {
 		return a.Stats().Partitions > 0 && b.Stats().Partitions > 0 && a.Stats().Partitions+b.Stats().Partitions >= 64

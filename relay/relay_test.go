@@ -17,10 +17,12 @@ import (
 	"github.com/outboxd/outbox/broker/memory"
 	natspub "github.com/outboxd/outbox/broker/nats"
 	"github.com/outboxd/outbox/internal/natsembed"
+	"github.com/outboxd/outbox/internal/natstest"
 	"github.com/outboxd/outbox/internal/testenv"
 	"github.com/outboxd/outbox/outboxdriver"
 	"github.com/outboxd/outbox/outboxdriver/outboxpgx"
 	"github.com/outboxd/outbox/relay"
+	"github.com/outboxd/outbox/relay/relaytest"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -69,7 +71,7 @@ func quietLogger() *slog.Logger { return testenv.QuietLogger() }
 
 func startRelay(t *testing.T, e *env, pub broker.Publisher, cfg *relay.Config) *relay.Relay {
 	t.Helper()
-	return testenv.StartRelay(t, e.store, pub, cfg)
+	return relaytest.Start(t, e.store, pub, cfg)
 }
 
 // produce writes perAgg events for each of aggs aggregates from several goroutines,
@@ -338,7 +340,7 @@ type storeStub struct{ outboxdriver.Store }
 
 func readStream(t *testing.T, ctx context.Context, url string, n int) []broker.Message {
 	t.Helper()
-	msgs, err := testenv.ReadNATS(ctx, url, natspub.StreamNameDefault, ">", n)
+	msgs, err := natstest.Read(ctx, url, natspub.StreamNameDefault, ">", n)
 	if err != nil {
 		t.Fatalf("read stream: %v (got %d of %d)", err, len(msgs), n)
 	}

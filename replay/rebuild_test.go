@@ -19,8 +19,10 @@ import (
 	"github.com/outboxd/outbox/inbox"
 	"github.com/outboxd/outbox/inbox/kafkainbox"
 	"github.com/outboxd/outbox/inbox/natsinbox"
+	"github.com/outboxd/outbox/internal/natstest"
 	"github.com/outboxd/outbox/internal/testenv"
 	"github.com/outboxd/outbox/relay"
+	"github.com/outboxd/outbox/relay/relaytest"
 	"github.com/outboxd/outbox/replay"
 )
 
@@ -30,11 +32,11 @@ import (
 // as duplicates. On NATS JetStream and on Kafka (kfake).
 func TestRebuildFromReplay(t *testing.T) {
 	t.Run("nats", func(t *testing.T) {
-		url := testenv.NATSURL(t)
+		url := natstest.URL(t)
 		ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 		defer cancel()
 		prefix := testenv.UniqueName("rebuild")
-		stream := testenv.Stream(t, url, prefix)
+		stream := natstest.Stream(t, url, prefix)
 		pub, err := natspub.Dial(ctx, url, nil)
 		if err != nil {
 			t.Fatal(err)
@@ -89,7 +91,7 @@ func rebuildScenario(t *testing.T, pub broker.Publisher, topic string, consume c
 		t.Fatal(err)
 	}
 	want := e.write(t, "order", 4, 15)
-	testenv.StartRelay(t, store, pub, &relay.Config{TopicTemplate: topic, PollInterval: 20 * time.Millisecond})
+	relaytest.Start(t, store, pub, &relay.Config{TopicTemplate: topic, PollInterval: 20 * time.Millisecond})
 	testenv.Wait(t, ctx, "every event published and marked", func() bool {
 		h, err := replay.New(e.pool, e.table).History(ctx)
 		return err == nil && h.Events == 60

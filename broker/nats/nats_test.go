@@ -16,6 +16,7 @@ import (
 	"github.com/outboxd/outbox/broker/nats"
 	"github.com/outboxd/outbox/cloudevents"
 	"github.com/outboxd/outbox/internal/natsembed"
+	"github.com/outboxd/outbox/internal/natstest"
 	"github.com/outboxd/outbox/internal/testenv"
 )
 
@@ -47,7 +48,7 @@ func harness(t *testing.T, url string, restart func(t *testing.T)) *brokertest.H
 		Publisher:   pub,
 		Topic:       func(*testing.T) string { return testenv.UniqueName(prefix + ".t") },
 		Read: func(ctx context.Context, topic string, n int) ([]broker.Message, error) {
-			return testenv.ReadNATS(ctx, url, prefix, topic, n)
+			return natstest.Read(ctx, url, prefix, topic, n)
 		},
 		Restart: restart,
 	}
@@ -55,7 +56,7 @@ func harness(t *testing.T, url string, restart func(t *testing.T)) *brokertest.H
 
 // TestConformanceMachine runs the suite against the machine's NATS server.
 func TestConformanceMachine(t *testing.T) {
-	url := testenv.NATSURL(t)
+	url := natstest.URL(t)
 	brokertest.Run(t, func(t *testing.T) *brokertest.Harness { return harness(t, url, nil) })
 }
 
@@ -96,7 +97,7 @@ func keepStreamsDir(t *testing.T, url string) {
 }
 
 func TestNoStream(t *testing.T) {
-	url := testenv.NATSURL(t)
+	url := natstest.URL(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	pub, err := nats.Dial(ctx, url, nil)
@@ -134,7 +135,7 @@ func TestNoStream(t *testing.T) {
 // of that name that does not cover the subject (its subjects and limits are someone's
 // configuration).
 func TestCreateStreamLeavesExistingStream(t *testing.T) {
-	url := testenv.NATSURL(t)
+	url := natstest.URL(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	name := testenv.UniqueName("EXISTING")
@@ -198,7 +199,7 @@ func TestEscapeToken(t *testing.T) {
 // TestStreamMaxMsgSize: a payload over the stream's max_msg_size is refused
 // permanently before it is sent, and the key's later message is held back.
 func TestStreamMaxMsgSize(t *testing.T) {
-	url := testenv.NATSURL(t)
+	url := natstest.URL(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	prefix := testenv.UniqueName("maxsize")
@@ -233,7 +234,7 @@ func TestStreamMaxMsgSize(t *testing.T) {
 // paused server) must still end the wait after AckTimeout, as the connection's
 // failure, never hang the relay's batch until its context ends.
 func TestAckTimeoutOnCallersClient(t *testing.T) {
-	url := testenv.NATSURL(t)
+	url := natstest.URL(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	proxy := testenv.NewProxy(t, strings.TrimPrefix(url, "nats://"))
@@ -284,7 +285,7 @@ func TestAckTimeoutOnCallersClient(t *testing.T) {
 // TestStreamMaxMsgSizeRaised: the publisher caches a stream's limit, but an
 // operator who raises it (to replay the dead letters it made) is heard at once.
 func TestStreamMaxMsgSizeRaised(t *testing.T) {
-	url := testenv.NATSURL(t)
+	url := natstest.URL(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	prefix := testenv.UniqueName("raised")
@@ -321,7 +322,7 @@ func TestStreamMaxMsgSizeRaised(t *testing.T) {
 // whose subject is longer than the server's max_control_line, then another batch.
 func closeCase(t *testing.T, maxControlLine int) (first, second []broker.Result) {
 	t.Helper()
-	url := testenv.NATSURL(t)
+	url := natstest.URL(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
 	prefix := testenv.UniqueName("close")

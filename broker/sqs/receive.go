@@ -87,3 +87,13 @@ func Decode(m types.Message) (*Received, error) {
 	}
 	return r, nil
 }
+
+// DecodeMessage is Decode for a caller that wants the message as the publisher was
+// given it. Topic is left empty: the caller knows the queue it read.
+func DecodeMessage(m types.Message) (broker.Message, error) {
+	r, err := Decode(m)
+	if err != nil {
+		return broker.Message{}, err
+	}
+	return broker.Message{ID: r.ID, Key: r.Key, Payload: r.Payload, PayloadNull: r.PayloadNull, Headers: r.Headers}, nil
+}

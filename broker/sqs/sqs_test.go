@@ -33,7 +33,7 @@ func TestConformance(t *testing.T) {
 			CloudEvents: cloudevents.SQS,
 			Publisher:   p,
 			Topic:       func(*testing.T) string { return brokertest.UniqueName("bt-") + ".fifo" },
-			Read:        sqsemu.NewReader(c).Read,
+			Read:        sqsemu.NewReader(c, sqs.DecodeMessage).Read,
 		}
 	})
 }
@@ -101,7 +101,7 @@ func TestWhatSQSCannotCarry(t *testing.T) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
-	got, err := sqsemu.NewReader(c).Read(ctx, q, len(msgs))
+	got, err := sqsemu.NewReader(c, sqs.DecodeMessage).Read(ctx, q, len(msgs))
 	if err != nil {
 		t.Fatalf("read %d: %v", len(got), err)
 	}

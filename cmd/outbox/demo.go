@@ -10,7 +10,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/outboxd/outbox/internal/demo"
+	"github.com/outboxd/outbox/cmd/outbox/internal/demo"
 )
 
 func runDemo(ctx context.Context, args []string, stdout, stderr io.Writer) error {

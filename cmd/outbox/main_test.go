@@ -27,6 +27,7 @@ import (
 
 	"github.com/outboxd/outbox"
 	"github.com/outboxd/outbox/broker"
+	"github.com/outboxd/outbox/internal/natstest"
 	"github.com/outboxd/outbox/internal/testenv"
 	"github.com/outboxd/outbox/outboxdriver"
 	"github.com/outboxd/outbox/outboxdriver/outboxpgx"
@@ -118,7 +119,7 @@ func TestBadInputGetsOneClearLine(t *testing.T) {
 	url := testenv.DatabaseURL(t)
 	schema := testenv.Schema(t, url)
 	migrateSchema(t, url, schema, "outbox")
-	natsURL := testenv.NATSURL(t)
+	natsURL := natstest.URL(t)
 	for _, tc := range []struct {
 		name string
 		args []string
@@ -300,7 +301,7 @@ type natsScope struct {
 
 func newNATSScope(t *testing.T) *natsScope {
 	t.Helper()
-	url := testenv.NATSURL(t)
+	url := natstest.URL(t)
 	s := &natsScope{url: url, prefix: testenv.UniqueName("clitest"), raw: map[string]int{}}
 	s.stream = s.prefix
 	nc, err := natsgo.Connect(url)
@@ -344,7 +345,7 @@ func (s *natsScope) read(t *testing.T, n int) []broker.Message {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	msgs, err := testenv.ReadNATS(ctx, s.url, s.stream, ">", n)
+	msgs, err := natstest.Read(ctx, s.url, s.stream, ">", n)
 	if err != nil {
 		t.Fatalf("read stream: %v", err)
 	}

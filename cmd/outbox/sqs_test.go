@@ -11,6 +11,7 @@ import (
 	awssqs "github.com/aws/aws-sdk-go-v2/service/sqs"
 
 	"github.com/outboxd/outbox/broker"
+	sqspub "github.com/outboxd/outbox/broker/sqs"
 	"github.com/outboxd/outbox/internal/sqsemu"
 	"github.com/outboxd/outbox/internal/testenv"
 )
@@ -42,7 +43,7 @@ func TestRelaySQS(t *testing.T) {
 	p := startRelayProc(t, sqsemu.Env(), "--db", url, "--table", table.Schema+".outbox", "--broker", "sqs://us-east-1?endpoint="+endpoint)
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	msgs, err := sqsemu.NewReader(sqsemu.Client(endpoint)).Read(ctx, "outbox-event-order.fifo", 20)
+	msgs, err := sqsemu.NewReader(sqsemu.Client(endpoint), sqspub.DecodeMessage).Read(ctx, "outbox-event-order.fifo", 20)
 	if err != nil {
 		t.Fatalf("%d of 20 events on SQS (%v); the relay said:\n%s", len(msgs), err, p.output())
 	}

@@ -17,6 +17,7 @@ import (
 	"github.com/outboxd/outbox/internal/testenv"
 	"github.com/outboxd/outbox/outboxdriver/outboxpgx"
 	"github.com/outboxd/outbox/relay"
+	"github.com/outboxd/outbox/relay/relaytest"
 )
 
 // TestVerify: `outbox verify` passes against a running relay (NATS and Redis), and
@@ -194,7 +195,7 @@ func TestVerifyOutOfOrder(t *testing.T) {
 	store, _ := outboxpgx.New(pool, &table).Store()
 	// Batches of 10 reach the broker reversed: within a batch, later events of an
 	// aggregate arrive before earlier ones.
-	testenv.StartRelay(t, store, reversing{pub}, &relay.Config{TopicTemplate: ns.template(), BatchSize: 10})
+	relaytest.Start(t, store, reversing{pub}, &relay.Config{TopicTemplate: ns.template(), BatchSize: 10})
 	var stdout, stderr bytes.Buffer
 	err = runVerify(ctx, []string{"--db", url, "--table", table.Schema + ".outbox", "--broker", ns.url,
 		"--topic-template", ns.template(), "--events", "40", "--aggregates", "2", "--deadline", "20s"}, &stdout, &stderr)

@@ -16,6 +16,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/outboxd/outbox"
+	"github.com/outboxd/outbox/internal/natstest"
 	"github.com/outboxd/outbox/internal/testenv"
 	"github.com/outboxd/outbox/outboxdriver"
 	"github.com/outboxd/outbox/outboxdriver/outboxpgx"
@@ -45,7 +46,7 @@ func TestImage(t *testing.T) {
 	if _, err := exec.LookPath("buildah"); err != nil {
 		testenv.Missing(t, "buildah (Debian's buildah package): %v", err)
 	}
-	url, natsURL := testenv.DatabaseURL(t), testenv.NATSURL(t)
+	url, natsURL := testenv.DatabaseURL(t), natstest.URL(t)
 	tag := "localhost/" + testenv.UniqueName("outbox-image-test-") + ":test"
 	build := exec.Command("./build.sh", tag)
 	build.Env = append(os.Environ(), "BUILDAH_OPTS=--storage-driver vfs")
@@ -99,7 +100,7 @@ func TestImage(t *testing.T) {
 	if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: stream, Subjects: []string{prefix + ".>"}}); err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { testenv.DeleteStream(natsURL, stream) })
+	t.Cleanup(func() { natstest.DeleteStream(natsURL, stream) })
 	pool := testenv.Pool(t, url)
 	w, err := outbox.NewWriter(outboxpgx.New(pool, &outboxdriver.Table{Schema: schema, Name: "outbox"}), nil)
 	if err != nil {
@@ -122,7 +123,7 @@ func TestImage(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer func() { _ = relay.Process.Kill(); _ = relay.Wait() }()
-	msgs, err := testenv.ReadNATS(ctx, natsURL, stream, prefix+".order", n)
+	msgs, err := natstest.Read(ctx, natsURL, stream, prefix+".order", n)
 	if err != nil {
 		t.Fatalf("the image's relay: %v\n%s", err, out.String())
 	}

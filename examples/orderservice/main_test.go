@@ -8,6 +8,7 @@ import (
 
 	"go.uber.org/goleak"
 
+	"github.com/outboxd/outbox/internal/natstest"
 	"github.com/outboxd/outbox/internal/testenv"
 )
 
@@ -19,16 +20,16 @@ func TestMain(m *testing.M) {
 // and stream of its own, and reads its event back from the stream.
 func TestExample(t *testing.T) {
 	url := testenv.DatabaseURL(t)
-	natsURL := testenv.NATSURL(t)
+	natsURL := natstest.URL(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	stream := testenv.UniqueName("orderservice")
-	t.Cleanup(func() { testenv.DeleteStream(natsURL, stream) })
+	t.Cleanup(func() { natstest.DeleteStream(natsURL, stream) })
 	id, err := run(ctx, url, natsURL, setup{schema: testenv.Schema(t, url), topics: stream + ".${aggregatetype}", stream: stream})
 	if err != nil {
 		t.Fatal(err)
 	}
-	msgs, err := testenv.ReadNATS(ctx, natsURL, stream, stream+".order", 1)
+	msgs, err := natstest.Read(ctx, natsURL, stream, stream+".order", 1)
 	if err != nil {
 		t.Fatal(err)
 	}

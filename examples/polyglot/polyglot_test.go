@@ -23,6 +23,7 @@ import (
 	"github.com/outboxd/outbox/outboxdriver/outboxpgx"
 	"github.com/outboxd/outbox/pgcdc"
 	"github.com/outboxd/outbox/relay"
+	"github.com/outboxd/outbox/relay/relaytest"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -78,7 +79,7 @@ func TestProducers(t *testing.T) {
 				t.Fatalf("%s: %v\n%s", tc.name, err, out)
 			}
 			b := memory.New(0)
-			testenv.StartRelay(t, src, b, &relay.Config{})
+			relaytest.Start(t, src, b, &relay.Config{})
 			got, err := b.Wait(ctx, "", events)
 			if err != nil {
 				t.Fatal(err)

@@ -7,6 +7,7 @@ import (
 
 	"go.uber.org/goleak"
 
+	"github.com/outboxd/outbox/internal/natstest"
 	"github.com/outboxd/outbox/internal/testenv"
 )
 
@@ -17,14 +18,14 @@ func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 // cancelled by the compensation.
 func TestSaga(t *testing.T) {
 	url := testenv.DatabaseURL(t)
-	natsURL := testenv.NATSURL(t)
+	natsURL := natstest.URL(t)
 	pool := testenv.Pool(t, url)
 	prefix := testenv.UniqueName("saga_")
 	t.Cleanup(func() {
 		for _, svc := range []string{"order", "payment", "shipping"} {
 			_, _ = pool.Exec(context.Background(), "DROP SCHEMA IF EXISTS "+prefix+"_"+svc+" CASCADE")
 		}
-		testenv.DeleteStream(natsURL, prefix)
+		natstest.DeleteStream(natsURL, prefix)
 	})
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()

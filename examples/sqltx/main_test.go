@@ -9,6 +9,7 @@ import (
 
 	"go.uber.org/goleak"
 
+	"github.com/outboxd/outbox/internal/natstest"
 	"github.com/outboxd/outbox/internal/testenv"
 )
 
@@ -22,17 +23,17 @@ func TestMain(m *testing.M) {
 // GORM transaction left no row behind.
 func TestExample(t *testing.T) {
 	url := testenv.DatabaseURL(t)
-	natsURL := testenv.NATSURL(t)
+	natsURL := natstest.URL(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	stream := testenv.UniqueName("sqltx")
-	t.Cleanup(func() { testenv.DeleteStream(natsURL, stream) })
+	t.Cleanup(func() { natstest.DeleteStream(natsURL, stream) })
 	schema := testenv.Schema(t, url)
 	ids, err := run(ctx, url, natsURL, setup{schema: schema, topics: stream + ".${aggregatetype}", stream: stream})
 	if err != nil {
 		t.Fatal(err)
 	}
-	msgs, err := testenv.ReadNATS(ctx, natsURL, stream, stream+".order", 2)
+	msgs, err := natstest.Read(ctx, natsURL, stream, stream+".order", 2)
 	if err != nil {
 		t.Fatal(err)
 	}

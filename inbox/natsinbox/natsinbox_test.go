@@ -14,6 +14,7 @@ import (
 	"github.com/outboxd/outbox/inbox"
 	"github.com/outboxd/outbox/inbox/natsinbox"
 	"github.com/outboxd/outbox/internal/inboxtest"
+	"github.com/outboxd/outbox/internal/natstest"
 	"github.com/outboxd/outbox/internal/testenv"
 )
 
@@ -22,7 +23,7 @@ func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 // TestEndToEnd: events published by the NATS publisher, one of them delivered twice
 // by the broker and one failing its first handling, are each applied exactly once.
 func TestEndToEnd(t *testing.T) {
-	url := testenv.NATSURL(t)
+	url := natstest.URL(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	prefix := testenv.UniqueName("inboxtest")

@@ -27,6 +27,7 @@ import (
 	"github.com/outboxd/outbox/internal/natsembed"
 	"github.com/outboxd/outbox/internal/testenv"
 	"github.com/outboxd/outbox/relay"
+	"github.com/outboxd/outbox/relay/relaytest"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -80,7 +81,7 @@ func relayTo(t *testing.T, pub broker.Publisher, template string, n int) []outbo
 	if err != nil {
 		t.Fatal(err)
 	}
-	r := testenv.StartRelay(t, store, pub, &relay.Config{BatchSize: 7, TopicTemplate: template})
+	r := relaytest.Start(t, store, pub, &relay.Config{BatchSize: 7, TopicTemplate: template})
 	testenv.Wait(t, ctx, "every event published", func() bool { return r.Stats().Published >= int64(n) })
 	return evs
 }

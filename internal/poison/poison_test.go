@@ -34,6 +34,7 @@ import (
 	"github.com/outboxd/outbox/internal/testenv"
 	"github.com/outboxd/outbox/outboxdriver"
 	"github.com/outboxd/outbox/relay"
+	"github.com/outboxd/outbox/relay/relaytest"
 )
 
 func TestMain(m *testing.M) {
@@ -442,7 +443,7 @@ func TestFlakyReceiver(t *testing.T) {
 	good := goodRows()
 	d.write(t, good)
 	rec := &recorder{}
-	testenv.StartRelay(t, d.store, p, &relay.Config{Hooks: rec, Logger: quietLogger(),
+	relaytest.Start(t, d.store, p, &relay.Config{Hooks: rec, Logger: quietLogger(),
 		BackoffMin: relay.BackoffMinDefault, BackoffMax: relay.BackoffMaxDefault})
 	start := time.Now()
 	wctx, cancel := context.WithTimeout(context.Background(), deadline)

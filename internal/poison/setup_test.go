@@ -44,6 +44,7 @@ import (
 	sqspub "github.com/outboxd/outbox/broker/sqs"
 	"github.com/outboxd/outbox/broker/stdout"
 	"github.com/outboxd/outbox/broker/webhook"
+	"github.com/outboxd/outbox/internal/natstest"
 	"github.com/outboxd/outbox/internal/sqsemu"
 	"github.com/outboxd/outbox/internal/testenv"
 	"github.com/outboxd/outbox/outboxdriver"
@@ -145,7 +146,7 @@ func sqlite(t *testing.T) *db {
 }
 
 func natsPub(t *testing.T) *pub {
-	url := testenv.NATSURL(t)
+	url := natstest.URL(t)
 	ctx := context.Background()
 	prefix := testenv.UniqueName("poison")
 	nc, err := nats.Connect(url)

@@ -20,8 +20,9 @@ import (
 	"github.com/aws/aws-sdk-go-v2/credentials"
 	"github.com/aws/aws-sdk-go-v2/service/sqs"
 
+	"github.com/aws/aws-sdk-go-v2/service/sqs/types"
+
 	"github.com/outboxd/outbox/broker"
-	sqspub "github.com/outboxd/outbox/broker/sqs"
 )
 
 // Region is the region the emulator's clients use.
@@ -109,13 +110,21 @@ func Env() []string {
 // Reader reads queues back in order, deleting what it received (an undeleted FIFO
 // message would hide its group's later ones), and keeps what it read.
 type Reader struct {
-	c    *sqs.Client
-	mu   sync.Mutex
-	seen map[string][]broker.Message // queue name -> messages, in receive order
+	c      *sqs.Client
+	decode Decoder
+	mu     sync.Mutex
+	seen   map[string][]broker.Message // queue name -> messages, in receive order
 }
 
-// NewReader reads with c.
-func NewReader(c *sqs.Client) *Reader { return &Reader{c: c, seen: map[string][]broker.Message{}} }
+// Decoder turns a received message back into the one published: broker/sqs's
+// DecodeMessage, passed in so that this module does not depend on the publisher's
+// (whose tests depend on this one).
+type Decoder func(types.Message) (broker.Message, error)
+
+// NewReader reads with c, decoding with decode.
+func NewReader(c *sqs.Client, decode Decoder) *Reader {
+	return &Reader{c: c, decode: decode, seen: map[string][]broker.Message{}}
+}
 
 // Read returns the first n messages of queue, waiting until there are n or ctx ends.
 func (r *Reader) Read(ctx context.Context, queue string, n int) ([]broker.Message, error) {
@@ -135,7 +144,7 @@ func (r *Reader) Read(ctx context.Context, queue string, n int) ([]broker.Messag
 			qurl = out.QueueUrl
 		}
 		out, err := r.c.ReceiveMessage(ctx, &sqs.ReceiveMessageInput{QueueUrl: qurl, MaxNumberOfMessages: 10, WaitTimeSeconds: 1, VisibilityTimeout: 1,
-			MessageAttributeNames: sqspub.ReceiveAttributeNames, MessageSystemAttributeNames: sqspub.ReceiveSystemAttributeNames})
+			MessageAttributeNames: []string{"All"}, MessageSystemAttributeNames: []types.MessageSystemAttributeName{types.MessageSystemAttributeNameAll}})
 		if err != nil {
 			if ctx.Err() != nil {
 				return r.seen[queue], ctx.Err()
@@ -144,11 +153,12 @@ func (r *Reader) Read(ctx context.Context, queue string, n int) ([]broker.Messag
 			continue
 		}
 		for _, m := range out.Messages {
-			d, err := sqspub.Decode(m)
+			d, err := r.decode(m)
 			if err != nil {
 				return nil, err
 			}
-			r.seen[queue] = append(r.seen[queue], broker.Message{ID: d.ID, Topic: queue, Key: d.Key, Payload: d.Payload, PayloadNull: d.PayloadNull, Headers: d.Headers})
+			d.Topic = queue
+			r.seen[queue] = append(r.seen[queue], d)
 			if _, err := r.c.DeleteMessage(ctx, &sqs.DeleteMessageInput{QueueUrl: qurl, ReceiptHandle: m.ReceiptHandle}); err != nil {
 				return nil, err
 			}

@@ -5,6 +5,7 @@ package testenv
 
 import (
 	"context"
+	"log/slog"
 	"net"
 	"os"
 	"testing"
@@ -12,7 +13,6 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
-	"github.com/nats-io/nats.go"
 
 	"github.com/outboxd/outbox/internal/testname"
 )
@@ -20,7 +20,6 @@ import (
 // Defaults, overridden by TEST_DATABASE_URL and TEST_NATS_URL.
 const (
 	DatabaseURLDefault = "postgres://postgres@127.0.0.1:5432/test?sslmode=disable"
-	NATSURLDefault     = "nats://127.0.0.1:4222"
 )
 
 // Missing skips t, or fails it under CI.
@@ -90,21 +89,6 @@ func Pool(t testing.TB, url string) *pgxpool.Pool {
 	return pool
 }
 
-// NATSURL returns the machine's NATS URL after checking it answers with JetStream.
-func NATSURL(t testing.TB) string {
-	t.Helper()
-	url := os.Getenv("TEST_NATS_URL")
-	if url == "" {
-		url = NATSURLDefault
-	}
-	nc, err := nats.Connect(url, nats.Timeout(3*time.Second))
-	if err != nil {
-		Missing(t, "NATS at %s: %v", url, err)
-	}
-	nc.Close()
-	return url
-}
-
 // UniqueName returns prefix plus random lowercase hex.
 func UniqueName(prefix string) string { return testname.Unique(prefix) }
 
@@ -133,4 +117,13 @@ func FreePort(t testing.TB) int {
 	}
 	defer func() { _ = ln.Close() }()
 	return ln.Addr().(*net.TCPAddr).Port
+}
+
+// QuietLogger drops everything below errors+4 (nothing the relay logs), unless
+// TEST_DEBUG is set: then it logs everything to stderr.
+func QuietLogger() *slog.Logger {
+	if os.Getenv("TEST_DEBUG") != "" {
+		return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	}
+	return slog.New(slog.DiscardHandler)
 }

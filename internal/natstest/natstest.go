@@ -1,8 +1,12 @@
-package testenv
+// Package natstest reads what tests published to NATS JetStream, and makes and
+// removes their streams. A module of its own, so that the NATS client stays out of
+// the library module's tests.
+package natstest
 
 import (
 	"context"
 	"fmt"
+	"os"
 	"testing"
 	"time"
 
@@ -10,12 +14,31 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/outboxd/outbox/broker"
+	"github.com/outboxd/outbox/internal/testenv"
 )
 
-// ReadNATS returns the first n messages stored in stream on subject (">" for all),
+// URLDefault is the machine's NATS server, overridden by TEST_NATS_URL.
+const URLDefault = "nats://127.0.0.1:4222"
+
+// URL returns the machine's NATS URL after checking it answers with JetStream.
+func URL(t testing.TB) string {
+	t.Helper()
+	url := os.Getenv("TEST_NATS_URL")
+	if url == "" {
+		url = URLDefault
+	}
+	nc, err := nats.Connect(url, nats.Timeout(3*time.Second))
+	if err != nil {
+		testenv.Missing(t, "NATS at %s: %v", url, err)
+	}
+	nc.Close()
+	return url
+}
+
+// Read returns the first n messages stored in stream on subject (">" for all),
 // waiting until there are n or ctx ends. Keys come from the Outbox-Key header and ids
 // from Nats-Msg-Id, as the NATS publisher writes them.
-func ReadNATS(ctx context.Context, url, stream, subject string, n int) ([]broker.Message, error) {
+func Read(ctx context.Context, url, stream, subject string, n int) ([]broker.Message, error) {
 	nc, err := nats.Connect(url, nats.MaxReconnects(-1), nats.ReconnectWait(100*time.Millisecond))
 	if err != nil {
 		return nil, err

@@ -1,0 +1,68 @@
+module github.com/outboxd/outbox/dashboard
+
+go 1.26.0
+
+toolchain go1.26.8
+
+require (
+	github.com/outboxd/outbox v0.0.0-00010101000000-000000000000
+	github.com/outboxd/outbox/broker/nats v0.0.0-00010101000000-000000000000
+	github.com/outboxd/outbox/internal/natstest v0.0.0-00010101000000-000000000000
+	github.com/outboxd/outbox/relay v0.0.0-00010101000000-000000000000
+	github.com/outboxd/outbox/relay/relayprom v0.0.0-00010101000000-000000000000
+	github.com/outboxd/outbox/replay v0.0.0-00010101000000-000000000000
+)
+
+require (
+	github.com/chromedp/chromedp v0.23.0
+	github.com/google/uuid v1.6.0
+	github.com/jackc/pgx/v5 v5.12.0
+	github.com/nats-io/nats.go v1.55.0
+	github.com/prometheus/client_golang v1.25.0
+	github.com/prometheus/client_model v0.6.3
+	github.com/prometheus/common v0.72.0
+	go.uber.org/goleak v1.3.0
+)
+
+require (
+	github.com/beorn7/perks v1.0.1 // indirect
+	github.com/cespare/xxhash/v2 v2.3.0 // indirect
+	github.com/chromedp/cdproto v0.159.0 // indirect
+	github.com/go-json-experiment/json v0.0.0-20260213210345-44df1a37e875 // indirect
+	github.com/jackc/pgpassfile v1.0.0 // indirect
+	github.com/jackc/pgservicefile v0.0.0-20240606120523-5a60cdf6a761 // indirect
+	github.com/jackc/puddle/v2 v2.2.3 // indirect
+	github.com/klauspost/compress v1.20.3 // indirect
+	github.com/munnerz/goautoneg v0.0.0-20191010083416-a7dc8b61c822 // indirect
+	github.com/nats-io/nkeys v0.4.16 // indirect
+	github.com/nats-io/nuid v1.0.1 // indirect
+	github.com/prometheus/procfs v0.22.0 // indirect
+	golang.org/x/crypto v0.58.0 // indirect
+	golang.org/x/sync v0.24.0 // indirect
+	golang.org/x/sys v0.49.0 // indirect
+	golang.org/x/text v0.43.0 // indirect
+	golang.org/x/time v0.16.0 // indirect
+	google.golang.org/protobuf v1.36.12 // indirect
+)
+
+// The project's own modules, from this checkout (a release replaces nothing:
+// these lines are ignored where this module is a dependency).
+replace (
+	github.com/outboxd/outbox => ..
+	github.com/outboxd/outbox/broker/brokertest => ../broker/brokertest
+	github.com/outboxd/outbox/broker/kafka => ../broker/kafka
+	github.com/outboxd/outbox/broker/nats => ../broker/nats
+	github.com/outboxd/outbox/broker/webhook => ../broker/webhook
+	github.com/outboxd/outbox/inbox => ../inbox
+	github.com/outboxd/outbox/inbox/kafkainbox => ../inbox/kafkainbox
+	github.com/outboxd/outbox/inbox/natsinbox => ../inbox/natsinbox
+	github.com/outboxd/outbox/internal/inboxtest => ../internal/inboxtest
+	github.com/outboxd/outbox/internal/natsembed => ../internal/natsembed
+	github.com/outboxd/outbox/internal/natstest => ../internal/natstest
+	github.com/outboxd/outbox/outboxdriver/outboxmysql => ../outboxdriver/outboxmysql
+	github.com/outboxd/outbox/outboxdriver/outboxsqlite => ../outboxdriver/outboxsqlite
+	github.com/outboxd/outbox/pgcdc => ../pgcdc
+	github.com/outboxd/outbox/relay => ../relay
+	github.com/outboxd/outbox/relay/relayprom => ../relay/relayprom
+	github.com/outboxd/outbox/replay => ../replay
+)

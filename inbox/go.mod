@@ -1,0 +1,51 @@
+module github.com/outboxd/outbox/inbox
+
+go 1.26.0
+
+toolchain go1.26.8
+
+require (
+	github.com/outboxd/outbox v0.0.0-00010101000000-000000000000
+	github.com/outboxd/outbox/outboxdriver/outboxsqlite v0.0.0-00010101000000-000000000000
+	github.com/outboxd/outbox/relay v0.0.0-00010101000000-000000000000
+)
+
+require (
+	github.com/go-sql-driver/mysql v1.10.1
+	github.com/google/uuid v1.6.0
+	github.com/jackc/pgx/v5 v5.12.0
+	go.uber.org/goleak v1.3.0
+)
+
+require (
+	filippo.io/edwards25519 v1.2.0 // indirect
+	github.com/dustin/go-humanize v1.1.0 // indirect
+	github.com/jackc/pgpassfile v1.0.0 // indirect
+	github.com/jackc/pgservicefile v0.0.0-20240606120523-5a60cdf6a761 // indirect
+	github.com/jackc/puddle/v2 v2.2.3 // indirect
+	github.com/mattn/go-isatty v0.0.24 // indirect
+	github.com/ncruces/go-strftime v1.1.0 // indirect
+	github.com/remyoudompheng/bigfft v0.0.0-20230129092748-24d4a6f8daec // indirect
+	golang.org/x/sync v0.24.0 // indirect
+	golang.org/x/sys v0.49.0 // indirect
+	golang.org/x/text v0.43.0 // indirect
+	modernc.org/libc v1.80.1 // indirect
+	modernc.org/mathutil v1.7.1 // indirect
+	modernc.org/memory v1.12.1 // indirect
+	modernc.org/sqlite v1.62.0 // indirect
+)
+
+// The project's own modules, from this checkout (a release replaces nothing:
+// these lines are ignored where this module is a dependency).
+replace (
+	github.com/outboxd/outbox => ..
+	github.com/outboxd/outbox/broker/brokertest => ../broker/brokertest
+	github.com/outboxd/outbox/broker/kafka => ../broker/kafka
+	github.com/outboxd/outbox/broker/nats => ../broker/nats
+	github.com/outboxd/outbox/broker/webhook => ../broker/webhook
+	github.com/outboxd/outbox/internal/natsembed => ../internal/natsembed
+	github.com/outboxd/outbox/internal/natstest => ../internal/natstest
+	github.com/outboxd/outbox/outboxdriver/outboxmysql => ../outboxdriver/outboxmysql
+	github.com/outboxd/outbox/outboxdriver/outboxsqlite => ../outboxdriver/outboxsqlite
+	github.com/outboxd/outbox/relay => ../relay
+)

@@ -1,0 +1,87 @@
+module github.com/outboxd/outbox/inbox/pubsubinbox
+
+go 1.26.0
+
+toolchain go1.26.8
+
+require (
+	github.com/outboxd/outbox v0.0.0-00010101000000-000000000000
+	github.com/outboxd/outbox/broker/pubsub v0.0.0-00010101000000-000000000000
+	github.com/outboxd/outbox/inbox v0.0.0-00010101000000-000000000000
+	github.com/outboxd/outbox/internal/inboxtest v0.0.0-00010101000000-000000000000
+)
+
+require (
+	cloud.google.com/go/pubsub/v2 v2.9.0
+	go.uber.org/goleak v1.3.0
+	google.golang.org/api v0.304.0
+	google.golang.org/grpc v1.84.0
+)
+
+require (
+	cloud.google.com/go v0.123.0 // indirect
+	cloud.google.com/go/auth v0.24.1-0.20261001053825-dbc26066f70a // indirect
+	cloud.google.com/go/auth/oauth2adapt v0.3.0 // indirect
+	cloud.google.com/go/compute/metadata v0.10.0 // indirect
+	cloud.google.com/go/iam v1.14.0 // indirect
+	github.com/cespare/xxhash/v2 v2.3.0 // indirect
+	github.com/dustin/go-humanize v1.1.0 // indirect
+	github.com/felixge/httpsnoop v1.1.0 // indirect
+	github.com/go-logr/logr v1.4.4 // indirect
+	github.com/go-logr/stdr v1.2.2 // indirect
+	github.com/google/go-cmp v0.7.0 // indirect
+	github.com/google/s2a-go v0.1.11 // indirect
+	github.com/google/uuid v1.6.0 // indirect
+	github.com/googleapis/enterprise-certificate-proxy v0.3.23 // indirect
+	github.com/googleapis/gax-go/v2 v2.27.0 // indirect
+	github.com/jackc/pgpassfile v1.0.0 // indirect
+	github.com/jackc/pgservicefile v0.0.0-20240606120523-5a60cdf6a761 // indirect
+	github.com/jackc/pgx/v5 v5.12.0 // indirect
+	github.com/jackc/puddle/v2 v2.2.3 // indirect
+	github.com/mattn/go-isatty v0.0.24 // indirect
+	github.com/ncruces/go-strftime v1.1.0 // indirect
+	github.com/outboxd/outbox/outboxdriver/outboxsqlite v0.0.0-00010101000000-000000000000 // indirect
+	github.com/remyoudompheng/bigfft v0.0.0-20230129092748-24d4a6f8daec // indirect
+	go.opencensus.io v0.24.0 // indirect
+	go.opentelemetry.io/auto/sdk v1.2.1 // indirect
+	go.opentelemetry.io/contrib/instrumentation/google.golang.org/grpc/otelgrpc v0.67.0 // indirect
+	go.opentelemetry.io/contrib/instrumentation/net/http/otelhttp v0.69.0 // indirect
+	go.opentelemetry.io/otel v1.47.0 // indirect
+	go.opentelemetry.io/otel/log v1.47.0 // indirect
+	go.opentelemetry.io/otel/metric v1.47.0 // indirect
+	go.opentelemetry.io/otel/sdk v1.47.0 // indirect
+	go.opentelemetry.io/otel/trace v1.47.0 // indirect
+	golang.org/x/crypto v0.58.0 // indirect
+	golang.org/x/net v0.61.0 // indirect
+	golang.org/x/oauth2 v0.37.0 // indirect
+	golang.org/x/sync v0.24.0 // indirect
+	golang.org/x/sys v0.49.0 // indirect
+	golang.org/x/text v0.43.0 // indirect
+	golang.org/x/time v0.16.0 // indirect
+	google.golang.org/genproto v0.0.0-20261012220534-4341edf3f941 // indirect
+	google.golang.org/genproto/googleapis/api v0.0.0-20261012220534-4341edf3f941 // indirect
+	google.golang.org/genproto/googleapis/rpc v0.0.0-20261012220534-4341edf3f941 // indirect
+	google.golang.org/protobuf v1.36.12 // indirect
+	modernc.org/libc v1.80.1 // indirect
+	modernc.org/mathutil v1.7.1 // indirect
+	modernc.org/memory v1.12.1 // indirect
+	modernc.org/sqlite v1.62.0 // indirect
+)
+
+// The project's own modules, from this checkout (a release replaces nothing:
+// these lines are ignored where this module is a dependency).
+replace (
+	github.com/outboxd/outbox => ../..
+	github.com/outboxd/outbox/broker/brokertest => ../../broker/brokertest
+	github.com/outboxd/outbox/broker/kafka => ../../broker/kafka
+	github.com/outboxd/outbox/broker/nats => ../../broker/nats
+	github.com/outboxd/outbox/broker/pubsub => ../../broker/pubsub
+	github.com/outboxd/outbox/broker/webhook => ../../broker/webhook
+	github.com/outboxd/outbox/inbox => ..
+	github.com/outboxd/outbox/internal/inboxtest => ../../internal/inboxtest
+	github.com/outboxd/outbox/internal/natsembed => ../../internal/natsembed
+	github.com/outboxd/outbox/internal/natstest => ../../internal/natstest
+	github.com/outboxd/outbox/outboxdriver/outboxmysql => ../../outboxdriver/outboxmysql
+	github.com/outboxd/outbox/outboxdriver/outboxsqlite => ../../outboxdriver/outboxsqlite
+	github.com/outboxd/outbox/relay => ../../relay
+)

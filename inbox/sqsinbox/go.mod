@@ -1,0 +1,71 @@
+module github.com/outboxd/outbox/inbox/sqsinbox
+
+go 1.26.0
+
+toolchain go1.26.8
+
+require (
+	github.com/outboxd/outbox v0.0.0-00010101000000-000000000000
+	github.com/outboxd/outbox/broker/sqs v0.0.0-00010101000000-000000000000
+	github.com/outboxd/outbox/inbox v0.0.0-00010101000000-000000000000
+	github.com/outboxd/outbox/internal/inboxtest v0.0.0-00010101000000-000000000000
+	github.com/outboxd/outbox/internal/sqsemu v0.0.0-00010101000000-000000000000
+)
+
+require (
+	github.com/aws/aws-sdk-go-v2 v1.48.0
+	github.com/aws/aws-sdk-go-v2/service/sqs v1.53.0
+	go.uber.org/goleak v1.3.0
+)
+
+require (
+	github.com/aws/aws-sdk-go-v2/config v1.33.18 // indirect
+	github.com/aws/aws-sdk-go-v2/credentials v1.21.0 // indirect
+	github.com/aws/aws-sdk-go-v2/feature/ec2/imds v1.20.9 // indirect
+	github.com/aws/aws-sdk-go-v2/internal/configsources v1.5.12 // indirect
+	github.com/aws/aws-sdk-go-v2/internal/endpoints/v2 v2.8.12 // indirect
+	github.com/aws/aws-sdk-go-v2/internal/v4a v1.5.12 // indirect
+	github.com/aws/aws-sdk-go-v2/service/internal/accept-encoding v1.13.25 // indirect
+	github.com/aws/aws-sdk-go-v2/service/internal/presigned-url v1.14.12 // indirect
+	github.com/aws/aws-sdk-go-v2/service/signin v1.13.1 // indirect
+	github.com/aws/aws-sdk-go-v2/service/sso v1.39.5 // indirect
+	github.com/aws/aws-sdk-go-v2/service/ssooidc v1.44.5 // indirect
+	github.com/aws/aws-sdk-go-v2/service/sts v1.52.0 // indirect
+	github.com/aws/smithy-go v1.28.9 // indirect
+	github.com/dustin/go-humanize v1.1.0 // indirect
+	github.com/google/uuid v1.6.0 // indirect
+	github.com/jackc/pgpassfile v1.0.0 // indirect
+	github.com/jackc/pgservicefile v0.0.0-20240606120523-5a60cdf6a761 // indirect
+	github.com/jackc/pgx/v5 v5.12.0 // indirect
+	github.com/jackc/puddle/v2 v2.2.3 // indirect
+	github.com/mattn/go-isatty v0.0.24 // indirect
+	github.com/ncruces/go-strftime v1.1.0 // indirect
+	github.com/outboxd/outbox/outboxdriver/outboxsqlite v0.0.0-00010101000000-000000000000 // indirect
+	github.com/remyoudompheng/bigfft v0.0.0-20230129092748-24d4a6f8daec // indirect
+	golang.org/x/sync v0.24.0 // indirect
+	golang.org/x/sys v0.49.0 // indirect
+	golang.org/x/text v0.43.0 // indirect
+	modernc.org/libc v1.80.1 // indirect
+	modernc.org/mathutil v1.7.1 // indirect
+	modernc.org/memory v1.12.1 // indirect
+	modernc.org/sqlite v1.62.0 // indirect
+)
+
+// The project's own modules, from this checkout (a release replaces nothing:
+// these lines are ignored where this module is a dependency).
+replace (
+	github.com/outboxd/outbox => ../..
+	github.com/outboxd/outbox/broker/brokertest => ../../broker/brokertest
+	github.com/outboxd/outbox/broker/kafka => ../../broker/kafka
+	github.com/outboxd/outbox/broker/nats => ../../broker/nats
+	github.com/outboxd/outbox/broker/sqs => ../../broker/sqs
+	github.com/outboxd/outbox/broker/webhook => ../../broker/webhook
+	github.com/outboxd/outbox/inbox => ..
+	github.com/outboxd/outbox/internal/inboxtest => ../../internal/inboxtest
+	github.com/outboxd/outbox/internal/natsembed => ../../internal/natsembed
+	github.com/outboxd/outbox/internal/natstest => ../../internal/natstest
+	github.com/outboxd/outbox/internal/sqsemu => ../../internal/sqsemu
+	github.com/outboxd/outbox/outboxdriver/outboxmysql => ../../outboxdriver/outboxmysql
+	github.com/outboxd/outbox/outboxdriver/outboxsqlite => ../../outboxdriver/outboxsqlite
+	github.com/outboxd/outbox/relay => ../../relay
+)

@@ -1,0 +1,69 @@
+module github.com/outboxd/outbox/internal/foreign
+
+go 1.26.0
+
+toolchain go1.26.8
+
+require (
+	github.com/outboxd/outbox v0.0.0-00010101000000-000000000000
+	github.com/outboxd/outbox/broker/amqp v0.0.0-00010101000000-000000000000
+	github.com/outboxd/outbox/broker/kafka v0.0.0-00010101000000-000000000000
+	github.com/outboxd/outbox/broker/mqtt v0.0.0-00010101000000-000000000000
+	github.com/outboxd/outbox/broker/nats v0.0.0-00010101000000-000000000000
+	github.com/outboxd/outbox/broker/redis v0.0.0-00010101000000-000000000000
+	github.com/outboxd/outbox/internal/natsembed v0.0.0-00010101000000-000000000000
+	github.com/outboxd/outbox/relay v0.0.0-00010101000000-000000000000
+)
+
+require (
+	github.com/twmb/franz-go/pkg/kfake v0.0.0-20260918054303-01f206a7e32c
+	go.uber.org/goleak v1.3.0
+)
+
+require (
+	github.com/antithesishq/antithesis-sdk-go v0.8.0-default-no-op // indirect
+	github.com/cespare/xxhash/v2 v2.3.0 // indirect
+	github.com/eclipse/paho.golang v0.23.0 // indirect
+	github.com/google/go-tpm v0.9.8 // indirect
+	github.com/google/uuid v1.6.0 // indirect
+	github.com/jackc/pgpassfile v1.0.0 // indirect
+	github.com/jackc/pgservicefile v0.0.0-20240606120523-5a60cdf6a761 // indirect
+	github.com/jackc/pgx/v5 v5.12.0 // indirect
+	github.com/jackc/puddle/v2 v2.2.3 // indirect
+	github.com/klauspost/compress v1.20.3 // indirect
+	github.com/minio/highwayhash v1.0.4 // indirect
+	github.com/nats-io/jwt/v2 v2.8.2 // indirect
+	github.com/nats-io/nats-server/v2 v2.15.2 // indirect
+	github.com/nats-io/nats.go v1.55.0 // indirect
+	github.com/nats-io/nkeys v0.4.16 // indirect
+	github.com/nats-io/nuid v1.0.1 // indirect
+	github.com/pierrec/lz4/v4 v4.1.33 // indirect
+	github.com/rabbitmq/amqp091-go v1.16.0 // indirect
+	github.com/redis/go-redis/v9 v9.23.0 // indirect
+	github.com/twmb/franz-go v1.22.3 // indirect
+	github.com/twmb/franz-go/pkg/kmsg v1.15.1 // indirect
+	go.uber.org/atomic v1.12.0 // indirect
+	golang.org/x/crypto v0.58.0 // indirect
+	golang.org/x/sync v0.24.0 // indirect
+	golang.org/x/sys v0.49.0 // indirect
+	golang.org/x/text v0.43.0 // indirect
+	golang.org/x/time v0.16.0 // indirect
+)
+
+// The project's own modules, from this checkout (a release replaces nothing:
+// these lines are ignored where this module is a dependency).
+replace (
+	github.com/outboxd/outbox => ../..
+	github.com/outboxd/outbox/broker/amqp => ../../broker/amqp
+	github.com/outboxd/outbox/broker/brokertest => ../../broker/brokertest
+	github.com/outboxd/outbox/broker/kafka => ../../broker/kafka
+	github.com/outboxd/outbox/broker/mqtt => ../../broker/mqtt
+	github.com/outboxd/outbox/broker/nats => ../../broker/nats
+	github.com/outboxd/outbox/broker/redis => ../../broker/redis
+	github.com/outboxd/outbox/broker/webhook => ../../broker/webhook
+	github.com/outboxd/outbox/internal/natsembed => ../natsembed
+	github.com/outboxd/outbox/internal/natstest => ../natstest
+	github.com/outboxd/outbox/outboxdriver/outboxmysql => ../../outboxdriver/outboxmysql
+	github.com/outboxd/outbox/outboxdriver/outboxsqlite => ../../outboxdriver/outboxsqlite
+	github.com/outboxd/outbox/relay => ../../relay
+)

@@ -1,0 +1,64 @@
+module github.com/outboxd/outbox/replay
+
+go 1.26.0
+
+toolchain go1.26.8
+
+require (
+	github.com/outboxd/outbox v0.0.0-00010101000000-000000000000
+	github.com/outboxd/outbox/broker/kafka v0.0.0-00010101000000-000000000000
+	github.com/outboxd/outbox/broker/nats v0.0.0-00010101000000-000000000000
+	github.com/outboxd/outbox/inbox v0.0.0-00010101000000-000000000000
+	github.com/outboxd/outbox/inbox/kafkainbox v0.0.0-00010101000000-000000000000
+	github.com/outboxd/outbox/inbox/natsinbox v0.0.0-00010101000000-000000000000
+	github.com/outboxd/outbox/internal/natstest v0.0.0-00010101000000-000000000000
+	github.com/outboxd/outbox/pgcdc v0.0.0-00010101000000-000000000000
+	github.com/outboxd/outbox/relay v0.0.0-00010101000000-000000000000
+)
+
+require (
+	github.com/jackc/pgx/v5 v5.12.0
+	github.com/nats-io/nats.go v1.55.0
+	github.com/twmb/franz-go v1.22.3
+	github.com/twmb/franz-go/pkg/kfake v0.0.0-20260918054303-01f206a7e32c
+	go.uber.org/goleak v1.3.0
+	golang.org/x/time v0.16.0
+)
+
+require (
+	github.com/google/uuid v1.6.0 // indirect
+	github.com/jackc/pgio v1.0.0 // indirect
+	github.com/jackc/pglogrepl v0.0.0-20251213150135-2e8d0df862c1 // indirect
+	github.com/jackc/pgpassfile v1.0.0 // indirect
+	github.com/jackc/pgservicefile v0.0.0-20240606120523-5a60cdf6a761 // indirect
+	github.com/jackc/puddle/v2 v2.2.3 // indirect
+	github.com/klauspost/compress v1.20.3 // indirect
+	github.com/nats-io/nkeys v0.4.16 // indirect
+	github.com/nats-io/nuid v1.0.1 // indirect
+	github.com/pierrec/lz4/v4 v4.1.33 // indirect
+	github.com/twmb/franz-go/pkg/kmsg v1.15.1 // indirect
+	golang.org/x/crypto v0.58.0 // indirect
+	golang.org/x/sync v0.24.0 // indirect
+	golang.org/x/sys v0.49.0 // indirect
+	golang.org/x/text v0.43.0 // indirect
+)
+
+// The project's own modules, from this checkout (a release replaces nothing:
+// these lines are ignored where this module is a dependency).
+replace (
+	github.com/outboxd/outbox => ..
+	github.com/outboxd/outbox/broker/brokertest => ../broker/brokertest
+	github.com/outboxd/outbox/broker/kafka => ../broker/kafka
+	github.com/outboxd/outbox/broker/nats => ../broker/nats
+	github.com/outboxd/outbox/broker/webhook => ../broker/webhook
+	github.com/outboxd/outbox/inbox => ../inbox
+	github.com/outboxd/outbox/inbox/kafkainbox => ../inbox/kafkainbox
+	github.com/outboxd/outbox/inbox/natsinbox => ../inbox/natsinbox
+	github.com/outboxd/outbox/internal/inboxtest => ../internal/inboxtest
+	github.com/outboxd/outbox/internal/natsembed => ../internal/natsembed
+	github.com/outboxd/outbox/internal/natstest => ../internal/natstest
+	github.com/outboxd/outbox/outboxdriver/outboxmysql => ../outboxdriver/outboxmysql
+	github.com/outboxd/outbox/outboxdriver/outboxsqlite => ../outboxdriver/outboxsqlite
+	github.com/outboxd/outbox/pgcdc => ../pgcdc
+	github.com/outboxd/outbox/relay => ../relay
+)
