@@ -24,8 +24,25 @@ func runMigrate(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	cdc := fs.Bool("cdc", false, "PostgreSQL: also create the CDC relay's publication and replication slot, so events are captured from now on (required before producers use the insert-delete or table-less write modes)")
 	slot := fs.String("slot", "", "with --cdc: the replication slot (default outbox_<schema>_<table>)")
 	publication := fs.String("publication", "", "with --cdc: the publication (default: the slot's name)")
+	tablesList := fs.String("tables", "", tablesFlagHelp+"; a name is created if missing, a pattern upgrades the outbox tables it matches")
 	if err := parse(fs, args); err != nil {
 		return err
+	}
+	if flagSet(fs, "tables") {
+		switch {
+		case *cdc:
+			return usageErr("--cdc takes one table: use --table")
+		case *print:
+			return usageErr("--print shows one table's SQL: use --table")
+		}
+		many, err := openTables(ctx, fs, *dsn, *tablesList)
+		if err != nil {
+			return err
+		}
+		defer many.pool.Close()
+		return migrateTables(ctx, many, func(t *outboxdriver.Table) {
+			t.Payload, t.Partitioned, t.Partitions = outboxdriver.PayloadType(*payload), *partitioned, *partitions
+		}, stdout)
 	}
 	table, err := parseTable(*tableName, *payload)
 	if err != nil {
@@ -71,14 +88,8 @@ func runMigrate(ctx context.Context, args []string, stdout, stderr io.Writer) er
 		_, err = io.WriteString(stdout, sql)
 		return err
 	}
-	applied, err := db.migrator.Migrate(ctx)
-	if err != nil {
-		return fmt.Errorf("migrate %s: %w", table, err)
-	}
-	if len(applied) == 0 {
-		fmt.Fprintf(stdout, "%s is up to date\n", table)
-	} else {
-		fmt.Fprintf(stdout, "%s: applied migrations %v\n", table, applied)
+	if err := migrateOne(ctx, db.migrator, table, stdout); err != nil {
+		return err
 	}
 	if !*cdc {
 		return nil
@@ -94,6 +105,53 @@ func runMigrate(ctx context.Context, args []string, stdout, stderr io.Writer) er
 		return fmt.Errorf("cdc setup for %s: %w", table, err)
 	}
 	fmt.Fprintf(stdout, "%s: replication slot %s ready\n", table, src.Slot())
+	return nil
+}
+
+// migrateOne applies m's migrations to table and says what it did.
+func migrateOne(ctx context.Context, m outboxdriver.Migrator, table outboxdriver.Table, stdout io.Writer) error {
+	applied, err := m.Migrate(ctx)
+	if err != nil {
+		return fmt.Errorf("migrate %s: %w", table, err)
+	}
+	if len(applied) == 0 {
+		fmt.Fprintf(stdout, "%s is up to date\n", table)
+	} else {
+		fmt.Fprintf(stdout, "%s: applied migrations %v\n", table, applied)
+	}
+	return nil
+}
+
+// migrateTables migrates every table --tables names, each with the table flags
+// (set), going on past a table that fails and naming the failed ones at the end.
+func migrateTables(ctx context.Context, many *manyTables, set func(*outboxdriver.Table), stdout io.Writer) error {
+	tables, err := many.find(ctx, true)
+	if err != nil {
+		return err
+	}
+	if len(tables) == 0 {
+		return usageErr("--tables %s: no outbox table matches (name a table to create it)", patternsString(many.patterns))
+	}
+	var failed []string
+	for _, t := range tables {
+		set(&t)
+		err := t.Validate()
+		if err != nil {
+			err = fmt.Errorf("%s: %w", t, err)
+		} else {
+			var m outboxdriver.Migrator
+			if m, err = outboxpgx.New(many.pool, &t).Migrator(); err == nil {
+				err = migrateOne(ctx, m, t, stdout)
+			}
+		}
+		if err != nil {
+			fmt.Fprintln(stdout, err)
+			failed = append(failed, t.String())
+		}
+	}
+	if len(failed) > 0 {
+		return fmt.Errorf("migrating %d of %d tables failed: %s", len(failed), len(tables), strings.Join(failed, ", "))
+	}
 	return nil
 }
 

@@ -14,9 +14,18 @@ func runStatus(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	fs := newFlags("status", stderr)
 	dsn := fs.String("db", "", dbFlagHelp)
 	tableName := fs.String("table", outboxdriver.DefaultSchema+"."+outboxdriver.DefaultTable, "outbox table, [schema.]name")
+	tablesList := fs.String("tables", "", tablesFlagHelp+"; prints one line per table")
 	asJSON := fs.Bool("json", false, "print JSON, for scripts")
 	if err := parse(fs, args); err != nil {
 		return err
+	}
+	if flagSet(fs, "tables") {
+		many, err := openTables(ctx, fs, *dsn, *tablesList)
+		if err != nil {
+			return err
+		}
+		defer many.pool.Close()
+		return tablesOverview(ctx, many, *asJSON, stdout)
 	}
 	db, table, err := openTable(ctx, *dsn, *tableName)
 	if err != nil {

@@ -217,3 +217,10 @@ type conn struct {
 func (c *conn) Close() error {
 	return c.c.Hijack().Close(context.Background())
 }
+
+// FindTables returns the outbox tables on pool (those `outbox migrate` made or
+// adopted) that match any of patterns, in schema and name order: the tables of a
+// schema-per-tenant database, say, with the pattern tenant_*.outbox.
+func FindTables(ctx context.Context, pool *pgxpool.Pool, patterns ...outboxdriver.TablePattern) ([]outboxdriver.Table, error) {
+	return pgsql.FindTables(ctx, db{pool}, patterns)
+}

@@ -1,0 +1,159 @@
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"io"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/outboxd/outbox/internal/redact"
+	"github.com/outboxd/outbox/outboxdriver"
+	"github.com/outboxd/outbox/outboxdriver/outboxpgx"
+)
+
+// tablesFlagHelp is the --tables help of every command that takes it.
+const tablesFlagHelp = "PostgreSQL: many outbox tables instead of --table, a comma-separated list of [schema.]name, where * stands for any characters (tenant_*.outbox)"
+
+// flagSet reports whether name was given on the command line.
+func flagSet(fs *flag.FlagSet, name string) bool {
+	set := false
+	fs.Visit(func(f *flag.Flag) { set = set || f.Name == name })
+	return set
+}
+
+// manyTables is an opened --tables: one pool, the tables it names.
+type manyTables struct {
+	pool     *pgxpool.Pool
+	patterns []outboxdriver.TablePattern
+}
+
+// openTables parses --tables and opens the PostgreSQL database at dsn.
+func openTables(ctx context.Context, fs *flag.FlagSet, dsn, list string) (*manyTables, error) {
+	if flagSet(fs, "table") {
+		return nil, usageErr("--table and --tables: give one of them")
+	}
+	patterns, err := outboxdriver.ParseTablePatterns(list)
+	if err != nil {
+		return nil, usageErr("--tables: %v", err)
+	}
+	if scheme, _, _ := strings.Cut(dsn, "://"); scheme != "postgres" && scheme != "postgresql" {
+		return nil, usageErr("--tables needs PostgreSQL (--db postgres://...): name one table with --table on %s", redact.URL(dsn))
+	}
+	pool, err := openPool(ctx, "--db", dsn, false)
+	if err != nil {
+		return nil, err
+	}
+	return &manyTables{pool: pool, patterns: patterns}, nil
+}
+
+// find returns the outbox tables that match, and with create the tables that the
+// literal patterns name even where they do not exist yet (for migrate), in order.
+func (m *manyTables) find(ctx context.Context, create bool) ([]outboxdriver.Table, error) {
+	found, err := outboxpgx.FindTables(ctx, m.pool, m.patterns...)
+	if err != nil {
+		return nil, fmt.Errorf("finding the outbox tables: %w", err)
+	}
+	if !create {
+		return found, nil
+	}
+	have := map[string]bool{}
+	for _, t := range found {
+		have[t.String()] = true
+	}
+	for _, p := range m.patterns {
+		if t := p.Table(); p.Literal() && !have[t.String()] {
+			found = append(found, t)
+			have[t.String()] = true
+		}
+	}
+	return found, nil
+}
+
+// tablesOverview prints one line per table of `outbox status --tables`.
+func tablesOverview(ctx context.Context, m *manyTables, asJSON bool, stdout io.Writer) error {
+	tables, err := m.find(ctx, false)
+	if err != nil {
+		return err
+	}
+	type row struct {
+		Table            string  `json:"table"`
+		Unpublished      int64   `json:"unpublished"`
+		OldestAgeSeconds float64 `json:"oldest_unpublished_age_seconds"`
+		Failing          int64   `json:"failing"`
+		Dead             int64   `json:"dead_letters"`
+		HeldAggregates   int64   `json:"held_aggregates"`
+		PublishedKept    int64   `json:"published_kept"`
+		ActiveRelay      string  `json:"active_relay"`
+		Error            string  `json:"error,omitempty"`
+	}
+	rows := []row{}
+	failed := 0
+	for _, t := range tables {
+		r := row{Table: t.String()}
+		st, err := statusOf(ctx, m.pool, t)
+		if err != nil {
+			// One table's trouble (dropped meanwhile, no grant) is its line's, not
+			// the overview's.
+			r.Error = err.Error()
+			failed++
+		} else {
+			r.Unpublished, r.OldestAgeSeconds, r.Failing = st.Unpublished, st.OldestAge.Seconds(), st.Failing
+			r.Dead, r.HeldAggregates, r.PublishedKept, r.ActiveRelay = st.Dead, st.HeldKeys, st.Published, st.ActiveRelay
+		}
+		rows = append(rows, r)
+	}
+	if asJSON {
+		if err := printJSON(stdout, struct {
+			Tables []row `json:"tables"`
+		}{rows}); err != nil {
+			return err
+		}
+	} else {
+		if len(rows) == 0 {
+			fmt.Fprintf(stdout, "no outbox table matches %s\n", patternsString(m.patterns))
+			return nil
+		}
+		w := tabwriter.NewWriter(stdout, 0, 0, 2, ' ', 0)
+		fmt.Fprintln(w, "TABLE\tUNPUBLISHED\tOLDEST\tFAILING\tDEAD\tHELD\tACTIVE RELAY")
+		for _, r := range rows {
+			if r.Error != "" {
+				fmt.Fprintf(w, "%s\terror: %s\n", r.Table, termSafe(r.Error))
+				continue
+			}
+			relay := termSafe(r.ActiveRelay)
+			if relay == "" {
+				relay = "none"
+			}
+			fmt.Fprintf(w, "%s\t%d\t%s\t%d\t%d\t%d\t%s\n", r.Table, r.Unpublished,
+				(time.Duration(r.OldestAgeSeconds * float64(time.Second))).Round(time.Millisecond), r.Failing, r.Dead, r.HeldAggregates, relay)
+		}
+		if err := w.Flush(); err != nil {
+			return err
+		}
+	}
+	if failed > 0 {
+		return fmt.Errorf("status of %d of %d tables failed", failed, len(rows))
+	}
+	return nil
+}
+
+func statusOf(ctx context.Context, pool *pgxpool.Pool, t outboxdriver.Table) (*outboxdriver.Status, error) {
+	store, err := outboxpgx.New(pool, &t).Store()
+	if err != nil {
+		return nil, err
+	}
+	return store.Status(ctx)
+}
+
+func patternsString(ps []outboxdriver.TablePattern) string {
+	s := make([]string, len(ps))
+	for i, p := range ps {
+		s[i] = p.String()
+	}
+	return strings.Join(s, ",")
+}

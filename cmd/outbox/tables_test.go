@@ -1,0 +1,87 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"strings"
+	"testing"
+
+	"github.com/outboxd/outbox"
+	"github.com/outboxd/outbox/internal/testenv"
+	"github.com/outboxd/outbox/outboxdriver"
+	"github.com/outboxd/outbox/outboxdriver/outboxpgx"
+)
+
+// TestManyTables: `migrate --tables` creates the tables it names and upgrades those
+// its patterns match, `status --tables` shows one line per table (JSON too), and a
+// bad pattern, a pattern that matches nothing and --tables beside --table are
+// refused with one line each.
+func TestManyTables(t *testing.T) {
+	url := testenv.DatabaseURL(t)
+	a, b := testenv.Schema(t, url), testenv.Schema(t, url)
+	prefix := a[:len("outbox_test_")]
+	// Two names, created.
+	stdout, stderr, code := runCLI(t, nil, "migrate", "--db", url, "--tables", a+".outbox, "+b+".outbox")
+	if code != 0 || !strings.Contains(stdout, a+".outbox: applied migrations") || !strings.Contains(stdout, b+".outbox: applied migrations") {
+		t.Fatalf("migrate --tables: exit %d\n%s%s", code, stdout, stderr)
+	}
+	// A pattern finds both (and whatever other tests' schemas hold: not asserted).
+	stdout, stderr, code = runCLI(t, nil, "migrate", "--db", url, "--tables", a+".*,"+b+".out*")
+	if code != 0 || !strings.Contains(stdout, a+".outbox is up to date") || !strings.Contains(stdout, b+".outbox is up to date") {
+		t.Fatalf("migrate --tables pattern: exit %d\n%s%s", code, stdout, stderr)
+	}
+	// Events in one table, none in the other.
+	pool := testenv.Pool(t, url)
+	w, err := outbox.NewWriter(outboxpgx.New(pool, &outboxdriver.Table{Schema: b}), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for range 3 {
+		if err := w.Write(context.Background(), outbox.Event{AggregateType: "order", AggregateID: "1", Type: "T", Payload: []byte(`{}`)}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	tables := a + ".outbox," + b + ".*"
+	stdout, stderr, code = runCLI(t, nil, "status", "--db", url, "--tables", tables)
+	unpublished := map[string]string{} // table -> its UNPUBLISHED column
+	lines := strings.Split(strings.TrimSpace(stdout), "\n")
+	for _, l := range lines[1:] {
+		if f := strings.Fields(l); len(f) > 1 {
+			unpublished[f[0]] = f[1]
+		}
+	}
+	if code != 0 || len(lines) != 3 || !strings.HasPrefix(lines[0], "TABLE") || unpublished[a+".outbox"] != "0" || unpublished[b+".outbox"] != "3" {
+		t.Fatalf("status --tables: exit %d\n%s%s", code, stdout, stderr)
+	}
+	stdout, _, code = runCLI(t, nil, "status", "--db", url, "--tables", tables, "--json")
+	var got struct {
+		Tables []struct {
+			Table       string `json:"table"`
+			Unpublished int64  `json:"unpublished"`
+		} `json:"tables"`
+	}
+	err = json.Unmarshal([]byte(stdout), &got)
+	if err != nil || code != 0 || len(got.Tables) != 2 || got.Tables[0].Unpublished+got.Tables[1].Unpublished != 3 {
+		t.Fatalf("status --tables --json: exit %d, %v\n%s", code, err, stdout)
+	}
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"status", "--db", url, "--tables", prefix + "x-y.outbox"}, "--tables: invalid identifier"},
+		{[]string{"status", "--db", url, "--tables", "a,,b"}, "empty table"},
+		{[]string{"status", "--db", url, "--tables", a + ".outbox", "--table", a + ".outbox"}, "--table and --tables"},
+		{[]string{"migrate", "--db", url, "--tables", a + ".nothing_*"}, "no outbox table matches"},
+		{[]string{"migrate", "--db", url, "--tables", a + ".outbox", "--cdc"}, "--cdc takes one table"},
+		{[]string{"status", "--db", "sqlite://" + t.TempDir() + "/x.db", "--tables", "outbox"}, "--tables needs PostgreSQL"},
+	} {
+		_, stderr, code := runCLI(t, nil, tc.args...)
+		if code != 2 || !strings.Contains(stderr, tc.want) || strings.Count(strings.TrimSpace(stderr), "\n") > 0 {
+			t.Errorf("outbox %s: exit %d, want 2 and one line with %q:\n%s", strings.Join(tc.args, " "), code, tc.want, stderr)
+		}
+	}
+	stdout, _, _ = runCLI(t, nil, "status", "--db", url, "--tables", a+".nothing_*")
+	if !strings.Contains(stdout, "no outbox table matches") {
+		t.Errorf("status of no table: %s", stdout)
+	}
+}

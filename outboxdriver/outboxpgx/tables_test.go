@@ -1,0 +1,79 @@
+package outboxpgx_test
+
+import (
+	"context"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/outboxd/outbox/internal/testenv"
+	"github.com/outboxd/outbox/outboxdriver"
+	"github.com/outboxd/outbox/outboxdriver/outboxpgx"
+)
+
+// TestFindTables: patterns find the outbox tables `outbox migrate` made (a long name
+// whose migrations table is shortened included), in order, and nothing else: not a
+// plain table of the same name, not an outbox table's own companions.
+func TestFindTables(t *testing.T) {
+	url := testenv.DatabaseURL(t)
+	pool := testenv.Pool(t, url)
+	ctx := context.Background()
+	a, b, other := testenv.Schema(t, url), testenv.Schema(t, url), testenv.Schema(t, url)
+	long := "outbox_" + strings.Repeat("x", 50) // its _migrations name is hashed
+	migrate := func(schema, name string) {
+		t.Helper()
+		m, err := outboxpgx.New(pool, &outboxdriver.Table{Schema: schema, Name: name}).Migrator()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := m.Migrate(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	migrate(a, "outbox")
+	migrate(a, long)
+	migrate(b, "outbox")
+	migrate(b, "events")
+	if _, err := pool.Exec(ctx, "CREATE TABLE "+other+".outbox (id int)"); err != nil {
+		t.Fatal(err)
+	}
+	find := func(list string) []string {
+		t.Helper()
+		ps, err := outboxdriver.ParseTablePatterns(list)
+		if err != nil {
+			t.Fatal(err)
+		}
+		tables, err := outboxpgx.FindTables(ctx, pool, ps...)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var names []string
+		for _, tb := range tables {
+			// Only this test's schemas: others' tests run beside it.
+			if tb.Schema == a || tb.Schema == b || tb.Schema == other {
+				names = append(names, tb.String())
+			}
+		}
+		return names
+	}
+	prefix := a[:len("outbox_test_")]
+	for _, tc := range []struct {
+		patterns string
+		want     []string
+	}{
+		{prefix + "*.outbox", sortedNames(a+".outbox", b+".outbox")},
+		{a + ".*", sortedNames(a+".outbox", a+"."+long)},
+		{b + ".events," + a + ".outbox", sortedNames(a+".outbox", b+".events")},
+		{other + ".outbox", nil},
+		{prefix + "*.outbox_*", []string{a + "." + long}},
+	} {
+		if got := find(tc.patterns); !slices.Equal(got, tc.want) {
+			t.Errorf("%s: found %v, want %v", tc.patterns, got, tc.want)
+		}
+	}
+}
+
+func sortedNames(names ...string) []string {
+	slices.Sort(names)
+	return names
+}
