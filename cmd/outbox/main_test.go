@@ -1027,3 +1027,24 @@ func TestTableMissingColumns(t *testing.T) {
 		t.Fatalf("status of a table without the outbox's columns: exit %d\n%s", code, stderr)
 	}
 }
+
+// maxDemoModules bounds the modules that provide the CLI's packages, which the README's
+// first command (go run ./cmd/outbox demo) downloads and compiles: a dependency added
+// to the CLI moves it, and docs/benchmarks.md's cold first run with it.
+const maxDemoModules = 115
+
+// TestDemoModules counts them (go list -deps).
+func TestDemoModules(t *testing.T) {
+	out, err := exec.Command("go", "list", "-deps", "-f", "{{with .Module}}{{.Path}}{{end}}", ".").CombinedOutput()
+	if err != nil {
+		t.Fatalf("go list: %v\n%s", err, out)
+	}
+	mods := map[string]bool{}
+	for _, m := range strings.Fields(string(out)) {
+		mods[m] = true
+	}
+	if len(mods) > maxDemoModules {
+		t.Errorf("%d modules provide the CLI's packages, over %d: a new dependency costs every first run (docs/benchmarks.md)", len(mods), maxDemoModules)
+	}
+	t.Logf("%d modules", len(mods))
+}
