@@ -15,6 +15,7 @@ import (
 
 	"github.com/outboxd/outbox/internal/safetext"
 	"github.com/outboxd/outbox/outboxdriver"
+	"github.com/outboxd/outbox/outboxdriver/outboxpgx"
 )
 
 func runDLQ(ctx context.Context, args []string, stdout, stderr io.Writer) error {
@@ -48,6 +49,7 @@ func runDLQ(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	var all, asJSON, fullPayload bool
 	var payload, payloadFile string
 	var setHeaders, dropHeaders listFlag
+	var tablesList string
 	switch sub {
 	case "list", "replay", "purge":
 		fs.StringVar(&f.AggregateType, "aggregate-type", "", "only dead letters of this aggregate type")
@@ -58,7 +60,8 @@ func runDLQ(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	switch sub {
 	case "list":
 		fs.BoolVar(&asJSON, "json", false, "print JSON (each payload's first 4 KiB)")
-		fs.IntVar(&f.Limit, "limit", 100, "at most this many")
+		fs.IntVar(&f.Limit, "limit", 100, "at most this many (per table with --tables)")
+		fs.StringVar(&tablesList, "tables", "", tablesFlagHelp+"; lists every table's dead letters, with a TABLE column")
 	case "replay", "purge":
 		fs.BoolVar(&all, "all", false, "every dead letter the filters match, even with no filter")
 	case "show":
@@ -96,7 +99,15 @@ func runDLQ(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	case sub == "show" && !fullPayload:
 		f.PayloadMax = showPayloadPreview
 	}
-	db, _, err := openTable(ctx, *dsn, *tableName)
+	if flagSet(fs, "tables") {
+		many, err := openTables(ctx, fs, *dsn, tablesList)
+		if err != nil {
+			return err
+		}
+		defer many.pool.Close()
+		return listDeadTables(ctx, many, &f, asJSON, stdout)
+	}
+	db, table, err := openTable(ctx, *dsn, *tableName)
 	if err != nil {
 		return err
 	}
@@ -108,25 +119,7 @@ func runDLQ(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 		if err != nil {
 			return err
 		}
-		if asJSON {
-			out := make([]deadJSON, len(dead))
-			for i := range dead {
-				out[i] = toDeadJSON(&dead[i])
-			}
-			return printJSON(stdout, out)
-		}
-		if len(dead) == 0 {
-			fmt.Fprintln(stdout, "no dead letters")
-			return nil
-		}
-		tw := tabwriter.NewWriter(stdout, 0, 0, 2, ' ', 0)
-		fmt.Fprintln(tw, "ID\tAGGREGATE\tTYPE\tATTEMPTS\tDEAD SINCE\tHOLDS KEY\tERROR")
-		for _, d := range dead {
-			// Each cell bounded: one long aggregate id must not pad every row.
-			fmt.Fprintf(tw, "%s\t%s/%s\t%s\t%d\t%s\t%v\t%s\n", safetext.Cell(d.ID, 40), safetext.Cell(d.AggregateType, 40), safetext.Cell(d.AggregateID, 40),
-				safetext.Cell(d.Type, 40), d.Attempts, d.DeadAt.UTC().Format(time.RFC3339), d.HoldsKey, termSafe(shorten(d.Error, 80)))
-		}
-		return tw.Flush()
+		return printDead([]tableDead{{table, dead}}, false, asJSON, stdout)
 	case "show":
 		dead, err := db.store.ListDead(ctx, &f)
 		if err != nil {
@@ -154,7 +147,78 @@ func runDLQ(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	return nil
 }
 
+// tableDead is one table's dead letters.
+type tableDead struct {
+	table outboxdriver.Table
+	dead  []outboxdriver.DeadLetter
+}
+
+// listDeadTables is `dlq list --tables`: every matching table's dead letters.
+func listDeadTables(ctx context.Context, many *manyTables, f *outboxdriver.DeadFilter, asJSON bool, stdout io.Writer) error {
+	tables, err := many.find(ctx, false)
+	if err != nil {
+		return err
+	}
+	var all []tableDead
+	for _, t := range tables {
+		store, err := outboxpgx.New(many.pool, &t).Store()
+		if err != nil {
+			return err
+		}
+		dead, err := store.ListDead(ctx, f)
+		if err != nil {
+			return fmt.Errorf("dead letters of %s: %w", t, err)
+		}
+		all = append(all, tableDead{t, dead})
+	}
+	return printDead(all, true, asJSON, stdout)
+}
+
+// printDead prints dead letters as a table or JSON; withTable names each one's table.
+func printDead(all []tableDead, withTable, asJSON bool, stdout io.Writer) error {
+	if asJSON {
+		out := []deadJSON{}
+		for _, td := range all {
+			for i := range td.dead {
+				j := toDeadJSON(&td.dead[i])
+				if withTable {
+					j.Table = td.table.String()
+				}
+				out = append(out, j)
+			}
+		}
+		return printJSON(stdout, out)
+	}
+	n := 0
+	for _, td := range all {
+		n += len(td.dead)
+	}
+	if n == 0 {
+		fmt.Fprintln(stdout, "no dead letters")
+		return nil
+	}
+	tw := tabwriter.NewWriter(stdout, 0, 0, 2, ' ', 0)
+	head := "ID\tAGGREGATE\tTYPE\tATTEMPTS\tDEAD SINCE\tHOLDS KEY\tERROR"
+	if withTable {
+		head = "TABLE\t" + head
+	}
+	fmt.Fprintln(tw, head)
+	for _, td := range all {
+		for _, d := range td.dead {
+			if withTable {
+				fmt.Fprintf(tw, "%s\t", td.table)
+			}
+			// Each cell bounded: one long aggregate id must not pad every row.
+			fmt.Fprintf(tw, "%s\t%s/%s\t%s\t%d\t%s\t%v\t%s\n", safetext.Cell(d.ID, 40), safetext.Cell(d.AggregateType, 40), safetext.Cell(d.AggregateID, 40),
+				safetext.Cell(d.Type, 40), d.Attempts, d.DeadAt.UTC().Format(time.RFC3339), d.HoldsKey, termSafe(shorten(d.Error, 80)))
+		}
+	}
+	return tw.Flush()
+}
+
 type deadJSON struct {
+	// Table is the dead letter's outbox table (dlq list --tables only).
+	Table         string          `json:"table,omitempty"`
 	ID            string          `json:"id"`
 	AggregateType string          `json:"aggregatetype"`
 	AggregateID   string          `json:"aggregateid"`

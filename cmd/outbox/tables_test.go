@@ -6,6 +6,9 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+
 	"github.com/outboxd/outbox"
 	"github.com/outboxd/outbox/internal/testenv"
 	"github.com/outboxd/outbox/outboxdriver"
@@ -13,8 +16,8 @@ import (
 )
 
 // TestManyTables: `migrate --tables` creates the tables it names and upgrades those
-// its patterns match, `status --tables` shows one line per table (JSON too), and a
-// bad pattern, a pattern that matches nothing and --tables beside --table are
+// its patterns match, `status --tables` shows one line per table and `dlq list
+// --tables` every table's dead letters with their table (JSON too), and a bad pattern, a pattern that matches nothing and --tables beside --table are
 // refused with one line each.
 func TestManyTables(t *testing.T) {
 	url := testenv.DatabaseURL(t)
@@ -64,6 +67,23 @@ func TestManyTables(t *testing.T) {
 	if err != nil || code != 0 || len(got.Tables) != 2 || got.Tables[0].Unpublished+got.Tables[1].Unpublished != 3 {
 		t.Fatalf("status --tables --json: exit %d, %v\n%s", code, err, stdout)
 	}
+	// A dead letter in b's table: dlq list --tables names its table.
+	id := uuid.NewString()
+	if _, err := pool.Exec(context.Background(), `INSERT INTO `+pgx.Identifier{b, "outbox_dead"}.Sanitize()+
+		` (id, aggregatetype, aggregateid, type, payload, seq, created_at, attempts, error, holds_key)
+VALUES ($1, 'order', '9', 'T', '{}', 1, now(), 1, 'refused', true)`, id); err != nil {
+		t.Fatal(err)
+	}
+	stdout, stderr, code = runCLI(t, nil, "dlq", "list", "--db", url, "--tables", tables)
+	if lines := strings.Split(strings.TrimSpace(stdout), "\n"); code != 0 || len(lines) != 2 || !strings.HasPrefix(lines[0], "TABLE") ||
+		!strings.HasPrefix(lines[1], b+".outbox") || !strings.Contains(lines[1], id) {
+		t.Fatalf("dlq list --tables: exit %d\n%s%s", code, stdout, stderr)
+	}
+	stdout, _, code = runCLI(t, nil, "dlq", "list", "--db", url, "--tables", tables, "--json")
+	var dead []struct{ Table, ID string }
+	if err := json.Unmarshal([]byte(stdout), &dead); err != nil || code != 0 || len(dead) != 1 || dead[0].Table != b+".outbox" || dead[0].ID != id {
+		t.Fatalf("dlq list --tables --json: exit %d, %v\n%s", code, err, stdout)
+	}
 	for _, tc := range []struct {
 		args []string
 		want string
@@ -73,6 +93,7 @@ func TestManyTables(t *testing.T) {
 		{[]string{"status", "--db", url, "--tables", a + ".outbox", "--table", a + ".outbox"}, "--table and --tables"},
 		{[]string{"migrate", "--db", url, "--tables", a + ".nothing_*"}, "no outbox table matches"},
 		{[]string{"migrate", "--db", url, "--tables", a + ".outbox", "--cdc"}, "--cdc takes one table"},
+		{[]string{"dlq", "purge", "--db", url, "--tables", a + ".outbox", "--all"}, "flag provided but not defined: -tables"},
 		{[]string{"status", "--db", "sqlite://" + t.TempDir() + "/x.db", "--tables", "outbox"}, "--tables needs PostgreSQL"},
 	} {
 		_, stderr, code := runCLI(t, nil, tc.args...)
