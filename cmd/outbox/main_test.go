@@ -793,8 +793,10 @@ func TestRelayHTTP(t *testing.T) {
 	var body string
 	testenv.WaitTell(t, context.Background(), "/metrics to show the 10 events published", func() bool {
 		code, body = get("/metrics")
-		return code == 200 && strings.Contains(body, `outbox_relay_published_total{topic="outbox.event.order"} 10`) &&
-			strings.Contains(body, "outbox_unpublished_events 0") && strings.Contains(body, "outbox_relay_leader 1") &&
+		// Every relay series names its table (the build's does not: it is the process's).
+		tbl := `table="` + table.Schema + "." + table.Name + `"`
+		return code == 200 && strings.Contains(body, `outbox_relay_published_total{`+tbl+`,topic="outbox.event.order"} 10`) &&
+			strings.Contains(body, "outbox_unpublished_events{"+tbl+"} 0") && strings.Contains(body, "outbox_relay_leader{"+tbl+"} 1") &&
 			strings.Contains(body, "outbox_build_info{goversion=")
 	}, func() string { return fmt.Sprintf("/metrics: %d\n%s", code, body) })
 	if code, body := get("/healthz"); code != 200 {

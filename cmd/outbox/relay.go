@@ -325,7 +325,9 @@ func buildRelay(ctx context.Context, o *relayOptions) (_ *relayService, err erro
 	// Probes and scrapes read the table's status through one cache: at most one
 	// status query per interval, however many requests come.
 	status := relayprom.NewStatusCache(db.store, relayprom.StatusCacheIntervalDefault)
-	metrics, err := relayprom.New(reg, status)
+	// Every relay series carries its table, so that one Prometheus watching the
+	// relays of several tables alerts per table (deploy/prometheus-alerts.yml).
+	metrics, err := relayprom.New(prometheus.WrapRegistererWith(prometheus.Labels{"table": o.table.String()}, reg), status)
 	if err != nil {
 		return nil, err
 	}
