@@ -10,10 +10,19 @@ trap 'rm -rf "$ctx"' EXIT
 (cd "$root" && CGO_ENABLED=0 go build -trimpath -buildvcs=true -ldflags='-s -w' -o "$ctx/outbox" ./cmd/outbox)
 cp /etc/ssl/certs/ca-certificates.crt "$ctx/"
 cp "$root/deploy/image/Containerfile" "$ctx/"
+# OCI labels: what a registry, a scanner or `podman inspect` shows of the image.
+revision=$(git -C "$root" rev-parse HEAD 2>/dev/null || echo unknown)
+version=$(git -C "$root" describe --tags --always --dirty 2>/dev/null || echo unknown)
+set -- --label org.opencontainers.image.title=outbox \
+  --label org.opencontainers.image.description="The outbox relay: publishes a transactional outbox to brokers" \
+  --label org.opencontainers.image.source=https://github.com/outboxd/outbox \
+  --label org.opencontainers.image.revision="$revision" \
+  --label org.opencontainers.image.version="$version" \
+  -t "$tag" -f "$ctx/Containerfile"
 if command -v buildah >/dev/null; then
-  buildah ${BUILDAH_OPTS:-} bud --quiet -t "$tag" -f "$ctx/Containerfile" "$ctx"
+  buildah ${BUILDAH_OPTS:-} bud --quiet "$@" "$ctx"
 elif command -v podman >/dev/null; then
-  podman build -t "$tag" -f "$ctx/Containerfile" "$ctx"
+  podman build "$@" "$ctx"
 else
-  docker build -t "$tag" -f "$ctx/Containerfile" "$ctx"
+  docker build "$@" "$ctx"
 fi

@@ -59,6 +59,17 @@ func TestImage(t *testing.T) {
 	if cfg != "65532:65532 [/usr/local/bin/outbox] [relay]" {
 		t.Fatalf("image config: %s", cfg)
 	}
+	// Its OCI labels say what it is built from.
+	want := "unknown"
+	if out, err := exec.Command("git", "rev-parse", "HEAD").Output(); err == nil {
+		want = strings.TrimSpace(string(out))
+	}
+	if rev := buildah(t, "inspect", "--format", `{{index .OCIv1.Config.Labels "org.opencontainers.image.revision"}}`, tag); rev != want {
+		t.Errorf("label org.opencontainers.image.revision = %q, want %q", rev, want)
+	}
+	if src := buildah(t, "inspect", "--format", `{{index .OCIv1.Config.Labels "org.opencontainers.image.source"}}`, tag); src != "https://github.com/outboxd/outbox" {
+		t.Errorf("label org.opencontainers.image.source = %q", src)
+	}
 	ctr := buildah(t, "from", "--name", strings.NewReplacer("localhost/", "", ":", "-").Replace(tag), tag)
 	t.Cleanup(func() { _ = exec.Command("buildah", "--storage-driver", "vfs", "rm", ctr).Run() })
 	root := buildah(t, "mount", ctr)
