@@ -25,6 +25,7 @@ import (
 type Driver struct {
 	pool     *pgxpool.Pool
 	sessions *pgxpool.Pool // WithSessions; nil: pool
+	shared   *Shared       // WithShared: leadership and wake-ups on sessions shared by many tables
 	table    outboxdriver.Table
 	s        *pgsql.Statements
 	err      error // a bad table name, reported by every method that needs it
@@ -102,6 +103,10 @@ func (d *Driver) Store() (outboxdriver.Store, error) {
 	st := &pgsql.Store{Statements: d.s, DB: db{d.pool}, ListenFunc: d.listen}
 	if d.sessions != nil {
 		st.Sessions = db{d.sessions}
+	}
+	if d.shared != nil {
+		st.Sessions = sharedDB{db{d.shared.pool}, d.shared}
+		st.ListenFunc = d.shared.listenFunc(d.s.Channel())
 	}
 	return st, nil
 }

@@ -20,18 +20,30 @@ import (
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
-func TestConformance(t *testing.T) { conformance(t, false) }
+func TestConformance(t *testing.T) { conformance(t, false, false) }
 
 // TestConformancePartitioned runs the suite on a table partitioned by day.
-func TestConformancePartitioned(t *testing.T) { conformance(t, true) }
+func TestConformancePartitioned(t *testing.T) { conformance(t, true, false) }
 
-func conformance(t *testing.T, partitioned bool) {
+// TestConformanceShared runs it with the leadership locks and wake-ups of every
+// driver the harness makes on one Shared (the many-table relay's sessions): two
+// relays of one table in one process still exclude each other, and a wake-up still
+// reaches its table.
+func TestConformanceShared(t *testing.T) { conformance(t, false, true) }
+
+func conformance(t *testing.T, partitioned, shared bool) {
 	url := testenv.DatabaseURL(t)
 	outboxdrivertest.Run(t, func(t *testing.T, payload outboxdriver.PayloadType) *outboxdrivertest.Harness[pgx.Tx] {
 		pool := testenv.Pool(t, url)
 		table := outboxdriver.Table{Schema: testenv.Schema(t, url), Name: "outbox", Payload: payload, Partitioned: partitioned}
+		open := func(t outboxdriver.Table) *outboxpgx.Driver { return outboxpgx.New(pool, &t) }
+		if shared {
+			sh := outboxpgx.NewShared(pool)
+			t.Cleanup(sh.Close)
+			open = func(t outboxdriver.Table) *outboxpgx.Driver { return outboxpgx.New(pool, &t).WithShared(sh) }
+		}
 		return &outboxdrivertest.Harness[pgx.Tx]{
-			Driver:   outboxpgx.New(pool, &table),
+			Driver:   open(table),
 			Begin:    func(ctx context.Context) (pgx.Tx, error) { return pool.Begin(ctx) },
 			Commit:   func(ctx context.Context, tx pgx.Tx) error { return tx.Commit(ctx) },
 			Rollback: func(ctx context.Context, tx pgx.Tx) error { return tx.Rollback(ctx) },
@@ -44,7 +56,7 @@ func conformance(t *testing.T, partitioned bool) {
 					" (id, aggregatetype, aggregateid, type, payload) VALUES ($1, $2, $3, $4, $5)", id, at, aid, typ, payload)
 				return err
 			},
-			Reopen:            func(t outboxdriver.Table) outboxdriver.Driver[pgx.Tx] { return outboxpgx.New(pool, &t) },
+			Reopen:            func(t outboxdriver.Table) outboxdriver.Driver[pgx.Tx] { return open(t) },
 			MultipleClaims:    true,
 			ConcurrentWriters: true,
 			NonUniqueIDs:      partitioned,

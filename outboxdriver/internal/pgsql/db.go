@@ -3,7 +3,10 @@
 // interfaces below, so every query lives in exactly one place.
 package pgsql
 
-import "context"
+import (
+	"context"
+	"time"
+)
 
 // Querier runs statements.
 type Querier interface {
@@ -30,6 +33,18 @@ type Tx interface {
 type Conn interface {
 	Querier
 	Close() error
+}
+
+// SharedConn is a Conn on a session that several leaderships share (one session
+// holding many tables' locks). A session never conflicts with its own advisory
+// locks, and stays alive while any of its leaderships proves itself, so the handles
+// keep their own account: Reserve takes key for this handle (exclusive: no other
+// handle holds it; shared: no handle holds it exclusively) and reports whether it
+// could; a handle holding key exclusively that makes no call for timeout (when
+// positive) loses it, as a silent session would; Close gives it back.
+type SharedConn interface {
+	Conn
+	Reserve(key int64, exclusive bool, timeout time.Duration) bool
 }
 
 // DB is a pool.

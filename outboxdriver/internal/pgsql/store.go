@@ -714,6 +714,10 @@ func (s *Store) advisoryLock(ctx context.Context, try, unlock string, timeout ti
 	if err != nil {
 		return nil, InterpretError(err)
 	}
+	shared, isShared := conn.(SharedConn)
+	if isShared && !shared.Reserve(s.Statements.lockKey, try == "pg_try_advisory_lock", timeout) {
+		return nil, conn.Close() // held by another relay of this process
+	}
 	if timeout > 0 {
 		if err := sessionTimeouts(ctx, conn, timeout); err != nil {
 			_ = conn.Close()
@@ -733,7 +737,14 @@ func (s *Store) advisoryLock(ctx context.Context, try, unlock string, timeout ti
 		// silence counts from its own last call): wait until none holds the claim
 		// fence, or this relay would claim past the rows they lock and publish an
 		// aggregate's later events first. They end by their HoldTimeout.
-		if err := conn.Exec(ctx, "SELECT pg_advisory_lock($1), pg_advisory_unlock($1)", s.Statements.claimFence); err != nil {
+		// On a session that several tables' leaderships share, the wait would stall
+		// the others' checks behind it: a pool session waits instead (lock and
+		// unlock in one statement, so any session does).
+		var fence Querier = conn
+		if isShared {
+			fence = s.DB
+		}
+		if err := fence.Exec(ctx, "SELECT pg_advisory_lock($1), pg_advisory_unlock($1)", s.Statements.claimFence); err != nil {
 			_ = conn.Close()
 			return nil, fmt.Errorf("waiting for the previous leader's claims to end: %w", InterpretError(err))
 		}
