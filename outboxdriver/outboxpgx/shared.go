@@ -262,7 +262,7 @@ func (r *sharedRows) Close() {
 	}
 	r.closed = true
 	r.Rows.Close()
-	r.c.done(r.Rows.Err())
+	r.c.done(r.Err())
 	r.c.s.mu.Unlock()
 }
 
