@@ -36,6 +36,9 @@ func runRelay(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	if err != nil {
 		return err
 	}
+	if o.tables != nil {
+		return runRelayTables(ctx, o)
+	}
 	svc, err := buildRelay(ctx, o)
 	if err != nil {
 		return err
@@ -43,6 +46,9 @@ func runRelay(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	defer svc.close()
 	return svc.serve(ctx)
 }
+
+// tablesPollIntervalDefault is --poll-interval's default with --tables.
+const tablesPollIntervalDefault = 10 * time.Second
 
 // relayOptions are the relay command's settings, validated.
 type relayOptions struct {
@@ -58,6 +64,12 @@ type relayOptions struct {
 	uiHosts                         []string
 	ui, allowNewerSchema            bool
 	logger                          *slog.Logger
+	// tables, with --tables: the patterns of the tables one process relays, found
+	// again every tablesRescan; maxConns caps its database connections (0: the
+	// pool's default).
+	tables       []outboxdriver.TablePattern
+	tablesRescan time.Duration
+	maxConns     int
 }
 
 // parseRelayFlags reads the flags, the config file and OUTBOX_* variables into
@@ -103,6 +115,9 @@ func parseRelayFlags(args []string, stderr io.Writer) (*relayOptions, error) {
 	fs.Var(&uiHosts, "ui-host", "a host name the dashboard answers to besides localhost and IP addresses (repeatable; the name your proxy or browser uses)")
 	uiToken := fs.String("ui-token", "", "dashboard: the admin token that allows replay and purge (empty: read-only); prefer OUTBOX_UI_TOKEN_FILE")
 	configPath := fs.String("config", "", "a YAML (.yaml) or properties file of flag values and Debezium Outbox Event Router options; flags and OUTBOX_* variables win over it")
+	tablesList := fs.String("tables", "", tablesFlagHelp+"; one process relays each (poll mode), on one pool, one leadership session and one wake-up session")
+	tablesRescan := fs.Duration("tables-rescan", 30*time.Second, "with --tables: how often to look for tables created or dropped")
+	maxConns := fs.Int("max-conns", 0, "with --tables: the most database connections the relay opens, whatever the number of tables (0: 8, or the URL's pool_max_conns); at least 3")
 	logLevel := fs.String("log-level", "info", "debug, info, warn or error")
 	logFormat := fs.String("log-format", "text", "text or json")
 	if err := parse(fs, args); err != nil {
@@ -141,6 +156,35 @@ func parseRelayFlags(args []string, stderr io.Writer) (*relayOptions, error) {
 	}
 	if *group && (*mode != "poll" || !isPG) {
 		return nil, usageErr("--group needs PostgreSQL in poll mode")
+	}
+	var tables []outboxdriver.TablePattern
+	if flagSet(fs, "tables") {
+		switch {
+		case flagSet(fs, "table"):
+			return nil, usageErr("--table and --tables: give one of them")
+		case !isPG:
+			return nil, usageErr("--tables needs PostgreSQL (--db postgres://...)")
+		case *mode != "poll" || *group || *leaderDSN != "":
+			return nil, usageErr("--tables relays in poll mode, one relay per table active at a time: not with --mode cdc, --group or --leader-db (yet)")
+		case len(routerOpts) > 0 || *format != "outbox":
+			return nil, usageErr("--tables sends outbox's own wire format: not with Debezium router options (--config) or --format cloudevents (yet)")
+		case *maxConns != 0 && *maxConns < 3:
+			return nil, usageErr("--max-conns %d: want at least 3 (the leadership session, the wake-up session and one for claims)", *maxConns)
+		case *tablesRescan < time.Second:
+			return nil, usageErr("--tables-rescan %v: want at least 1s", *tablesRescan)
+		}
+		var err error
+		if tables, err = outboxdriver.ParseTablePatterns(*tablesList); err != nil {
+			return nil, usageErr("--tables: %v", err)
+		}
+		if !flagSet(fs, "poll-interval") {
+			// Each table's relay wakes on its writers' notifications (one session
+			// listens for all); its poll, only a backstop, is rarer than a single
+			// table's, so that idle tables cost little.
+			*poll = tablesPollIntervalDefault
+		}
+	} else if flagSet(fs, "max-conns") || flagSet(fs, "tables-rescan") {
+		return nil, usageErr("--max-conns and --tables-rescan go with --tables")
 	}
 	logger, err := newLogger(stderr, *logLevel, *logFormat)
 	if err != nil {
@@ -221,7 +265,8 @@ func parseRelayFlags(args []string, stderr io.Writer) (*relayOptions, error) {
 	}
 	return &relayOptions{dsn: *dsn, leaderDSN: *leaderDSN, brokerURL: *brokerURL, mode: *mode, configPath: *configPath, table: table, cfg: cfg,
 		cdc: cdcCfg, broker: *bo, routerOpts: routerOpts, leaseTTL: *leaseTTL, httpAddr: *httpAddr, uiToken: *uiToken,
-		ui: *ui, uiHosts: uiHosts, allowNewerSchema: *allowNewer, logger: logger}, nil
+		ui: *ui, uiHosts: uiHosts, allowNewerSchema: *allowNewer, logger: logger,
+		tables: tables, tablesRescan: *tablesRescan, maxConns: *maxConns}, nil
 }
 
 // relayService is a built relay and what it holds open.

@@ -381,8 +381,13 @@ func (s *Shared) listenOnce(ctx context.Context, channels []string) error {
 	if err != nil {
 		return err
 	}
-	conn := c.Hijack() // it will LISTEN: never back to the pool
-	defer func() { _ = conn.Close(context.Background()) }()
+	// It will LISTEN: closed, never back to the pool, but held as the pool's own
+	// until then, so that it counts against the pool's size.
+	conn := c.Conn()
+	defer func() {
+		_ = conn.Close(context.Background())
+		c.Release()
+	}()
 	for _, ch := range channels {
 		if _, err := conn.Exec(ctx, "LISTEN "+pgx.Identifier{ch}.Sanitize()); err != nil {
 			return err

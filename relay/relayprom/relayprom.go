@@ -111,12 +111,24 @@ func New(reg prometheus.Registerer, store StatusReader) (*Metrics, error) {
 		slotOK: prometheus.NewDesc("outbox_cdc_slot_ok",
 			"1 while the slot exists and its wal_status is not lost; 0: the slot is lost (see docs/cdc.md).", []string{"slot", "wal_status"}, nil),
 	}
-	for _, c := range []prometheus.Collector{m.published, m.failed, m.latency, m.batchSize, m.publishTime, m.leader, m.partitions, m.scrapeErrors, m} {
+	for _, c := range m.collectors() {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}
 	}
 	return m, nil
+}
+
+func (m *Metrics) collectors() []prometheus.Collector {
+	return []prometheus.Collector{m.published, m.failed, m.latency, m.batchSize, m.publishTime, m.leader, m.partitions, m.scrapeErrors, m}
+}
+
+// Unregister removes the metrics from reg, the registerer New was given: for a relay
+// that stops while its process goes on (a table gone from a many-table relay).
+func (m *Metrics) Unregister(reg prometheus.Registerer) {
+	for _, c := range m.collectors() {
+		reg.Unregister(c)
+	}
 }
 
 // BatchPublished implements relay.Hooks. Counts are summed per topic first: the

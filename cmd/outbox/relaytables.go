@@ -1,0 +1,293 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"sort"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/outboxd/outbox/broker"
+	"github.com/outboxd/outbox/internal/redact"
+	"github.com/outboxd/outbox/internal/version"
+	"github.com/outboxd/outbox/outboxdriver"
+	"github.com/outboxd/outbox/outboxdriver/outboxpgx"
+	"github.com/outboxd/outbox/relay"
+	"github.com/outboxd/outbox/relay/relayprom"
+)
+
+// runRelayTables is `outbox relay --tables`: one relay per matching table in this
+// process, each exactly as a relay of that table alone (its leadership, its order
+// per aggregate, its dead letters, its completion), sharing one publisher, one pool
+// (--max-conns), one session for the leadership locks and one for the wake-ups.
+// Tables created or dropped are found every --tables-rescan.
+func runRelayTables(ctx context.Context, o *relayOptions) error {
+	logger := o.logger
+	pool, err := openTablesPool(ctx, o)
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	if pooled, err := transactionPooled(ctx, pool); err != nil {
+		return fmt.Errorf("database %s: %w", redact.URL(o.dsn), err)
+	} else if pooled {
+		return usageErr("--db %s goes through a transaction-pooling proxy (PgBouncer's pool_mode = transaction): --tables needs sessions of its own; give a direct URL or use session pooling (docs/operations.md)", redact.URL(o.dsn))
+	}
+	shared := outboxpgx.NewShared(pool)
+	defer shared.Close()
+	o.broker.logger = logger
+	pub, err := openBroker(ctx, o.brokerURL, o.broker)
+	if err != nil {
+		return err
+	}
+	defer func() { _ = pub.Close() }()
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(buildInfo())
+	set := &tableRelays{o: o, pool: pool, shared: shared, pub: pub, reg: reg, running: map[string]*tableRelay{}}
+	defer set.stopAll()
+	if o.httpAddr != "" {
+		if o.ui && o.uiToken != "" {
+			logger.Warn("relay: with --tables the relay serves no dashboard: run `outbox ui --table T` for a table's")
+		}
+		stop, err := set.serveHTTP(ctx)
+		if err != nil {
+			return err
+		}
+		defer stop()
+	}
+	v := version.Get()
+	logger.Info("relay starting", "version", v.Version, "revision", v.Short(), "mode", "poll", "db", redact.URL(o.dsn),
+		"broker", redact.Endpoint(o.brokerURL), "tables", patternsString(o.tables), "max_conns", pool.Config().MaxConns)
+	for _, w := range plaintextWarnings(o.dsn, o.brokerURL) {
+		logger.Warn(w)
+	}
+	t := time.NewTicker(o.tablesRescan)
+	defer t.Stop()
+	for {
+		set.reconcile(ctx)
+		select {
+		case <-ctx.Done():
+			logger.Info("relay stopped", "tables", len(set.running))
+			return nil
+		case <-t.C:
+		}
+	}
+}
+
+// openTablesPool opens the pool every table's relay shares, capped at --max-conns.
+func openTablesPool(ctx context.Context, o *relayOptions) (*pgxpool.Pool, error) {
+	dsn := o.dsn
+	if o.maxConns > 0 {
+		sep := "?"
+		if strings.Contains(dsn, "?") {
+			sep = "&"
+		}
+		dsn += fmt.Sprintf("%spool_max_conns=%d", sep, o.maxConns)
+	}
+	return openPool(ctx, "--db", dsn, false)
+}
+
+// tableRelays are the relays of the tables --tables matches.
+type tableRelays struct {
+	o      *relayOptions
+	pool   *pgxpool.Pool
+	shared *outboxpgx.Shared
+	pub    broker.Publisher
+	reg    *prometheus.Registry
+
+	mu      sync.Mutex
+	running map[string]*tableRelay // by table name
+	failed  map[string]string      // tables that could not start, and why (logged once per error)
+}
+
+// tableRelay is one table's relay, running until stop.
+type tableRelay struct {
+	r       *relay.Relay
+	metrics *relayprom.Metrics
+	regs    prometheus.Registerer
+	cancel  context.CancelFunc
+	done    chan struct{}
+}
+
+// reconcile starts a relay for each table that matches and has none, and stops the
+// relays of tables gone.
+func (s *tableRelays) reconcile(ctx context.Context) {
+	fctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	tables, err := outboxpgx.FindTables(fctx, s.pool, s.o.tables...)
+	cancel()
+	if err != nil {
+		if ctx.Err() == nil {
+			s.o.logger.Warn("relay: cannot list the outbox tables; trying again at the next rescan", "err", err)
+		}
+		return
+	}
+	want := map[string]outboxdriver.Table{}
+	for _, t := range tables {
+		want[t.String()] = t
+	}
+	s.mu.Lock()
+	var gone []string
+	for name, tr := range s.running {
+		select {
+		case <-tr.done: // ended on its own: started again below if still wanted
+			gone = append(gone, name)
+			continue
+		default:
+		}
+		if _, ok := want[name]; !ok {
+			gone = append(gone, name)
+		}
+	}
+	s.mu.Unlock()
+	for _, name := range gone {
+		s.stop(name)
+	}
+	if len(tables) == 0 {
+		s.o.logger.Warn("relay: no outbox table matches --tables", "tables", patternsString(s.o.tables))
+	}
+	for _, t := range tables {
+		s.mu.Lock()
+		_, ok := s.running[t.String()]
+		s.mu.Unlock()
+		if !ok && ctx.Err() == nil {
+			s.start(ctx, t)
+		}
+	}
+}
+
+// start starts table t's relay; a table that cannot start (its schema unknown to
+// this version, say) is logged and tried again at the next rescan, and the others
+// go on.
+func (s *tableRelays) start(ctx context.Context, t outboxdriver.Table) {
+	logger := s.o.logger.With("table", t.String())
+	fail := func(err error) {
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		if s.failed == nil {
+			s.failed = map[string]string{}
+		}
+		if s.failed[t.String()] != err.Error() {
+			logger.Error("relay: cannot relay this table; trying again at the next rescan", "err", err)
+			s.failed[t.String()] = err.Error()
+		}
+	}
+	drv := outboxpgx.New(s.pool, &t).WithShared(s.shared)
+	m, err := drv.Migrator()
+	if err == nil {
+		err = checkSchema(ctx, m, s.o.allowNewerSchema, logger)
+	}
+	if err != nil {
+		fail(err)
+		return
+	}
+	store, err := drv.Store()
+	if err != nil {
+		fail(err)
+		return
+	}
+	regs := prometheus.WrapRegistererWith(prometheus.Labels{"table": t.String()}, s.reg)
+	metrics, err := relayprom.New(regs, relayprom.NewStatusCache(store, relayprom.StatusCacheIntervalDefault))
+	if err != nil {
+		fail(err)
+		return
+	}
+	cfg := *s.o.cfg // each table its own copy: relay.New fills defaults in
+	cfg.Hooks, cfg.Logger = metrics, logger
+	r, err := relay.New(store, s.pub, &cfg)
+	if err != nil {
+		metrics.Unregister(regs)
+		fail(err)
+		return
+	}
+	rctx, cancel := context.WithCancel(ctx)
+	tr := &tableRelay{r: r, metrics: metrics, regs: regs, cancel: cancel, done: make(chan struct{})}
+	go func() {
+		defer close(tr.done)
+		if err := r.Run(rctx); err != nil && rctx.Err() == nil {
+			logger.Error("relay: stopped; starting it again at the next rescan", "err", err)
+		}
+	}()
+	s.mu.Lock()
+	s.running[t.String()] = tr
+	delete(s.failed, t.String())
+	s.mu.Unlock()
+	logger.Info("relay: relaying table")
+}
+
+// stop stops table name's relay and waits for it.
+func (s *tableRelays) stop(name string) {
+	s.mu.Lock()
+	tr := s.running[name]
+	delete(s.running, name)
+	s.mu.Unlock()
+	if tr == nil {
+		return
+	}
+	tr.cancel()
+	<-tr.done
+	tr.metrics.Unregister(tr.regs)
+	s.o.logger.Info("relay: stopped relaying table", "table", name)
+}
+
+func (s *tableRelays) stopAll() {
+	s.mu.Lock()
+	names := make([]string, 0, len(s.running))
+	for name := range s.running {
+		names = append(names, name)
+	}
+	s.mu.Unlock()
+	var wg sync.WaitGroup
+	for _, name := range names {
+		wg.Add(1)
+		go func() { defer wg.Done(); s.stop(name) }()
+	}
+	wg.Wait()
+}
+
+// serveHTTP serves /metrics, /healthz and /readyz: ready while the database answers
+// and no table's relay finds the broker down; the body says each table's role.
+func (s *tableRelays) serveHTTP(ctx context.Context) (func(), error) {
+	s.reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	mux := http.NewServeMux()
+	mux.Handle("GET /metrics", promhttp.HandlerFor(s.reg, promhttp.HandlerOpts{}))
+	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) { fmt.Fprintln(w, "ok") })
+	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, req *http.Request) {
+		ctx, cancel := context.WithTimeout(req.Context(), 3*time.Second)
+		defer cancel()
+		if err := s.pool.Ping(ctx); err != nil {
+			http.Error(w, "database: "+redact.String(err.Error()), http.StatusServiceUnavailable)
+			return
+		}
+		s.mu.Lock()
+		lines := make([]string, 0, len(s.running))
+		var down []string
+		for name, tr := range s.running {
+			st := tr.r.Stats()
+			role := "standby"
+			if st.Leader {
+				role = "active"
+			}
+			lines = append(lines, name+" "+role)
+			if !st.BrokerDownSince.IsZero() {
+				down = append(down, name)
+			}
+		}
+		s.mu.Unlock()
+		sort.Strings(lines)
+		if len(down) > 0 {
+			sort.Strings(down)
+			http.Error(w, "broker unavailable for "+strings.Join(down, ", "), http.StatusServiceUnavailable)
+			return
+		}
+		fmt.Fprintf(w, "ready (%d tables)\n%s\n", len(lines), strings.Join(lines, "\n"))
+	})
+	return listenAndServe(ctx, s.o.httpAddr, mux, nil, "/metrics, /healthz and /readyz", s.o.logger)
+}
+
