@@ -290,4 +290,3 @@ func (s *tableRelays) serveHTTP(ctx context.Context) (func(), error) {
 	})
 	return listenAndServe(ctx, s.o.httpAddr, mux, nil, "/metrics, /healthz and /readyz", s.o.logger)
 }
-
