@@ -94,6 +94,13 @@ VALUES ($1, 'order', '9', 'T', '{}', 1, now(), 1, 'refused', true)`, id); err !=
 		{[]string{"migrate", "--db", url, "--tables", a + ".nothing_*"}, "no outbox table matches"},
 		{[]string{"migrate", "--db", url, "--tables", a + ".outbox", "--cdc"}, "--cdc takes one table"},
 		{[]string{"dlq", "purge", "--db", url, "--tables", a + ".outbox", "--all"}, "flag provided but not defined: -tables"},
+		{[]string{"relay", "--db", url, "--broker", "stdout:", "--tables", a + ".outbox", "--table", a + ".outbox"}, "--table and --tables"},
+		{[]string{"relay", "--db", url, "--broker", "stdout:", "--tables", a + ".outbox", "--mode", "cdc"}, "--tables relays in poll mode"},
+		{[]string{"relay", "--db", url, "--broker", "stdout:", "--tables", a + ".outbox", "--group"}, "--tables relays in poll mode"},
+		{[]string{"relay", "--db", url, "--broker", "stdout:", "--tables", a + ".outbox", "--max-conns", "2"}, "at least 3"},
+		{[]string{"relay", "--db", url, "--broker", "stdout:", "--max-conns", "5"}, "go with --tables"},
+		{[]string{"relay", "--db", url, "--broker", "stdout:", "--tables", "a,,b"}, "empty table"},
+		{[]string{"relay", "--db", "sqlite://" + t.TempDir() + "/x.db", "--broker", "stdout:", "--tables", "outbox"}, "--tables needs PostgreSQL"},
 		{[]string{"status", "--db", "sqlite://" + t.TempDir() + "/x.db", "--tables", "outbox"}, "--tables needs PostgreSQL"},
 	} {
 		_, stderr, code := runCLI(t, nil, tc.args...)
