@@ -46,7 +46,7 @@ import (
 
 func main() {
 	if len(os.Args) < 2 {
-		fmt.Fprintln(os.Stderr, "usage: bench compare|drain|produce|notify|latency|slowkey|replay [flags]")
+		fmt.Fprintln(os.Stderr, "usage: bench compare|drain|produce|notify|latency|slowkey|replay|tables [flags]")
 		os.Exit(2)
 	}
 	dbURL := env("TEST_DATABASE_URL", testenv.DatabaseURLDefault)
@@ -67,6 +67,8 @@ func main() {
 		err = slowKey(dbURL, os.Args[2:])
 	case "replay":
 		err = replayBeside(dbURL, os.Args[2:])
+	case "tables":
+		err = tablesBench(dbURL, natsURL, os.Args[2:])
 	case "wm-forwarder":
 		err = wmForwarder(os.Args[2:])
 

@@ -48,7 +48,7 @@ func runRelay(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 }
 
 // tablesPollIntervalDefault is --poll-interval's default with --tables.
-const tablesPollIntervalDefault = 10 * time.Second
+const tablesPollIntervalDefault = 30 * time.Second
 
 // relayOptions are the relay command's settings, validated.
 type relayOptions struct {
@@ -179,8 +179,9 @@ func parseRelayFlags(args []string, stderr io.Writer) (*relayOptions, error) {
 		}
 		if !flagSet(fs, "poll-interval") {
 			// Each table's relay wakes on its writers' notifications (one session
-			// listens for all); its poll, only a backstop, is rarer than a single
-			// table's, so that idle tables cost little.
+			// listens for all) and when one statement a second finds its table has
+			// work; its own poll is only a last backstop, rare so that idle tables
+			// cost little.
 			*poll = tablesPollIntervalDefault
 		}
 	} else if flagSet(fs, "max-conns") || flagSet(fs, "tables-rescan") {

@@ -68,6 +68,10 @@ func runRelayTables(ctx context.Context, o *relayOptions) error {
 	for _, w := range plaintextWarnings(o.dsn, o.brokerURL) {
 		logger.Warn(w)
 	}
+	wctx, stopWake := context.WithCancel(ctx)
+	wakeDone := make(chan struct{})
+	go func() { defer close(wakeDone); set.wakePending(wctx) }()
+	defer func() { stopWake(); <-wakeDone }()
 	t := time.NewTicker(o.tablesRescan)
 	defer t.Stop()
 	for {
@@ -109,6 +113,7 @@ type tableRelays struct {
 
 // tableRelay is one table's relay, running until stop.
 type tableRelay struct {
+	table   outboxdriver.Table
 	r       *relay.Relay
 	metrics *relayprom.Metrics
 	regs    prometheus.Registerer
@@ -162,6 +167,47 @@ func (s *tableRelays) reconcile(ctx context.Context) {
 	}
 }
 
+// tablesWakeEvery is how often one statement asks which tables hold unpublished
+// rows, and wakes their relays.
+const tablesWakeEvery = time.Second
+
+// wakePending wakes, every tablesWakeEvery until ctx ends, the relays of the tables
+// that hold unpublished rows: the one path that tells the relays which tables have
+// work besides their writers' notifications, which a writer coalesces (one per
+// 50 ms) and a long transaction can outlive. Each relay's own poll is then only a
+// rare backstop, and idle tables cost one probe each per statement.
+func (s *tableRelays) wakePending(ctx context.Context) {
+	t := time.NewTicker(tablesWakeEvery)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		s.mu.Lock()
+		tables := make([]outboxdriver.Table, 0, len(s.running))
+		for _, tr := range s.running {
+			tables = append(tables, tr.table)
+		}
+		s.mu.Unlock()
+		qctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		pending, err := outboxpgx.PendingTables(qctx, s.pool, tables...)
+		cancel()
+		if err != nil {
+			// A table dropped since the last rescan fails the statement: the rescan
+			// lets it go; until then the relays' own polls cover.
+			if ctx.Err() == nil {
+				s.o.logger.Debug("relay: cannot ask which tables have work", "err", err)
+			}
+			continue
+		}
+		for _, tb := range pending {
+			s.shared.Wake(tb)
+		}
+	}
+}
+
 // start starts table t's relay; a table that cannot start (its schema unknown to
 // this version, say) is logged and tried again at the next rescan, and the others
 // go on.
@@ -207,7 +253,7 @@ func (s *tableRelays) start(ctx context.Context, t outboxdriver.Table) {
 		return
 	}
 	rctx, cancel := context.WithCancel(ctx)
-	tr := &tableRelay{r: r, metrics: metrics, regs: regs, cancel: cancel, done: make(chan struct{})}
+	tr := &tableRelay{table: t, r: r, metrics: metrics, regs: regs, cancel: cancel, done: make(chan struct{})}
 	go func() {
 		defer close(tr.done)
 		if err := r.Run(rctx); err != nil && rctx.Err() == nil {

@@ -229,3 +229,17 @@ func (c *conn) Close() error {
 func FindTables(ctx context.Context, pool *pgxpool.Pool, patterns ...outboxdriver.TablePattern) ([]outboxdriver.Table, error) {
 	return pgsql.FindTables(ctx, db{pool}, patterns)
 }
+
+// PendingTables returns those of tables that hold an unpublished row (due, or waiting
+// for a retry), asked in one statement however many tables there are.
+func PendingTables(ctx context.Context, pool *pgxpool.Pool, tables ...outboxdriver.Table) ([]outboxdriver.Table, error) {
+	idx, err := pgsql.PendingTables(ctx, db{pool}, tables)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]outboxdriver.Table, len(idx))
+	for i, k := range idx {
+		out[i] = tables[k]
+	}
+	return out, nil
+}

@@ -291,17 +291,21 @@ func (s *Shared) listenFunc(channel string) func(ctx context.Context) (outboxdri
 	return func(ctx context.Context) (outboxdriver.Listener, error) {
 		sub := &subscription{s: s, channel: channel, ch: make(chan struct{}, 1), ready: make(chan struct{})}
 		s.wmu.Lock()
-		set, known := s.subs[channel]
-		if !known {
+		set := s.subs[channel]
+		if set == nil {
 			set = map[*subscription]struct{}{}
 			s.subs[channel] = set
 		}
 		set[sub] = struct{}{}
-		if s.listening[channel] {
+		// A channel the session listens to already needs nothing more (a relay
+		// listens again every LeaderTimeout: restarting the session for it would
+		// lose every table's notifications meanwhile).
+		listening := s.listening[channel]
+		if listening {
 			sub.markReady()
 		}
 		s.wmu.Unlock()
-		if !known {
+		if !listening {
 			select {
 			case s.restart <- struct{}{}:
 			default:
@@ -340,6 +344,21 @@ func (l *subscription) Close(context.Context) error {
 		}
 	}
 	return nil
+}
+
+// Wake wakes the relays of table on these sessions as a notification would: for a
+// caller that found the table has work by other means (PendingTables), a write
+// whose notification was coalesced away, say.
+func (s *Shared) Wake(table outboxdriver.Table) {
+	channel := pgsql.ChannelOf(table)
+	s.wmu.Lock()
+	defer s.wmu.Unlock()
+	for sub := range s.subs[channel] {
+		select {
+		case sub.ch <- struct{}{}:
+		default:
+		}
+	}
 }
 
 // sharedListenIdle is how long the wake-up session may stay silent before it is

@@ -6,6 +6,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/outboxd/outbox"
 	"github.com/outboxd/outbox/internal/testenv"
 	"github.com/outboxd/outbox/outboxdriver"
 	"github.com/outboxd/outbox/outboxdriver/outboxpgx"
@@ -76,4 +77,55 @@ func TestFindTables(t *testing.T) {
 func sortedNames(names ...string) []string {
 	slices.Sort(names)
 	return names
+}
+
+// TestPendingTables: one statement names the tables that hold an unpublished row,
+// and none once every row is published.
+func TestPendingTables(t *testing.T) {
+	url := testenv.DatabaseURL(t)
+	pool := testenv.Pool(t, url)
+	ctx := context.Background()
+	var tables []outboxdriver.Table
+	for range 3 {
+		tb := outboxdriver.Table{Schema: testenv.Schema(t, url), Name: "outbox"}
+		m, err := outboxpgx.New(pool, &tb).Migrator()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := m.Migrate(ctx); err != nil {
+			t.Fatal(err)
+		}
+		tables = append(tables, tb.WithDefaults())
+	}
+	pending := func() []string {
+		t.Helper()
+		got, err := outboxpgx.PendingTables(ctx, pool, tables...)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var names []string
+		for _, tb := range got {
+			names = append(names, tb.String())
+		}
+		return names
+	}
+	if got := pending(); len(got) != 0 {
+		t.Fatalf("pending with no rows: %v", got)
+	}
+	w, err := outbox.NewWriter(outboxpgx.New(pool, &tables[1]), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := w.Write(ctx, outbox.Event{AggregateType: "a", AggregateID: "1", Type: "T", Payload: []byte(`{}`)}); err != nil {
+		t.Fatal(err)
+	}
+	if got := pending(); !slices.Equal(got, []string{tables[1].String()}) {
+		t.Fatalf("pending: %v, want %s", got, tables[1])
+	}
+	if _, err := pool.Exec(ctx, "UPDATE "+tables[1].Schema+".outbox SET published_at = now()"); err != nil {
+		t.Fatal(err)
+	}
+	if got := pending(); len(got) != 0 {
+		t.Fatalf("pending once published: %v", got)
+	}
 }

@@ -52,7 +52,7 @@ func NewStatements(t outboxdriver.Table) (*Statements, error) {
 	s := &Statements{table: t, qualified: q}
 	// A channel name is an identifier: at most 63 bytes, or NOTIFY fails (and with it
 	// the writer's transaction) while LISTEN silently truncates.
-	s.channelRaw = outboxdriver.DerivedName("outbox."+t.String(), "")
+	s.channelRaw = ChannelOf(t)
 	s.channel = pgx.Identifier{s.channelRaw}.Sanitize()
 	h := fnv.New64a()
 	h.Write([]byte("outbox relay leadership " + t.String()))
@@ -160,6 +160,11 @@ func (s *Statements) Channel() string { return s.channelRaw }
 
 // ListenSQL is the LISTEN statement.
 func (s *Statements) ListenSQL() string { return "LISTEN " + s.channel }
+
+// ChannelOf is table t's LISTEN/NOTIFY channel, unquoted.
+func ChannelOf(t outboxdriver.Table) string {
+	return outboxdriver.DerivedName("outbox."+t.String(), "")
+}
 
 // InterpretError translates PostgreSQL errors to the outboxdriver sentinels. It is the
 // one place that knows SQLSTATE codes.

@@ -2,6 +2,10 @@ package pgsql
 
 import (
 	"context"
+	"fmt"
+	"strings"
+
+	"github.com/jackc/pgx/v5"
 
 	"github.com/outboxd/outbox/outboxdriver"
 )
@@ -45,4 +49,37 @@ func FindTables(ctx context.Context, q Querier, patterns []outboxdriver.TablePat
 		out = append(out, t)
 	}
 	return out, nil
+}
+
+// PendingTables returns the indexes of tables that hold an unpublished row (due or
+// waiting for a retry), in one statement however many tables: a relay of many
+// tables asks it every second or so instead of polling each table.
+func PendingTables(ctx context.Context, q Querier, tables []outboxdriver.Table) ([]int, error) {
+	if len(tables) == 0 {
+		return nil, nil
+	}
+	var b strings.Builder
+	for i, t := range tables {
+		if err := t.Validate(); err != nil {
+			return nil, err
+		}
+		if i > 0 {
+			b.WriteString("\nUNION ALL ")
+		}
+		fmt.Fprintf(&b, "SELECT %d WHERE EXISTS (SELECT 1 FROM %s WHERE published_at IS NULL)", i, pgx.Identifier{t.Schema, t.Name}.Sanitize())
+	}
+	rows, err := q.Query(ctx, b.String())
+	if err != nil {
+		return nil, InterpretError(err)
+	}
+	defer rows.Close()
+	var out []int
+	for rows.Next() {
+		var i int
+		if err := rows.Scan(&i); err != nil {
+			return nil, err
+		}
+		out = append(out, i)
+	}
+	return out, InterpretError(rows.Err())
 }
