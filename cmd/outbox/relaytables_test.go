@@ -85,13 +85,18 @@ func TestRelayTables(t *testing.T) {
 		write(tC, 60)
 		conns()
 	}
-	var got []broker.Message
-	testenv.WaitTell(t, ctx, "900 events on NATS", func() bool {
-		conns()
-		got = natsReadAvailable(t, nats, 900)
-		return len(got) >= 900
-	}, p.output)
-	checkOrder(t, want, got)
+	// arrived waits for n events on NATS and checks each aggregate's order.
+	arrived := func(n int) {
+		t.Helper()
+		var got []broker.Message
+		testenv.WaitTell(t, ctx, fmt.Sprintf("%d events on NATS", n), func() bool {
+			conns()
+			got = natsReadAvailable(t, nats, n)
+			return len(got) >= n
+		}, p.output)
+		checkOrder(t, want, got)
+	}
+	arrived(900)
 
 	// A table created while it runs, matching the pattern, is relayed.
 	d := schema("d")
@@ -99,12 +104,7 @@ func TestRelayTables(t *testing.T) {
 		t.Fatalf("migrate: %s", stderr)
 	}
 	write(outboxdriver.Table{Schema: d, Name: "outbox"}, 50)
-	testenv.WaitTell(t, ctx, "950 events on NATS", func() bool {
-		conns()
-		got = natsReadAvailable(t, nats, 950)
-		return len(got) >= 950
-	}, p.output)
-	checkOrder(t, want, got)
+	arrived(950)
 
 	get := func(path string) string {
 		resp, err := http.Get("http://" + addr + path)
