@@ -227,3 +227,75 @@ func tableOf(t *testing.T, pool *pgxpool.Pool, tables []outboxdriver.Table, id s
 	t.Fatalf("event %s is in no table", id)
 	return ""
 }
+
+// TestRelayTablesGroup: three --tables processes in --group mode share the partitions
+// of two tables (each table's partitions leased among them, as a group of that table
+// alone would) while producers write to both; one is killed. Nothing is lost and
+// each table keeps its order per aggregate.
+func TestRelayTablesGroup(t *testing.T) {
+	t.Parallel()
+	url := testenv.DatabaseURL(t)
+	pool := testenv.Pool(t, url)
+	ctx := context.Background()
+	prefix := testenv.UniqueName("mg")
+	var tables []outboxdriver.Table
+	for i := range 2 {
+		schema := fmt.Sprintf("%s_%d", prefix, i)
+		if _, err := pool.Exec(ctx, "CREATE SCHEMA "+schema); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _, _ = pool.Exec(context.Background(), "DROP SCHEMA IF EXISTS "+schema+" CASCADE") })
+		tables = append(tables, migrateSchema(t, url, schema, "outbox"))
+	}
+	ns := newNATSScope(t)
+	args := func(id string) []string {
+		return []string{"--db", url, "--tables", prefix + "_*.outbox", "--broker", ns.url, "--topic-template", ns.template(),
+			"--group", "--relay-id", id, "--partition-lease", "2s", "--batch-size", "20", "--poll-interval", "200ms"}
+	}
+	relays := map[string]*proc{}
+	for _, id := range []string{"r1", "r2", "r3"} {
+		relays[id] = startRelayProc(t, nil, args(id)...)
+	}
+	want := map[string][]string{}
+	writers := make([]*outbox.Writer[pgx.Tx], len(tables))
+	for i := range tables {
+		w, err := outbox.NewWriter(outboxpgx.New(pool, &tables[i]), nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		writers[i] = w
+	}
+	const n = 1200
+	for i := 0; i < n; i += 10 {
+		k := (i / 10) % len(tables)
+		evs := make([]outbox.Event, 0, 10)
+		for j := i; j < i+10; j++ {
+			evs = append(evs, outbox.Event{AggregateType: "order", AggregateID: fmt.Sprintf("%s-agg-%d", tables[k].Schema, j%20), Type: "Step",
+				Payload: []byte(fmt.Sprintf(`{"seq":%d}`, j))})
+		}
+		if err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error { return writers[k].WriteTx(ctx, tx, evs...) }); err != nil {
+			t.Fatal(err)
+		}
+		for _, ev := range evs {
+			want[ev.AggregateID] = append(want[ev.AggregateID], ev.ID)
+		}
+		if i == n/3 {
+			_ = relays["r1"].cmd.Process.Kill() // its partitions of both tables move after its lease
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	for _, table := range tables {
+		waitUnpublished(t, pool, table, 0, 60*time.Second)
+	}
+	checkOrder(t, want, ns.read(t, n))
+	// Each table's partitions were leased by the group's members.
+	for _, table := range tables {
+		var owners int
+		if err := pool.QueryRow(ctx, "SELECT count(DISTINCT owner) FROM "+pgx.Identifier{table.Schema, table.Name + "_leases"}.Sanitize()).Scan(&owners); err != nil {
+			t.Fatal(err)
+		}
+		if owners < 2 {
+			t.Errorf("%s: its partitions are leased by %d relays, want the group's", table, owners)
+		}
+	}
+}

@@ -96,7 +96,6 @@ VALUES ($1, 'order', '9', 'T', '{}', 1, now(), 1, 'refused', true)`, id); err !=
 		{[]string{"dlq", "purge", "--db", url, "--tables", a + ".outbox", "--all"}, "flag provided but not defined: -tables"},
 		{[]string{"relay", "--db", url, "--broker", "stdout:", "--tables", a + ".outbox", "--table", a + ".outbox"}, "--table and --tables"},
 		{[]string{"relay", "--db", url, "--broker", "stdout:", "--tables", a + ".outbox", "--mode", "cdc"}, "--tables relays in poll mode"},
-		{[]string{"relay", "--db", url, "--broker", "stdout:", "--tables", a + ".outbox", "--group"}, "--tables relays in poll mode"},
 		{[]string{"relay", "--db", url, "--broker", "stdout:", "--tables", a + ".outbox", "--max-conns", "2"}, "at least 3"},
 		{[]string{"relay", "--db", url, "--broker", "stdout:", "--max-conns", "5"}, "go with --tables"},
 		{[]string{"relay", "--db", url, "--broker", "stdout:", "--tables", "a,,b"}, "empty table"},
