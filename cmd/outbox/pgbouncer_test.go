@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/outboxd/outbox/internal/testenv"
+	"github.com/outboxd/outbox/outboxdriver"
 )
 
 // startPgBouncer runs Debian's pgbouncer in front of the machine's PostgreSQL with two
@@ -132,5 +133,32 @@ func TestPgBouncer(t *testing.T) {
 		if !strings.Contains(p.output(), want["agg-0"][0]) {
 			t.Fatalf("%s: the first event is missing:\n%s", tc.name, p.output())
 		}
+	}
+
+	// Many tables through transaction pooling: refused without --leader-db, relayed
+	// with it (the shared sessions on the direct URL, the claims through the pooler).
+	prefix := testenv.UniqueName("pb")
+	var tables []outboxdriver.Table
+	for i := range 2 {
+		schema := fmt.Sprintf("%s_%d", prefix, i)
+		if _, err := pool.Exec(context.Background(), "CREATE SCHEMA "+schema); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _, _ = pool.Exec(context.Background(), "DROP SCHEMA IF EXISTS "+schema+" CASCADE") })
+		tables = append(tables, migrateSchema(t, url, schema, "outbox"))
+	}
+	_, stderr, code = runCLI(t, nil, "relay", "--db", tx, "--tables", prefix+"_*.outbox", "--broker", "stdout:", "--http", "")
+	if code != 2 || !strings.Contains(stderr, "transaction-pooling proxy") || !strings.Contains(stderr, "--leader-db") {
+		t.Fatalf("relay --tables through transaction pooling: exit %d\n%s", code, stderr)
+	}
+	p := startRelayProc(t, nil, "--db", tx, "--leader-db", url, "--tables", prefix+"_*.outbox", "--broker", "stdout:", "--log-level", "error", "--http", "")
+	for _, table := range tables {
+		writeEvents(t, pool, table, 3, 30)
+	}
+	for _, table := range tables {
+		waitUnpublished(t, pool, table, 0, 30*time.Second)
+	}
+	if n := strings.Count(p.output(), "\n"); n < 60 {
+		t.Fatalf("--tables through the pooler: %d lines, want the 60 events:\n%s", n, p.output())
 	}
 }

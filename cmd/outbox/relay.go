@@ -164,8 +164,8 @@ func parseRelayFlags(args []string, stderr io.Writer) (*relayOptions, error) {
 			return nil, usageErr("--table and --tables: give one of them")
 		case !isPG:
 			return nil, usageErr("--tables needs PostgreSQL (--db postgres://...)")
-		case *mode != "poll" || *leaderDSN != "":
-			return nil, usageErr("--tables relays in poll mode, on sessions of its own: not with --mode cdc or --leader-db (yet)")
+		case *mode != "poll":
+			return nil, usageErr("--tables relays in poll mode: not with --mode cdc (yet)")
 		case len(routerOpts) > 0 || *format != "outbox":
 			return nil, usageErr("--tables sends outbox's own wire format: not with Debezium router options (--config) or --format cloudevents (yet)")
 		case *maxConns != 0 && *maxConns < 3:

@@ -30,17 +30,15 @@ import (
 // Tables created or dropped are found every --tables-rescan.
 func runRelayTables(ctx context.Context, o *relayOptions) error {
 	logger := o.logger
-	pool, err := openTablesPool(ctx, o)
+	pool, sessions, err := openTablesPools(ctx, o)
 	if err != nil {
 		return err
 	}
 	defer pool.Close()
-	if pooled, err := transactionPooled(ctx, pool); err != nil {
-		return fmt.Errorf("database %s: %w", redact.URL(o.dsn), err)
-	} else if pooled {
-		return usageErr("--db %s goes through a transaction-pooling proxy (PgBouncer's pool_mode = transaction): --tables needs sessions of its own; give a direct URL or use session pooling (docs/operations.md)", redact.URL(o.dsn))
+	if sessions != pool {
+		defer sessions.Close()
 	}
-	shared := outboxpgx.NewShared(pool)
+	shared := outboxpgx.NewShared(sessions)
 	defer shared.Close()
 	o.broker.logger = logger
 	pub, err := openBroker(ctx, o.brokerURL, o.broker)
@@ -85,17 +83,57 @@ func runRelayTables(ctx context.Context, o *relayOptions) error {
 	}
 }
 
-// openTablesPool opens the pool every table's relay shares, capped at --max-conns.
-func openTablesPool(ctx context.Context, o *relayOptions) (*pgxpool.Pool, error) {
+// openTablesPools opens the pool every table's relay claims through, capped at
+// --max-conns, and the pool the shared sessions (the leadership locks, LISTEN) come
+// from: the same one, or with --leader-db a direct one of two connections, when
+// --db goes through a transaction-pooling proxy.
+func openTablesPools(ctx context.Context, o *relayOptions) (pool, sessions *pgxpool.Pool, err error) {
 	dsn := o.dsn
 	if o.maxConns > 0 {
-		sep := "?"
-		if strings.Contains(dsn, "?") {
-			sep = "&"
+		if strings.Contains(dsn, "pool_max_conns=") {
+			return nil, nil, usageErr("--max-conns and the --db URL's pool_max_conns: give one of them")
 		}
-		dsn += fmt.Sprintf("%spool_max_conns=%d", sep, o.maxConns)
+		dsn = withParam(dsn, "pool_max_conns", fmt.Sprint(o.maxConns))
 	}
-	return openPool(ctx, "--db", dsn, false)
+	if pool, err = openPool(ctx, "--db", dsn, o.leaderDSN != ""); err != nil {
+		return nil, nil, err
+	}
+	pooled, err := transactionPooled(ctx, pool)
+	switch {
+	case err != nil:
+		pool.Close()
+		return nil, nil, fmt.Errorf("database %s: %w", redact.URL(o.dsn), err)
+	case pooled && o.leaderDSN == "":
+		pool.Close()
+		return nil, nil, usageErr("--db %s goes through a transaction-pooling proxy (PgBouncer's pool_mode = transaction): the relays' leadership locks and LISTEN need sessions of their own; give --leader-db a direct URL to PostgreSQL, or use session pooling (docs/operations.md)", redact.URL(o.dsn))
+	case o.leaderDSN == "":
+		return pool, pool, nil
+	}
+	if sessions, err = openPool(ctx, "--leader-db", withParam(o.leaderDSN, "pool_max_conns", "2"), false); err != nil {
+		pool.Close()
+		return nil, nil, err
+	}
+	if pooled, err := transactionPooled(ctx, sessions); err != nil || pooled {
+		pool.Close()
+		sessions.Close()
+		if err != nil {
+			return nil, nil, fmt.Errorf("database %s: %w", redact.URL(o.leaderDSN), err)
+		}
+		return nil, nil, usageErr("--leader-db %s goes through a transaction-pooling proxy too: give it a direct URL to PostgreSQL", redact.URL(o.leaderDSN))
+	}
+	return pool, sessions, nil
+}
+
+// withParam adds name=value to a URL's query, unless the URL sets name already.
+func withParam(dsn, name, value string) string {
+	if strings.Contains(dsn, name+"=") {
+		return dsn
+	}
+	sep := "?"
+	if strings.Contains(dsn, "?") {
+		sep = "&"
+	}
+	return dsn + sep + name + "=" + value
 }
 
 // tableRelays are the relays of the tables --tables matches.
