@@ -11,6 +11,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/outboxd/outbox/broker"
@@ -70,6 +71,9 @@ type relayOptions struct {
 	tables       []outboxdriver.TablePattern
 	tablesRescan time.Duration
 	maxConns     int
+	// routerFor builds a table's router with --tables (nil: outbox's own format):
+	// CloudEvents' source and Debezium's columns are the table's own.
+	routerFor func(ctx context.Context, pool *pgxpool.Pool, t outboxdriver.Table) (relay.Router, error)
 }
 
 // parseRelayFlags reads the flags, the config file and OUTBOX_* variables into
@@ -166,8 +170,6 @@ func parseRelayFlags(args []string, stderr io.Writer) (*relayOptions, error) {
 			return nil, usageErr("--tables needs PostgreSQL (--db postgres://...)")
 		case *mode != "poll":
 			return nil, usageErr("--tables relays in poll mode: not with --mode cdc (yet)")
-		case len(routerOpts) > 0 || *format != "outbox":
-			return nil, usageErr("--tables sends outbox's own wire format: not with Debezium router options (--config) or --format cloudevents (yet)")
 		case *maxConns != 0 && *maxConns < 3:
 			return nil, usageErr("--max-conns %d: want at least 3 (the leadership session, the wake-up session and one for claims)", *maxConns)
 		case *tablesRescan < time.Second:
@@ -255,6 +257,27 @@ func parseRelayFlags(args []string, stderr io.Writer) (*relayOptions, error) {
 		}
 		cfg.Router = router
 	}
+	var routerFor func(ctx context.Context, pool *pgxpool.Pool, t outboxdriver.Table) (relay.Router, error)
+	if tables != nil && cfg.Router != nil {
+		// Built above for --table's default, to refuse bad options before
+		// connecting; each table gets its own.
+		cfg.Router = nil
+		routerFor = func(ctx context.Context, pool *pgxpool.Pool, t outboxdriver.Table) (relay.Router, error) {
+			if len(routerOpts) == 0 {
+				tmpl, err := broker.ParseTemplate(*topic)
+				if err != nil {
+					return nil, err
+				}
+				return cloudevents.New(&cloudevents.Config{Mode: cloudevents.Mode(*ceMode), Binding: cloudEventsBinding(scheme),
+					Source: *ceSource, Table: t, Topic: tmpl})
+			}
+			cols, err := pgColumns(ctx, pool, t)
+			if err != nil {
+				return nil, err
+			}
+			return debezium.New(&debezium.Config{Options: routerOpts, Table: t, TableColumns: cols})
+		}
+	}
 	if *del {
 		if c := outboxdriver.Completion(*completion); c != outboxdriver.CompleteMark && c != outboxdriver.CompleteDelete {
 			return nil, usageErr("--delete and --completion %s contradict each other", c)
@@ -267,7 +290,7 @@ func parseRelayFlags(args []string, stderr io.Writer) (*relayOptions, error) {
 	return &relayOptions{dsn: *dsn, leaderDSN: *leaderDSN, brokerURL: *brokerURL, mode: *mode, configPath: *configPath, table: table, cfg: cfg,
 		cdc: cdcCfg, broker: *bo, routerOpts: routerOpts, leaseTTL: *leaseTTL, httpAddr: *httpAddr, uiToken: *uiToken,
 		ui: *ui, uiHosts: uiHosts, allowNewerSchema: *allowNewer, logger: logger,
-		tables: tables, tablesRescan: *tablesRescan, maxConns: *maxConns}, nil
+		tables: tables, tablesRescan: *tablesRescan, maxConns: *maxConns, routerFor: routerFor}, nil
 }
 
 // relayService is a built relay and what it holds open.

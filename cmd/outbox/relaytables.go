@@ -284,6 +284,13 @@ func (s *tableRelays) start(ctx context.Context, t outboxdriver.Table) {
 	}
 	cfg := *s.o.cfg // each table its own copy: relay.New fills defaults in
 	cfg.Hooks, cfg.Logger = metrics, logger
+	if s.o.routerFor != nil {
+		if cfg.Router, err = s.o.routerFor(ctx, s.pool, t); err != nil {
+			metrics.Unregister(regs)
+			fail(err)
+			return
+		}
+	}
 	r, err := relay.New(store, s.pub, &cfg)
 	if err != nil {
 		metrics.Unregister(regs)

@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"os"
+	"path/filepath"
 	"strings"
 	"syscall"
 	"testing"
@@ -296,6 +298,69 @@ func TestRelayTablesGroup(t *testing.T) {
 		}
 		if owners < 2 {
 			t.Errorf("%s: its partitions are leased by %d relays, want the group's", table, owners)
+		}
+	}
+}
+
+// TestRelayTablesRouters: with --tables, a router is each table's own: CloudEvents
+// name the event's table in their source, and Debezium's router reads each table's
+// own extra columns.
+func TestRelayTablesRouters(t *testing.T) {
+	t.Parallel()
+	url := testenv.DatabaseURL(t)
+	pool := testenv.Pool(t, url)
+	ctx := context.Background()
+	prefix := testenv.UniqueName("mr")
+	var tables []outboxdriver.Table
+	for i := range 2 {
+		schema := fmt.Sprintf("%s_%d", prefix, i)
+		if _, err := pool.Exec(ctx, "CREATE SCHEMA "+schema); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _, _ = pool.Exec(context.Background(), "DROP SCHEMA IF EXISTS "+schema+" CASCADE") })
+		tables = append(tables, migrateSchema(t, url, schema, "outbox"))
+	}
+	p := startRelayProc(t, nil, "--db", url, "--tables", prefix+"_*.outbox", "--broker", "stdout:", "--log-level", "error",
+		"--format", "cloudevents", "--cloudevents-mode", "structured")
+	for _, table := range tables {
+		writeEvents(t, pool, table, 2, 10)
+	}
+	for _, table := range tables {
+		waitUnpublished(t, pool, table, 0, 30*time.Second)
+	}
+	out := p.output()
+	for _, table := range tables {
+		if n := strings.Count(out, `"source":"/outbox/`+table.String()+`"`); n != 10 {
+			t.Errorf("%s: %d events with its source, want 10:\n%s", table, n, out)
+		}
+	}
+
+	_ = p.cmd.Process.Signal(syscall.SIGTERM)
+	<-p.done
+
+	// Debezium's router, placing a column each table has (with its own default) in a
+	// header.
+	for i, table := range tables {
+		if _, err := pool.Exec(ctx, fmt.Sprintf("ALTER TABLE %s ADD COLUMN tenant text NOT NULL DEFAULT 'tenant-%d'",
+			pgx.Identifier{table.Schema, table.Name}.Sanitize(), i)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	config := filepath.Join(t.TempDir(), "router.properties")
+	if err := os.WriteFile(config, []byte("table.fields.additional.placement=tenant:header\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	p = startRelayProc(t, nil, "--db", url, "--tables", prefix+"_*.outbox", "--broker", "stdout:", "--log-level", "error", "--config", config)
+	for _, table := range tables {
+		writeEvents(t, pool, table, 2, 10)
+	}
+	for _, table := range tables {
+		waitUnpublished(t, pool, table, 0, 30*time.Second)
+	}
+	out = p.output()
+	for i := range tables {
+		if n := strings.Count(out, fmt.Sprintf(`"tenant":"tenant-%d"`, i)); n != 10 {
+			t.Errorf("tenant-%d: %d events with its header, want 10:\n%s", i, n, out)
 		}
 	}
 }
