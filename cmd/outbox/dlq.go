@@ -15,7 +15,6 @@ import (
 
 	"github.com/outboxd/outbox/internal/safetext"
 	"github.com/outboxd/outbox/outboxdriver"
-	"github.com/outboxd/outbox/outboxdriver/outboxpgx"
 )
 
 func runDLQ(ctx context.Context, args []string, stdout, stderr io.Writer) error {
@@ -104,7 +103,7 @@ func runDLQ(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 		if err != nil {
 			return err
 		}
-		defer many.pool.Close()
+		defer many.close()
 		return listDeadTables(ctx, many, &f, asJSON, stdout)
 	}
 	db, table, err := openTable(ctx, *dsn, *tableName)
@@ -161,7 +160,7 @@ func listDeadTables(ctx context.Context, many *manyTables, f *outboxdriver.DeadF
 	}
 	var all []tableDead
 	for _, t := range tables {
-		store, err := outboxpgx.New(many.pool, &t).Store()
+		store, _, err := many.driver(t)
 		if err != nil {
 			return err
 		}

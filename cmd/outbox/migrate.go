@@ -39,7 +39,7 @@ func runMigrate(ctx context.Context, args []string, stdout, stderr io.Writer) er
 		if err != nil {
 			return err
 		}
-		defer many.pool.Close()
+		defer many.close()
 		return migrateTables(ctx, many, func(t *outboxdriver.Table) {
 			t.Payload, t.Partitioned, t.Partitions = outboxdriver.PayloadType(*payload), *partitioned, *partitions
 		}, stdout)
@@ -140,7 +140,7 @@ func migrateTables(ctx context.Context, many *manyTables, set func(*outboxdriver
 			err = fmt.Errorf("%s: %w", t, err)
 		} else {
 			var m outboxdriver.Migrator
-			if m, err = outboxpgx.New(many.pool, &t).Migrator(); err == nil {
+			if _, m, err = many.driver(t); err == nil {
 				err = migrateOne(ctx, m, t, stdout)
 			}
 		}

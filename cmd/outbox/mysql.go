@@ -34,12 +34,28 @@ func mysqlDSN(raw string) (string, error) {
 }
 
 func openMySQL(ctx context.Context, raw string, table outboxdriver.Table) (*database, error) {
-	dsn, err := mysqlDSN(raw)
+	if table.Schema == outboxdriver.DefaultSchema {
+		table.Schema = "" // the database of the URL
+	}
+	db, err := openMySQLDB(ctx, raw)
 	if err != nil {
 		return nil, err
 	}
-	if table.Schema == outboxdriver.DefaultSchema {
-		table.Schema = "" // the database of the URL
+	drv := outboxmysql.New(db, &table)
+	if err := drv.Err(); err != nil {
+		_ = db.Close()
+		return nil, usageErr("--table: %v", err)
+	}
+	store, _ := drv.Store()
+	m, _ := drv.Migrator()
+	return &database{store: store, migrator: m, close: func() { _ = db.Close() }}, nil
+}
+
+// openMySQLDB opens and pings the MySQL database at the mysql:// URL raw.
+func openMySQLDB(ctx context.Context, raw string) (*sql.DB, error) {
+	dsn, err := mysqlDSN(raw)
+	if err != nil {
+		return nil, err
 	}
 	db, err := sql.Open("mysql", dsn)
 	if err != nil {
@@ -51,12 +67,5 @@ func openMySQL(ctx context.Context, raw string, table outboxdriver.Table) (*data
 		_ = db.Close()
 		return nil, fmt.Errorf("cannot reach the database %s: %w", redact.URL(raw), err)
 	}
-	drv := outboxmysql.New(db, &table)
-	if err := drv.Err(); err != nil {
-		_ = db.Close()
-		return nil, usageErr("--table: %v", err)
-	}
-	store, _ := drv.Store()
-	m, _ := drv.Migrator()
-	return &database{store: store, migrator: m, close: func() { _ = db.Close() }}, nil
+	return db, nil
 }

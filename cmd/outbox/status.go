@@ -24,7 +24,7 @@ func runStatus(ctx context.Context, args []string, stdout, stderr io.Writer) err
 		if err != nil {
 			return err
 		}
-		defer many.pool.Close()
+		defer many.close()
 		return tablesOverview(ctx, many, *asJSON, stdout)
 	}
 	db, table, err := openTable(ctx, *dsn, *tableName)

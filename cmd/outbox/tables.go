@@ -9,15 +9,14 @@ import (
 	"text/tabwriter"
 	"time"
 
-	"github.com/jackc/pgx/v5/pgxpool"
-
 	"github.com/outboxd/outbox/internal/redact"
 	"github.com/outboxd/outbox/outboxdriver"
+	"github.com/outboxd/outbox/outboxdriver/outboxmysql"
 	"github.com/outboxd/outbox/outboxdriver/outboxpgx"
 )
 
 // tablesFlagHelp is the --tables help of every command that takes it.
-const tablesFlagHelp = "PostgreSQL: many outbox tables instead of --table, a comma-separated list of [schema.]name, where * stands for any characters (tenant_*.outbox)"
+const tablesFlagHelp = "many outbox tables instead of --table (PostgreSQL, MySQL), a comma-separated list of [schema.]name, where * stands for any characters (tenant_*.outbox)"
 
 // flagSet reports whether name was given on the command line.
 func flagSet(fs *flag.FlagSet, name string) bool {
@@ -26,13 +25,17 @@ func flagSet(fs *flag.FlagSet, name string) bool {
 	return set
 }
 
-// manyTables is an opened --tables: one pool, the tables it names.
+// manyTables is an opened --tables: one connection pool, the tables it names.
 type manyTables struct {
-	pool     *pgxpool.Pool
 	patterns []outboxdriver.TablePattern
+	// findTables lists the database's outbox tables that match patterns.
+	findTables func(ctx context.Context) ([]outboxdriver.Table, error)
+	// driver opens one table's store and migrator on the shared pool.
+	driver func(t outboxdriver.Table) (outboxdriver.Store, outboxdriver.Migrator, error)
+	close  func()
 }
 
-// openTables parses --tables and opens the PostgreSQL database at dsn.
+// openTables parses --tables and opens the database at dsn (PostgreSQL or MySQL).
 func openTables(ctx context.Context, fs *flag.FlagSet, dsn, list string) (*manyTables, error) {
 	if flagSet(fs, "table") {
 		return nil, usageErr("--table and --tables: give one of them")
@@ -41,20 +44,55 @@ func openTables(ctx context.Context, fs *flag.FlagSet, dsn, list string) (*manyT
 	if err != nil {
 		return nil, usageErr("--tables: %v", err)
 	}
-	if scheme, _, _ := strings.Cut(dsn, "://"); scheme != "postgres" && scheme != "postgresql" {
-		return nil, usageErr("--tables needs PostgreSQL (--db postgres://...): name one table with --table on %s", redact.URL(dsn))
+	m := &manyTables{patterns: patterns}
+	switch scheme, _, _ := strings.Cut(dsn, "://"); scheme {
+	case "postgres", "postgresql":
+		pool, err := openPool(ctx, "--db", dsn, false)
+		if err != nil {
+			return nil, err
+		}
+		m.close = pool.Close
+		m.findTables = func(ctx context.Context) ([]outboxdriver.Table, error) {
+			return outboxpgx.FindTables(ctx, pool, patterns...)
+		}
+		m.driver = func(t outboxdriver.Table) (outboxdriver.Store, outboxdriver.Migrator, error) {
+			return storeAndMigrator(outboxpgx.New(pool, &t))
+		}
+	case "mysql":
+		db, err := openMySQLDB(ctx, dsn)
+		if err != nil {
+			return nil, err
+		}
+		m.close = func() { _ = db.Close() }
+		m.findTables = func(ctx context.Context) ([]outboxdriver.Table, error) {
+			return outboxmysql.FindTables(ctx, db, patterns...)
+		}
+		m.driver = func(t outboxdriver.Table) (outboxdriver.Store, outboxdriver.Migrator, error) {
+			if t.Schema == outboxdriver.DefaultSchema {
+				t.Schema = "" // the database of the URL
+			}
+			return storeAndMigrator(outboxmysql.New(db, &t))
+		}
+	default:
+		return nil, usageErr("--tables needs PostgreSQL or MySQL (--db postgres://... or mysql://...): name one table with --table on %s", redact.URL(dsn))
 	}
-	pool, err := openPool(ctx, "--db", dsn, false)
+	return m, nil
+}
+
+// storeAndMigrator opens a driver's store and migrator.
+func storeAndMigrator[TTx any](d outboxdriver.Driver[TTx]) (outboxdriver.Store, outboxdriver.Migrator, error) {
+	s, err := d.Store()
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
-	return &manyTables{pool: pool, patterns: patterns}, nil
+	m, err := d.Migrator()
+	return s, m, err
 }
 
 // find returns the outbox tables that match, and with create the tables that the
 // literal patterns name even where they do not exist yet (for migrate), in order.
 func (m *manyTables) find(ctx context.Context, create bool) ([]outboxdriver.Table, error) {
-	found, err := outboxpgx.FindTables(ctx, m.pool, m.patterns...)
+	found, err := m.findTables(ctx)
 	if err != nil {
 		return nil, fmt.Errorf("finding the outbox tables: %w", err)
 	}
@@ -95,7 +133,7 @@ func tablesOverview(ctx context.Context, m *manyTables, asJSON bool, stdout io.W
 	failed := 0
 	for _, t := range tables {
 		r := row{Table: t.String()}
-		st, err := statusOf(ctx, m.pool, t)
+		st, err := m.status(ctx, t)
 		if err != nil {
 			// One table's trouble (dropped meanwhile, no grant) is its line's, not
 			// the overview's.
@@ -142,8 +180,9 @@ func tablesOverview(ctx context.Context, m *manyTables, asJSON bool, stdout io.W
 	return nil
 }
 
-func statusOf(ctx context.Context, pool *pgxpool.Pool, t outboxdriver.Table) (*outboxdriver.Status, error) {
-	store, err := outboxpgx.New(pool, &t).Store()
+// status reads table t's status.
+func (m *manyTables) status(ctx context.Context, t outboxdriver.Table) (*outboxdriver.Status, error) {
+	store, _, err := m.driver(t)
 	if err != nil {
 		return nil, err
 	}

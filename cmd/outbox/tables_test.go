@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"database/sql"
 	"encoding/json"
 	"strings"
 	"testing"
@@ -110,5 +111,48 @@ VALUES ($1, 'order', '9', 'T', '{}', 1, now(), 1, 'refused', true)`, id); err !=
 	stdout, _, _ = runCLI(t, nil, "status", "--db", url, "--tables", a+".nothing_*")
 	if !strings.Contains(stdout, "no outbox table matches") {
 		t.Errorf("status of no table: %s", stdout)
+	}
+}
+
+// TestManyTablesMySQL: --tables on MariaDB, where a pattern's schema is a database:
+// migrate creates the tables named in two databases, status and dlq list find them
+// by pattern (and a name without a database is the URL's).
+func TestManyTablesMySQL(t *testing.T) {
+	testenv.ServiceURL(t, "TEST_MYSQL_DSN", "", "127.0.0.1:3306", "MariaDB")
+	admin, err := sql.Open("mysql", "root@tcp(127.0.0.1:3306)/test")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer admin.Close()
+	prefix := testenv.UniqueName("mm")
+	a, b := prefix+"_a", prefix+"_b"
+	for _, db := range []string{a, b} {
+		if _, err := admin.Exec("CREATE DATABASE `" + db + "`"); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _, _ = admin.Exec("DROP DATABASE IF EXISTS `" + db + "`") })
+	}
+	url := "mysql://root@127.0.0.1:3306/test"
+	stdout, stderr, code := runCLI(t, nil, "migrate", "--db", url, "--tables", a+".outbox,"+b+".outbox")
+	if code != 0 || strings.Count(stdout, "applied migrations") != 2 {
+		t.Fatalf("migrate --tables: exit %d\n%s%s", code, stdout, stderr)
+	}
+	if _, err := admin.Exec("INSERT INTO `"+b+"`.`outbox` (id, aggregatetype, aggregateid, type, payload) VALUES (?, 'order', '1', 'T', '{}')", uuid.NewString()); err != nil {
+		t.Fatal(err)
+	}
+	stdout, stderr, code = runCLI(t, nil, "status", "--db", url, "--tables", prefix+"_*.outbox")
+	unpublished := map[string]string{}
+	lines := strings.Split(strings.TrimSpace(stdout), "\n")
+	for _, l := range lines[1:] {
+		if f := strings.Fields(l); len(f) > 1 {
+			unpublished[f[0]] = f[1]
+		}
+	}
+	if code != 0 || len(lines) != 3 || unpublished[a+".outbox"] != "0" || unpublished[b+".outbox"] != "1" {
+		t.Fatalf("status --tables: exit %d\n%s%s", code, stdout, stderr)
+	}
+	stdout, stderr, code = runCLI(t, nil, "dlq", "list", "--db", url, "--tables", prefix+"_*.outbox")
+	if code != 0 || !strings.Contains(stdout, "no dead letters") {
+		t.Fatalf("dlq list --tables: exit %d\n%s%s", code, stdout, stderr)
 	}
 }
