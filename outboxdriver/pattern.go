@@ -79,3 +79,22 @@ func MatchAny(patterns []TablePattern, t Table) bool {
 	}
 	return false
 }
+
+// OutboxTables picks, of a database's tables, the outbox tables that match any of
+// patterns, in the order given: those whose migrations table (named by migrations)
+// is among them, and whose names are valid here.
+func OutboxTables(all []Table, migrations func(Table) string, patterns []TablePattern) []Table {
+	exists := map[Table]bool{}
+	for _, t := range all {
+		exists[Table{Schema: t.Schema, Name: t.Name}] = true
+	}
+	var out []Table
+	for _, t := range all {
+		t = t.WithDefaults()
+		if t.Validate() != nil || !exists[Table{Schema: t.Schema, Name: migrations(t)}] || !MatchAny(patterns, t) {
+			continue
+		}
+		out = append(out, t)
+	}
+	return out
+}

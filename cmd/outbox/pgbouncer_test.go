@@ -15,7 +15,6 @@ import (
 	"time"
 
 	"github.com/outboxd/outbox/internal/testenv"
-	"github.com/outboxd/outbox/outboxdriver"
 )
 
 // startPgBouncer runs Debian's pgbouncer in front of the machine's PostgreSQL with two
@@ -138,15 +137,7 @@ func TestPgBouncer(t *testing.T) {
 	// Many tables through transaction pooling: refused without --leader-db, relayed
 	// with it (the shared sessions on the direct URL, the claims through the pooler).
 	prefix := testenv.UniqueName("pb")
-	var tables []outboxdriver.Table
-	for i := range 2 {
-		schema := fmt.Sprintf("%s_%d", prefix, i)
-		if _, err := pool.Exec(context.Background(), "CREATE SCHEMA "+schema); err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { _, _ = pool.Exec(context.Background(), "DROP SCHEMA IF EXISTS "+schema+" CASCADE") })
-		tables = append(tables, migrateSchema(t, url, schema, "outbox"))
-	}
+	tables := prefixedTables(t, pool, url, prefix, 2)
 	_, stderr, code = runCLI(t, nil, "relay", "--db", tx, "--tables", prefix+"_*.outbox", "--broker", "stdout:", "--http", "")
 	if code != 2 || !strings.Contains(stderr, "transaction-pooling proxy") || !strings.Contains(stderr, "--leader-db") {
 		t.Fatalf("relay --tables through transaction pooling: exit %d\n%s", code, stderr)

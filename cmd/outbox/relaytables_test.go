@@ -157,18 +157,10 @@ func TestRelayTablesKillMidBatch(t *testing.T) {
 	t.Parallel()
 	url := testenv.DatabaseURL(t)
 	pool := testenv.Pool(t, url)
-	ctx := context.Background()
 	prefix := testenv.UniqueName("mk")
-	var tables []outboxdriver.Table
+	tables := prefixedTables(t, pool, url, prefix, 3)
 	want := map[string][]string{}
-	for i := range 3 {
-		schema := fmt.Sprintf("%s_%d", prefix, i)
-		if _, err := pool.Exec(ctx, "CREATE SCHEMA "+schema); err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { _, _ = pool.Exec(context.Background(), "DROP SCHEMA IF EXISTS "+schema+" CASCADE") })
-		table := migrateSchema(t, url, schema, "outbox")
-		tables = append(tables, table)
+	for _, table := range tables {
 		// Aggregate ids of the table's own, so that order is checked per table.
 		for agg, ids := range writeEvents(t, pool, table, 7, 300) {
 			want[table.String()+"/"+agg] = ids
@@ -240,15 +232,7 @@ func TestRelayTablesGroup(t *testing.T) {
 	pool := testenv.Pool(t, url)
 	ctx := context.Background()
 	prefix := testenv.UniqueName("mg")
-	var tables []outboxdriver.Table
-	for i := range 2 {
-		schema := fmt.Sprintf("%s_%d", prefix, i)
-		if _, err := pool.Exec(ctx, "CREATE SCHEMA "+schema); err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { _, _ = pool.Exec(context.Background(), "DROP SCHEMA IF EXISTS "+schema+" CASCADE") })
-		tables = append(tables, migrateSchema(t, url, schema, "outbox"))
-	}
+	tables := prefixedTables(t, pool, url, prefix, 2)
 	ns := newNATSScope(t)
 	args := func(id string) []string {
 		return []string{"--db", url, "--tables", prefix + "_*.outbox", "--broker", ns.url, "--topic-template", ns.template(),
@@ -311,15 +295,7 @@ func TestRelayTablesRouters(t *testing.T) {
 	pool := testenv.Pool(t, url)
 	ctx := context.Background()
 	prefix := testenv.UniqueName("mr")
-	var tables []outboxdriver.Table
-	for i := range 2 {
-		schema := fmt.Sprintf("%s_%d", prefix, i)
-		if _, err := pool.Exec(ctx, "CREATE SCHEMA "+schema); err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { _, _ = pool.Exec(context.Background(), "DROP SCHEMA IF EXISTS "+schema+" CASCADE") })
-		tables = append(tables, migrateSchema(t, url, schema, "outbox"))
-	}
+	tables := prefixedTables(t, pool, url, prefix, 2)
 	p := startRelayProc(t, nil, "--db", url, "--tables", prefix+"_*.outbox", "--broker", "stdout:", "--log-level", "error",
 		"--format", "cloudevents", "--cloudevents-mode", "structured")
 	for _, table := range tables {
@@ -363,4 +339,21 @@ func TestRelayTablesRouters(t *testing.T) {
 			t.Errorf("tenant-%d: %d events with its header, want 10:\n%s", i, n, out)
 		}
 	}
+}
+
+// prefixedTables makes n schemas, prefix_0 to prefix_<n-1>, each with a migrated
+// outbox table, dropped when the test ends: a pattern over them reaches no other
+// test's tables.
+func prefixedTables(t *testing.T, pool *pgxpool.Pool, url, prefix string, n int) []outboxdriver.Table {
+	t.Helper()
+	var tables []outboxdriver.Table
+	for i := range n {
+		schema := fmt.Sprintf("%s_%d", prefix, i)
+		if _, err := pool.Exec(context.Background(), "CREATE SCHEMA "+schema); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _, _ = pool.Exec(context.Background(), "DROP SCHEMA IF EXISTS "+schema+" CASCADE") })
+		tables = append(tables, migrateSchema(t, url, schema, "outbox"))
+	}
+	return tables
 }

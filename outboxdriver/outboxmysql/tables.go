@@ -30,26 +30,17 @@ ORDER BY table_schema, table_name`)
 		return nil, interpretError(err)
 	}
 	defer rows.Close()
-	exists := map[[2]string]bool{}
-	var all [][2]string
+	var all []outboxdriver.Table
 	for rows.Next() {
-		var st [2]string
-		if err := rows.Scan(&st[0], &st[1]); err != nil {
+		var t outboxdriver.Table
+		if err := rows.Scan(&t.Schema, &t.Name); err != nil {
 			return nil, err
 		}
-		exists[st] = true
-		all = append(all, st)
+		all = append(all, t)
 	}
 	if err := rows.Err(); err != nil {
 		return nil, interpretError(err)
 	}
-	var out []outboxdriver.Table
-	for _, st := range all {
-		t := outboxdriver.Table{Schema: st[0], Name: st[1]}.WithDefaults()
-		if t.ValidatePortable() != nil || !exists[[2]string{st[0], st[1] + "_migrations"}] || !outboxdriver.MatchAny(patterns, t) {
-			continue
-		}
-		out = append(out, t)
-	}
-	return out, nil
+	// Its migrations table's name is never shortened (MySQL's limit is 64).
+	return outboxdriver.OutboxTables(all, func(t outboxdriver.Table) string { return t.Name + "_migrations" }, patterns), nil
 }

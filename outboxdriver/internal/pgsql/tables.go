@@ -27,28 +27,18 @@ func FindTables(ctx context.Context, q Querier, patterns []outboxdriver.TablePat
 		return nil, InterpretError(err)
 	}
 	defer rows.Close()
-	exists := map[[2]string]bool{}
-	var all [][2]string
+	var all []outboxdriver.Table
 	for rows.Next() {
-		var st [2]string
-		if err := rows.Scan(&st[0], &st[1]); err != nil {
+		var t outboxdriver.Table
+		if err := rows.Scan(&t.Schema, &t.Name); err != nil {
 			return nil, err
 		}
-		exists[st] = true
-		all = append(all, st)
+		all = append(all, t)
 	}
 	if err := rows.Err(); err != nil {
 		return nil, InterpretError(err)
 	}
-	var out []outboxdriver.Table
-	for _, st := range all {
-		t := outboxdriver.Table{Schema: st[0], Name: st[1]}.WithDefaults()
-		if t.Validate() != nil || !exists[[2]string{t.Schema, t.Derived("_migrations")}] || !outboxdriver.MatchAny(patterns, t) {
-			continue
-		}
-		out = append(out, t)
-	}
-	return out, nil
+	return outboxdriver.OutboxTables(all, func(t outboxdriver.Table) string { return t.Derived("_migrations") }, patterns), nil
 }
 
 // PendingTables returns the indexes of tables that hold an unpublished row (due or
