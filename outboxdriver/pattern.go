@@ -80,6 +80,26 @@ func MatchAny(patterns []TablePattern, t Table) bool {
 	return false
 }
 
+// TableRows is what a driver's query of (schema, name) rows gives.
+type TableRows interface {
+	Next() bool
+	Scan(dest ...any) error
+	Err() error
+}
+
+// ScanTables reads rows of (schema, name).
+func ScanTables(rows TableRows) ([]Table, error) {
+	var all []Table
+	for rows.Next() {
+		var t Table
+		if err := rows.Scan(&t.Schema, &t.Name); err != nil {
+			return nil, err
+		}
+		all = append(all, t)
+	}
+	return all, rows.Err()
+}
+
 // OutboxTables picks, of a database's tables, the outbox tables that match any of
 // patterns, in the order given: those whose migrations table (named by migrations)
 // is among them, and whose names are valid here.

@@ -253,6 +253,20 @@ type proc struct {
 	done chan struct{}
 }
 
+// killedByFailpoint waits for the relay to be killed by its OUTBOX_FAILPOINT, and
+// checks it died of SIGKILL.
+func (p *proc) killedByFailpoint(t *testing.T) {
+	t.Helper()
+	select {
+	case <-p.done:
+	case <-time.After(60 * time.Second):
+		t.Fatal("the failpoint never killed the relay")
+	}
+	if ws, ok := p.cmd.ProcessState.Sys().(syscall.WaitStatus); !ok || ws.Signal() != syscall.SIGKILL {
+		t.Fatalf("first relay ended with %v, want SIGKILL:\n%s", p.cmd.ProcessState, p.output())
+	}
+}
+
 func (p *proc) output() string {
 	p.out.mu.Lock()
 	defer p.out.mu.Unlock()
@@ -439,14 +453,7 @@ func TestKillMidBatch(t *testing.T) {
 		"--topic-template", ns.template(), "--batch-size", fmt.Sprint(batch)}
 
 	first := startRelayProc(t, []string{"OUTBOX_FAILPOINT=relay.after-publish-before-mark:4"}, args...)
-	select {
-	case <-first.done:
-	case <-time.After(60 * time.Second):
-		t.Fatal("the failpoint never killed the relay")
-	}
-	if ws, ok := first.cmd.ProcessState.Sys().(syscall.WaitStatus); !ok || ws.Signal() != syscall.SIGKILL {
-		t.Fatalf("first relay ended with %v, want SIGKILL", first.cmd.ProcessState)
-	}
+	first.killedByFailpoint(t)
 	second := startRelayProc(t, nil, args...)
 	waitUnpublished(t, pool, table, 0, 60*time.Second)
 	_ = second.cmd.Process.Signal(syscall.SIGTERM)

@@ -171,14 +171,7 @@ func TestRelayTablesKillMidBatch(t *testing.T) {
 	args := []string{"--db", url, "--tables", prefix + "_*.outbox", "--broker", ns.url,
 		"--topic-template", ns.template(), "--batch-size", fmt.Sprint(batch)}
 	first := startRelayProc(t, []string{"OUTBOX_FAILPOINT=relay.after-publish-before-mark:4"}, args...)
-	select {
-	case <-first.done:
-	case <-time.After(60 * time.Second):
-		t.Fatal("the failpoint never killed the relay")
-	}
-	if ws, ok := first.cmd.ProcessState.Sys().(syscall.WaitStatus); !ok || ws.Signal() != syscall.SIGKILL {
-		t.Fatalf("first relay ended with %v, want SIGKILL:\n%s", first.cmd.ProcessState, first.output())
-	}
+	first.killedByFailpoint(t)
 	second := startRelayProc(t, nil, args...)
 	for _, table := range tables {
 		waitUnpublished(t, pool, table, 0, 60*time.Second)

@@ -30,15 +30,8 @@ ORDER BY table_schema, table_name`)
 		return nil, interpretError(err)
 	}
 	defer rows.Close()
-	var all []outboxdriver.Table
-	for rows.Next() {
-		var t outboxdriver.Table
-		if err := rows.Scan(&t.Schema, &t.Name); err != nil {
-			return nil, err
-		}
-		all = append(all, t)
-	}
-	if err := rows.Err(); err != nil {
+	all, err := outboxdriver.ScanTables(rows)
+	if err != nil {
 		return nil, interpretError(err)
 	}
 	// Its migrations table's name is never shortened (MySQL's limit is 64).

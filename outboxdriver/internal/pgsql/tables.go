@@ -27,15 +27,8 @@ func FindTables(ctx context.Context, q Querier, patterns []outboxdriver.TablePat
 		return nil, InterpretError(err)
 	}
 	defer rows.Close()
-	var all []outboxdriver.Table
-	for rows.Next() {
-		var t outboxdriver.Table
-		if err := rows.Scan(&t.Schema, &t.Name); err != nil {
-			return nil, err
-		}
-		all = append(all, t)
-	}
-	if err := rows.Err(); err != nil {
+	all, err := outboxdriver.ScanTables(rows)
+	if err != nil {
 		return nil, InterpretError(err)
 	}
 	return outboxdriver.OutboxTables(all, func(t outboxdriver.Table) string { return t.Derived("_migrations") }, patterns), nil
