@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net/http"
 	"sort"
@@ -48,7 +49,8 @@ func runRelayTables(ctx context.Context, o *relayOptions) error {
 	defer func() { _ = pub.Close() }()
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(buildInfo())
-	set := &tableRelays{o: o, pool: pool, shared: shared, pub: pub, reg: reg, running: map[string]*tableRelay{}}
+	set := &tableRelays{o: o, pool: pool, shared: shared, pub: pub, reg: reg, running: map[string]*tableRelay{},
+		rescan: make(chan struct{}, 1)}
 	defer set.stopAll()
 	if o.httpAddr != "" {
 		if o.ui && o.uiToken != "" {
@@ -79,6 +81,7 @@ func runRelayTables(ctx context.Context, o *relayOptions) error {
 			logger.Info("relay stopped", "tables", len(set.running))
 			return nil
 		case <-t.C:
+		case <-set.rescan:
 		}
 	}
 }
@@ -147,6 +150,7 @@ type tableRelays struct {
 	mu      sync.Mutex
 	running map[string]*tableRelay // by table name
 	failed  map[string]string      // tables that could not start, and why (logged once per error)
+	rescan  chan struct{}          // a table went missing: reconcile before the next tick
 }
 
 // tableRelay is one table's relay, running until stop.
@@ -232,9 +236,15 @@ func (s *tableRelays) wakePending(ctx context.Context) {
 		qctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 		pending, err := outboxpgx.PendingTables(qctx, s.pool, tables...)
 		cancel()
-		if err != nil {
-			// A table dropped since the last rescan fails the statement: the rescan
-			// lets it go; until then the relays' own polls cover.
+		switch {
+		case errors.Is(err, outboxdriver.ErrTableMissing):
+			// A table dropped since the last rescan: the others' work still came
+			// back; rescan now, so the next statement leaves it out.
+			select {
+			case s.rescan <- struct{}{}:
+			default:
+			}
+		case err != nil:
 			if ctx.Err() == nil {
 				s.o.logger.Debug("relay: cannot ask which tables have work", "err", err)
 			}

@@ -350,3 +350,42 @@ func prefixedTables(t *testing.T, pool *pgxpool.Pool, url, prefix string, n int)
 	}
 	return tables
 }
+
+// TestRelayTablesDroppedTable: a table dropped while the relay runs is let go at once,
+// not at the next rescan (an hour here): the one statement asking which tables have
+// work notices it, still wakes the other tables, and asks for a rescan.
+func TestRelayTablesDroppedTable(t *testing.T) {
+	t.Parallel()
+	url := testenv.DatabaseURL(t)
+	pool := testenv.Pool(t, url)
+	prefix := testenv.UniqueName("md")
+	tables := prefixedTables(t, pool, url, prefix, 2)
+	ns := newNATSScope(t)
+	addr := fmt.Sprintf("127.0.0.1:%d", testenv.FreePort(t))
+	p := startRelayProc(t, nil, "--db", url, "--tables", prefix+"_*.outbox", "--broker", ns.url,
+		"--topic-template", ns.template(), "--tables-rescan", "1h", "--http", addr)
+	ready := func() string {
+		resp, err := http.Get("http://" + addr + "/readyz")
+		if err != nil {
+			return err.Error()
+		}
+		defer resp.Body.Close()
+		body, _ := io.ReadAll(resp.Body)
+		return string(body)
+	}
+	ctx := context.Background()
+	var got string
+	testenv.WaitTell(t, ctx, "both tables relayed", func() bool {
+		got = ready()
+		return strings.HasPrefix(got, "ready (2 tables)")
+	}, func() string { return got + "\n" + p.output() })
+	if _, err := pool.Exec(ctx, "DROP TABLE "+tables[1].Schema+".outbox"); err != nil {
+		t.Fatal(err)
+	}
+	testenv.WaitTell(t, ctx, "the dropped table let go before the next rescan", func() bool {
+		got = ready()
+		return strings.HasPrefix(got, "ready (1 tables)") && !strings.Contains(got, tables[1].String())
+	}, func() string { return got + "\n" + p.output() })
+	want := writeEvents(t, pool, tables[0], 3, 30)
+	checkOrder(t, want, ns.read(t, 30))
+}

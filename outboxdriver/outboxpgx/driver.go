@@ -231,15 +231,15 @@ func FindTables(ctx context.Context, pool *pgxpool.Pool, patterns ...outboxdrive
 }
 
 // PendingTables returns those of tables that hold an unpublished row (due, or waiting
-// for a retry), asked in one statement however many tables there are.
+// for a retry), asked in one statement however many tables there are. A table
+// dropped meanwhile does not hide the others' work: the error then wraps
+// outboxdriver.ErrTableMissing and names it, and the tables returned with it are the
+// pending ones of the rest.
 func PendingTables(ctx context.Context, pool *pgxpool.Pool, tables ...outboxdriver.Table) ([]outboxdriver.Table, error) {
 	idx, err := pgsql.PendingTables(ctx, db{pool}, tables)
-	if err != nil {
-		return nil, err
-	}
 	out := make([]outboxdriver.Table, len(idx))
 	for i, k := range idx {
 		out[i] = tables[k]
 	}
-	return out, nil
+	return out, err
 }

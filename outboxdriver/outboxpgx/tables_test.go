@@ -2,6 +2,7 @@ package outboxpgx_test
 
 import (
 	"context"
+	"errors"
 	"slices"
 	"strings"
 	"testing"
@@ -127,5 +128,18 @@ func TestPendingTables(t *testing.T) {
 	}
 	if got := pending(); len(got) != 0 {
 		t.Fatalf("pending once published: %v", got)
+	}
+
+	// A table dropped meanwhile is named in the error; the others still answer.
+	if err := w.Write(ctx, outbox.Event{AggregateType: "a", AggregateID: "1", Type: "T", Payload: []byte(`{}`)}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := pool.Exec(ctx, "DROP TABLE "+tables[2].Schema+".outbox"); err != nil {
+		t.Fatal(err)
+	}
+	got, err := outboxpgx.PendingTables(ctx, pool, tables...)
+	if !errors.Is(err, outboxdriver.ErrTableMissing) || !strings.Contains(err.Error(), tables[2].String()) ||
+		len(got) != 1 || got[0] != tables[1] {
+		t.Fatalf("with %s dropped: %v, %v; want %s pending and the dropped table named", tables[2], got, err, tables[1])
 	}
 }

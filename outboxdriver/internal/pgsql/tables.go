@@ -2,6 +2,7 @@ package pgsql
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strings"
 
@@ -37,21 +38,47 @@ func FindTables(ctx context.Context, q Querier, patterns []outboxdriver.TablePat
 // PendingTables returns the indexes of tables that hold an unpublished row (due or
 // waiting for a retry), in one statement however many tables: a relay of many
 // tables asks it every second or so instead of polling each table.
+//
+// A table dropped meanwhile fails that statement; then each table is asked alone, so
+// the others' answers still come: the error wraps ErrTableMissing and names the
+// missing tables, and the indexes returned with it are the pending ones of the rest.
 func PendingTables(ctx context.Context, q Querier, tables []outboxdriver.Table) ([]int, error) {
 	if len(tables) == 0 {
 		return nil, nil
 	}
-	var b strings.Builder
+	probes := make([]string, len(tables))
 	for i, t := range tables {
 		if err := t.Validate(); err != nil {
 			return nil, err
 		}
-		if i > 0 {
-			b.WriteString("\nUNION ALL ")
-		}
-		fmt.Fprintf(&b, "SELECT %d WHERE EXISTS (SELECT 1 FROM %s WHERE published_at IS NULL)", i, pgx.Identifier{t.Schema, t.Name}.Sanitize())
+		probes[i] = fmt.Sprintf("SELECT %d WHERE EXISTS (SELECT 1 FROM %s WHERE published_at IS NULL)", i, pgx.Identifier{t.Schema, t.Name}.Sanitize())
 	}
-	rows, err := q.Query(ctx, b.String())
+	out, err := queryIndexes(ctx, q, strings.Join(probes, "\nUNION ALL "))
+	if err == nil || !errors.Is(err, outboxdriver.ErrTableMissing) || len(tables) == 1 {
+		return out, err
+	}
+	out = out[:0]
+	var missing []string
+	for i, probe := range probes {
+		got, err := queryIndexes(ctx, q, probe)
+		switch {
+		case errors.Is(err, outboxdriver.ErrTableMissing):
+			missing = append(missing, tables[i].String())
+		case err != nil:
+			return nil, err
+		default:
+			out = append(out, got...)
+		}
+	}
+	if len(missing) > 0 {
+		return out, fmt.Errorf("%w: %s", outboxdriver.ErrTableMissing, strings.Join(missing, ", "))
+	}
+	return out, nil // created again between the two reads
+}
+
+// queryIndexes runs a statement that returns table indexes.
+func queryIndexes(ctx context.Context, q Querier, sql string) ([]int, error) {
+	rows, err := q.Query(ctx, sql)
 	if err != nil {
 		return nil, InterpretError(err)
 	}
