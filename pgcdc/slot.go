@@ -187,3 +187,58 @@ func (s *Source) checkPublication(ctx context.Context) error {
 	}
 	return nil
 }
+
+// ErrSlotActive: a relay streams from the slot; stop it first.
+var ErrSlotActive = errors.New("a relay streams from the replication slot: stop every CDC relay of the table first")
+
+// Retired says what Retire dropped.
+type Retired struct {
+	Slot, Publication bool
+}
+
+// Retire undoes Init for a table leaving CDC mode: it drops the replication slot (so
+// it no longer keeps WAL on the server), the publication, and the relay's record of
+// the slot (so status does not report it lost). It refuses while a relay streams
+// from the slot (ErrSlotActive), and a publication that publishes other tables too
+// (ErrForeignPublication). Rows the CDC relay published are marked, so a polling
+// relay started afterwards sends only the rest. Running it again drops nothing.
+func (s *Source) Retire(ctx context.Context) (Retired, error) {
+	var r Retired
+	si, err := s.slotInfo(ctx)
+	if err != nil {
+		return r, fmt.Errorf("pgcdc: slot: %w", interpret(err))
+	}
+	if si.active {
+		return r, fmt.Errorf("%w (slot %q)", ErrSlotActive, s.cfg.Slot)
+	}
+	var pubs int
+	if err := s.pool.QueryRow(ctx, `SELECT count(*) FROM pg_publication WHERE pubname = $1`, s.cfg.Publication).Scan(&pubs); err != nil {
+		return r, fmt.Errorf("pgcdc: %w", interpret(err))
+	}
+	if pubs > 0 {
+		if err := s.checkPublication(ctx); err != nil {
+			return r, err
+		}
+	}
+	if si.exists {
+		// Not active a moment ago; PostgreSQL refuses the drop if a relay started since.
+		if _, err := s.pool.Exec(ctx, `SELECT pg_drop_replication_slot($1)`, s.cfg.Slot); err != nil {
+			var pgErr *pgconn.PgError
+			if errors.As(err, &pgErr) && pgErr.Code == "55006" { // object_in_use
+				return r, fmt.Errorf("%w (slot %q)", ErrSlotActive, s.cfg.Slot)
+			}
+			return r, fmt.Errorf("pgcdc: drop slot: %w", interpret(err))
+		}
+		r.Slot = true
+	}
+	if pubs > 0 {
+		if _, err := s.pool.Exec(ctx, `DROP PUBLICATION IF EXISTS `+pgx.Identifier{s.cfg.Publication}.Sanitize()); err != nil {
+			return r, fmt.Errorf("pgcdc: drop publication: %w", interpret(err))
+		}
+		r.Publication = true
+	}
+	if _, err := s.pool.Exec(ctx, `DELETE FROM `+s.qCDC+` WHERE slot = $1`, s.cfg.Slot); err != nil {
+		return r, fmt.Errorf("pgcdc: %w", interpret(err))
+	}
+	return r, nil
+}

@@ -185,6 +185,9 @@ var _ outboxdriver.Source = (*Source)(nil)
 // Slot returns the replication slot's name.
 func (s *Source) Slot() string { return s.cfg.Slot }
 
+// Publication returns the publication's name.
+func (s *Source) Publication() string { return s.cfg.Publication }
+
 // Skipped is how many WAL messages with the outbox prefix could not be decoded into an
 // event (each is logged with its position).
 func (s *Source) Skipped() int64 { return s.skipped.Load() }

@@ -168,3 +168,66 @@ func TestCDCStatusAndLostSlot(t *testing.T) {
 	_ = recovered.cmd.Process.Signal(syscall.SIGTERM)
 	<-recovered.done
 }
+
+// TestRetireCDCRelay runs docs/operations.md's "Retiring a CDC relay" as written: stop
+// the CDC relay, `migrate --drop-cdc` (refused while it streams), and a polling relay
+// on the table publishes only what the CDC relay had not: nothing is sent twice.
+func TestRetireCDCRelay(t *testing.T) {
+	t.Parallel()
+	url := testenv.DatabaseURL(t)
+	pool := testenv.Pool(t, url)
+	table, slot := cdcTable(t, url, pool)
+	ns := newNATSScope(t)
+	args := []string{"--db", url, "--table", table.Schema + ".outbox", "--broker", ns.url, "--topic-template", ns.template()}
+	cdc := startRelayProc(t, nil, append(args, "--mode", "cdc")...)
+	want := writeMode(t, pool, table, outboxdriver.WriteRows, 3, 60)
+	ns.read(t, 60)
+	waitUnpublished(t, pool, table, 0, 30*time.Second) // the CDC relay marks what it published
+	if _, stderr, code := runCLI(t, nil, "migrate", "--db", url, "--table", table.Schema+".outbox", "--drop-cdc"); code == 0 ||
+		!strings.Contains(stderr, "stop every CDC relay of the table first") {
+		t.Fatalf("migrate --drop-cdc while the relay streams: exit %d, %s", code, stderr)
+	}
+	_ = cdc.cmd.Process.Signal(syscall.SIGTERM)
+	<-cdc.done
+
+	ctx := context.Background()
+	var out string
+	dctx, cancel := context.WithTimeout(ctx, 20*time.Second)
+	defer cancel()
+	testenv.WaitTell(t, dctx, "the slot dropped", func() bool { // its walsender may still be ending
+		stdout, stderr, code := runCLI(t, nil, "migrate", "--db", url, "--table", table.Schema+".outbox", "--drop-cdc")
+		out = stdout + stderr
+		if code != 0 && !strings.Contains(stderr, "stop every CDC relay") {
+			t.Fatalf("migrate --drop-cdc: exit %d, %s", code, out)
+		}
+		return code == 0
+	}, func() string { return out })
+	if !strings.Contains(out, "dropped replication slot "+slot+" and publication "+slot) {
+		t.Fatalf("migrate --drop-cdc: %s", out)
+	}
+	var left int
+	if err := pool.QueryRow(ctx, `SELECT (SELECT count(*) FROM pg_replication_slots WHERE slot_name = $1) + (SELECT count(*) FROM pg_publication WHERE pubname = $1)`, slot).Scan(&left); err != nil || left != 0 {
+		t.Fatalf("after --drop-cdc: %d of the slot and publication left (%v)", left, err)
+	}
+	stdout, stderr, code := runCLI(t, nil, "migrate", "--db", url, "--table", table.Schema+".outbox", "--drop-cdc")
+	if code != 0 || !strings.Contains(stdout, "dropped nothing") {
+		t.Fatalf("migrate --drop-cdc again: exit %d, %s%s", code, stdout, stderr)
+	}
+	stdout, stderr, code = runCLI(t, nil, "status", "--db", url, "--table", table.Schema+".outbox")
+	if code != 0 || strings.Contains(stdout, "LOST") || !strings.Contains(stdout, "unpublished:") {
+		t.Fatalf("status of a retired CDC table: exit %d\n%s%s", code, stdout, stderr)
+	}
+
+	poll := startRelayProc(t, nil, args...)
+	more := writeMode(t, pool, table, outboxdriver.WriteRows, 3, 30)
+	for agg, ids := range more {
+		want[agg] = append(want[agg], ids...)
+	}
+	checkOrder(t, want, ns.read(t, 90))
+	waitUnpublished(t, pool, table, 0, 30*time.Second)
+	_ = poll.cmd.Process.Signal(syscall.SIGTERM)
+	<-poll.done
+	if dups, distinct := ns.duplicates(); dups != 0 || distinct != 90 {
+		t.Fatalf("after the move to polling: %d distinct, %d sent again; want 90 and none", distinct, dups)
+	}
+}

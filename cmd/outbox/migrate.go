@@ -22,16 +22,17 @@ func runMigrate(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	partitioned := fs.Bool("partitioned", false, "PostgreSQL: partition the new table by day on created_at; cleanup then drops whole published days")
 	partitions := fs.Int("partitions", outboxdriver.PartitionsDefault, "PostgreSQL: how many partitions rows are hashed into by aggregate (fixed once migrated)")
 	cdc := fs.Bool("cdc", false, "PostgreSQL: also create the CDC relay's publication and replication slot, so events are captured from now on (required before producers use the insert-delete or table-less write modes)")
-	slot := fs.String("slot", "", "with --cdc: the replication slot (default outbox_<schema>_<table>)")
-	publication := fs.String("publication", "", "with --cdc: the publication (default: the slot's name)")
+	dropCDC := fs.Bool("drop-cdc", false, "PostgreSQL: retire the table's CDC relay: drop its replication slot (which keeps WAL until dropped), its publication and its record, once every CDC relay of the table is stopped (docs/operations.md)")
+	slot := fs.String("slot", "", "with --cdc or --drop-cdc: the replication slot (default outbox_<schema>_<table>)")
+	publication := fs.String("publication", "", "with --cdc or --drop-cdc: the publication (default: the slot's name)")
 	tablesList := fs.String("tables", "", tablesFlagHelp+"; a name is created if missing, a pattern upgrades the outbox tables it matches")
 	if err := parse(fs, args); err != nil {
 		return err
 	}
 	if flagSet(fs, "tables") {
 		switch {
-		case *cdc:
-			return usageErr("--cdc takes one table: use --table")
+		case *cdc || *dropCDC:
+			return usageErr("--cdc and --drop-cdc take one table: use --table")
 		case *print:
 			return usageErr("--print shows one table's SQL: use --table")
 		}
@@ -49,8 +50,12 @@ func runMigrate(ctx context.Context, args []string, stdout, stderr io.Writer) er
 		return err
 	}
 	switch {
-	case (*slot != "" || *publication != "") && !*cdc:
-		return usageErr("--slot and --publication go with --cdc")
+	case (*slot != "" || *publication != "") && !*cdc && !*dropCDC:
+		return usageErr("--slot and --publication go with --cdc or --drop-cdc")
+	case *cdc && *dropCDC:
+		return usageErr("--cdc sets up a CDC relay and --drop-cdc retires one: give one of them")
+	case *dropCDC && *print:
+		return usageErr("--print shows the migrations' SQL; --drop-cdc drops a slot: give one of them")
 	case *cdc && *print:
 		return usageErr("--print cannot show --cdc's setup: the slot is made over a replication connection; run `outbox migrate --cdc` (or let the CDC relay make them)")
 	case *slot != "" && !slotName.MatchString(*slot):
@@ -88,6 +93,9 @@ func runMigrate(ctx context.Context, args []string, stdout, stderr io.Writer) er
 		_, err = io.WriteString(stdout, sql)
 		return err
 	}
+	if *dropCDC {
+		return retireCDC(ctx, db, table, &pgcdc.Config{Slot: *slot, Publication: *publication, Logger: slog.New(slog.DiscardHandler)}, stdout)
+	}
 	if err := migrateOne(ctx, db.migrator, table, stdout); err != nil {
 		return err
 	}
@@ -105,6 +113,34 @@ func runMigrate(ctx context.Context, args []string, stdout, stderr io.Writer) er
 		return fmt.Errorf("cdc setup for %s: %w", table, err)
 	}
 	fmt.Fprintf(stdout, "%s: replication slot %s ready\n", table, src.Slot())
+	return nil
+}
+
+// retireCDC is `migrate --drop-cdc`: the table's slot, publication and slot record
+// dropped, once no relay streams from the slot.
+func retireCDC(ctx context.Context, db *database, table outboxdriver.Table, cfg *pgcdc.Config, stdout io.Writer) error {
+	if db.cdc == nil {
+		return usageErr("--drop-cdc needs PostgreSQL (--db postgres://...)")
+	}
+	src, err := db.cdc(cfg)
+	if err != nil {
+		return usageErr("%v", err)
+	}
+	r, err := src.Retire(ctx)
+	if err != nil {
+		return fmt.Errorf("retire the CDC relay of %s: %w", table, err)
+	}
+	var dropped []string
+	if r.Slot {
+		dropped = append(dropped, "replication slot "+src.Slot())
+	}
+	if r.Publication {
+		dropped = append(dropped, "publication "+src.Publication())
+	}
+	if len(dropped) == 0 {
+		dropped = append(dropped, "nothing (no slot "+src.Slot()+", no publication "+src.Publication()+")")
+	}
+	fmt.Fprintf(stdout, "%s: dropped %s; a polling relay sends only the rows not yet published\n", table, strings.Join(dropped, " and "))
 	return nil
 }
 

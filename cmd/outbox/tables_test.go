@@ -93,7 +93,7 @@ VALUES ($1, 'order', '9', 'T', '{}', 1, now(), 1, 'refused', true)`, id); err !=
 		{[]string{"status", "--db", url, "--tables", "a,,b"}, "empty table"},
 		{[]string{"status", "--db", url, "--tables", a + ".outbox", "--table", a + ".outbox"}, "--table and --tables"},
 		{[]string{"migrate", "--db", url, "--tables", a + ".nothing_*"}, "no outbox table matches"},
-		{[]string{"migrate", "--db", url, "--tables", a + ".outbox", "--cdc"}, "--cdc takes one table"},
+		{[]string{"migrate", "--db", url, "--tables", a + ".outbox", "--cdc"}, "--cdc and --drop-cdc take one table"},
 		{[]string{"dlq", "purge", "--db", url, "--tables", a + ".outbox", "--all"}, "flag provided but not defined: -tables"},
 		{[]string{"relay", "--db", url, "--broker", "stdout:", "--tables", a + ".outbox", "--table", a + ".outbox"}, "--table and --tables"},
 		{[]string{"relay", "--db", url, "--broker", "stdout:", "--tables", a + ".outbox", "--mode", "cdc"}, "--tables relays in poll mode"},
