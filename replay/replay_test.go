@@ -50,6 +50,21 @@ func newEnv(t *testing.T) *env {
 	return &env{url: url, pool: pool, drv: drv, table: table.WithDefaults(), w: w}
 }
 
+// cdc is a CDC source of the table, its slot dropped at cleanup.
+func (e *env) cdc(t *testing.T) *pgcdc.Source {
+	t.Helper()
+	testenv.LogicalReplication(t, e.pool)
+	s, err := pgcdc.ForDriver(e.drv, &pgcdc.Config{Logger: testenv.QuietLogger(), StatusInterval: 100 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Init(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = testenv.DropSlot(context.Background(), e.pool, s.Slot()) })
+	return s
+}
+
 // write writes n events per aggregate, one transaction per round, and returns the
 // ids per aggregate in write order.
 func (e *env) write(t *testing.T, aggType string, aggs, n int) map[string][]string {
@@ -153,17 +168,7 @@ func TestReplayKeptHistory(t *testing.T) {
 			e := newEnv(t)
 			var src outboxdriver.Source
 			if tc.cdc {
-				pool := e.pool
-				testenv.LogicalReplication(t, pool)
-				s, err := pgcdc.ForDriver(e.drv, &pgcdc.Config{Logger: testenv.QuietLogger(), StatusInterval: 100 * time.Millisecond})
-				if err != nil {
-					t.Fatal(err)
-				}
-				if err := s.Init(context.Background()); err != nil {
-					t.Fatal(err)
-				}
-				t.Cleanup(func() { _ = testenv.DropSlot(context.Background(), pool, s.Slot()) })
-				src = s
+				src = e.cdc(t)
 			} else {
 				store, err := e.drv.Store()
 				if err != nil {
@@ -288,6 +293,38 @@ func TestReplayRefusals(t *testing.T) {
 	}
 	if res, err := r.Run(ctx, memory.New(0), &replay.Config{Name: "busy"}); err != nil || res.Sent != 5 {
 		t.Fatalf("once the other ended: %+v, %v", res, err)
+	}
+}
+
+// TestReplayRefusesTableLess: events written table-less (logical messages) and relayed
+// by a CDC relay leave no history in the table: replay says so, and sends nothing.
+func TestReplayRefusesTableLess(t *testing.T) {
+	e := newEnv(t)
+	src := e.cdc(t)
+	e.table.Write = outboxdriver.WriteMessage
+	w, err := outbox.NewWriter(outboxpgx.New(e.pool, &e.table), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.w = w
+	e.write(t, "order", 2, 5)
+	b := memory.New(0)
+	ctx, cancel := context.WithCancel(context.Background())
+	r, err := relay.New(src, b, &relay.Config{PollInterval: 20 * time.Millisecond, Logger: testenv.QuietLogger()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- r.Run(ctx) }()
+	testenv.WaitTell(t, context.Background(), "10 table-less events relayed", func() bool { return len(b.Messages()) >= 10 },
+		func() string { return fmt.Sprint(len(b.Messages())) })
+	cancel()
+	if err := <-done; err != nil && !errors.Is(err, context.Canceled) {
+		t.Fatal(err)
+	}
+	again := memory.New(0)
+	if _, err := replay.New(e.pool, e.table).Run(context.Background(), again, &replay.Config{Name: "x"}); !errors.Is(err, replay.ErrNoHistory) || len(again.Messages()) != 0 {
+		t.Fatalf("a table-less CDC outbox: %v, %d sent; want ErrNoHistory and nothing", err, len(again.Messages()))
 	}
 }
 
