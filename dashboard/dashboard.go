@@ -4,6 +4,9 @@
 // every value a row carries is escaped) with their assets embedded, so it works
 // offline and needs no front-end build; a small script refreshes the live parts.
 //
+// NewTables serves many tables at once: a page listing every table, trouble first,
+// and each table's own pages under /ui/t/<schema.table>/, with one sign-in.
+//
 // It is read-only unless Config.Token is set: whoever signs in with the token may
 // replay and purge, by POSTs that carry the session's CSRF token and pass Go's
 // cross-origin protection.
@@ -91,6 +94,7 @@ type Config struct {
 // Dashboard is an http.Handler serving the UI under its prefix.
 type Dashboard struct {
 	cfg     Config
+	shared  shared
 	status  relayprom.StatusReader
 	flow    flowSource
 	hist    history
@@ -100,6 +104,8 @@ type Dashboard struct {
 	log     *slog.Logger
 	now     func() time.Time
 	viewed  atomic.Int64 // unix nanoseconds of the last page served
+	// afterLogin is where a sign-in lands ("": the dead letters).
+	afterLogin string
 }
 
 //go:embed templates/*.html
@@ -108,19 +114,46 @@ var templateFS embed.FS
 //go:embed static
 var staticFS embed.FS
 
+// shared is what the dashboards of many tables (Tables) have in common: one sign-in
+// for all of them, one parsed set of pages, and the page that lists them.
+type shared struct {
+	auth  *auth
+	pages map[string]*template.Template
+	root  string // the path the session cookie is for ("/ui/"); Home links there
+	home  bool   // the pages link to the overview of every table
+}
+
 // New builds a dashboard.
 func New(cfg *Config) (*Dashboard, error) {
 	if cfg == nil || cfg.Admin == nil {
 		return nil, errors.New("dashboard: Config.Admin is required")
 	}
-	c := *cfg
-	if c.Token != "" && len(c.Token) < MinTokenLength {
-		return nil, fmt.Errorf("dashboard: the admin token has %d characters, want at least %d (a random one: openssl rand -hex 16)", len(c.Token), MinTokenLength)
+	if err := checkToken(cfg.Token); err != nil {
+		return nil, err
 	}
+	pages, err := parsePages()
+	if err != nil {
+		return nil, err
+	}
+	return newDashboard(cfg, shared{auth: newAuth(cfg.Token), pages: pages})
+}
+
+func checkToken(token string) error {
+	if token != "" && len(token) < MinTokenLength {
+		return fmt.Errorf("dashboard: the admin token has %d characters, want at least %d (a random one: openssl rand -hex 16)", len(token), MinTokenLength)
+	}
+	return nil
+}
+
+func newDashboard(cfg *Config, sh shared) (*Dashboard, error) {
+	c := *cfg
 	if c.Prefix == "" {
 		c.Prefix = PrefixDefault
 	}
 	c.Prefix = "/" + strings.Trim(c.Prefix, "/")
+	if sh.root == "" {
+		sh.root = c.Prefix + "/"
+	}
 	if c.SampleInterval <= 0 {
 		c.SampleInterval = SampleIntervalDefault
 	}
@@ -129,19 +162,17 @@ func New(cfg *Config) (*Dashboard, error) {
 	}
 	d := &Dashboard{
 		cfg:    c,
+		shared: sh,
 		status: c.Status,
 		flow:   flowSource{gatherer: c.Metrics, urls: c.MetricsURLs, client: &http.Client{Timeout: 5 * time.Second}},
 		hist:   history{max: int(HistoryDefault/c.SampleInterval) + 1},
-		auth:   newAuth(c.Token),
+		auth:   sh.auth,
+		pages:  sh.pages,
 		log:    c.Logger,
 		now:    time.Now,
 	}
 	if d.status == nil {
 		d.status = relayprom.NewStatusCache(c.Admin, time.Second)
-	}
-	var err error
-	if d.pages, err = parsePages(); err != nil {
-		return nil, err
 	}
 	static, _ := fs.Sub(staticFS, "static")
 	p := c.Prefix

@@ -2,6 +2,7 @@ package dashboard
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -23,6 +24,7 @@ import (
 // page is what the layout renders around a page's content.
 type page struct {
 	Title, Nav, Prefix  string
+	Home                string // the overview of every table, when there are many
 	Table, Mode, Broker string
 	Admin, CanSignIn    bool
 	CSRF                string
@@ -45,7 +47,7 @@ var funcs = template.FuncMap{
 
 func parsePages() (map[string]*template.Template, error) {
 	pages := map[string]*template.Template{}
-	for _, name := range []string{"overview", "relays", "dead", "event", "login", "message", "replay"} {
+	for _, name := range []string{"overview", "relays", "dead", "event", "login", "message", "replay", "tables"} {
 		t, err := template.New(name).Funcs(funcs).ParseFS(templateFS, "templates/layout.html", "templates/"+name+".html")
 		if err != nil {
 			return nil, fmt.Errorf("dashboard: template %s: %w", name, err)
@@ -59,6 +61,9 @@ func parsePages() (map[string]*template.Template, error) {
 func (d *Dashboard) base(r *http.Request, title, nav string) *page {
 	p := &page{Title: title, Nav: nav, Prefix: d.cfg.Prefix, Table: d.cfg.Table, Mode: d.cfg.Mode, Broker: d.cfg.Broker,
 		CanSignIn: d.auth.enabled()}
+	if d.shared.home {
+		p.Home = d.shared.root
+	}
 	if sess, err := d.auth.session(r, d.now()); err == nil {
 		p.Admin, p.CSRF = true, d.auth.csrf(sess)
 	}
@@ -68,7 +73,7 @@ func (d *Dashboard) base(r *http.Request, title, nav string) *page {
 // render writes a page, or only its live part when the script asks (?partial=1).
 func (d *Dashboard) render(w http.ResponseWriter, r *http.Request, status int, name string, p *page) {
 	tmpl := "layout"
-	if r.URL.Query().Get("partial") == "1" && (name == "overview" || name == "relays") {
+	if r.URL.Query().Get("partial") == "1" && (name == "overview" || name == "relays" || name == "tables") {
 		tmpl = "live"
 	}
 	var buf bytes.Buffer
@@ -700,9 +705,9 @@ func (d *Dashboard) login(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	d.log.Info("dashboard: signed in", "remote", r.RemoteAddr)
-	http.SetCookie(w, &http.Cookie{Name: cookieName, Value: d.auth.newSession(d.now()), Path: d.cfg.Prefix + "/",
+	http.SetCookie(w, &http.Cookie{Name: cookieName, Value: d.auth.newSession(d.now()), Path: d.shared.root,
 		MaxAge: int(sessionTTL.Seconds()), HttpOnly: true, Secure: secureRequest(r), SameSite: http.SameSiteStrictMode})
-	http.Redirect(w, r, d.cfg.Prefix+"/dead", http.StatusSeeOther)
+	http.Redirect(w, r, cmp.Or(d.afterLogin, d.cfg.Prefix+"/dead"), http.StatusSeeOther)
 }
 
 func (d *Dashboard) logout(w http.ResponseWriter, r *http.Request) {
@@ -710,7 +715,7 @@ func (d *Dashboard) logout(w http.ResponseWriter, r *http.Request) {
 		d.auth.revoke(session, d.now()) // the cookie, if kept, no longer signs in
 		d.log.Info("dashboard: signed out", "remote", r.RemoteAddr)
 	}
-	http.SetCookie(w, &http.Cookie{Name: cookieName, Value: "", Path: d.cfg.Prefix + "/", MaxAge: -1, HttpOnly: true,
+	http.SetCookie(w, &http.Cookie{Name: cookieName, Value: "", Path: d.shared.root, MaxAge: -1, HttpOnly: true,
 		SameSite: http.SameSiteStrictMode})
 	http.Redirect(w, r, d.cfg.Prefix+"/", http.StatusSeeOther)
 }

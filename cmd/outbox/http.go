@@ -59,15 +59,22 @@ func serveHTTP(ctx context.Context, addr string, reg *prometheus.Registry, statu
 		mux.Handle("GET "+dashboard.PrefixDefault, dash)
 		what += " and the dashboard at /ui/"
 	}
-	return listenAndServe(ctx, addr, mux, dash, what, log)
+	var s sampler // no dashboard: a nil interface, not a nil *Dashboard
+	if dash != nil {
+		s = dash
+	}
+	return listenAndServe(ctx, addr, mux, s, what, log)
 }
+
+// sampler is a dashboard, which samples for its charts while it is watched.
+type sampler interface{ Run(ctx context.Context) }
 
 // maxHTTPConns bounds the connections the HTTP listener holds open at once.
 const maxHTTPConns = 128
 
 // listenAndServe serves h on addr, and samples for the dashboard if there is one,
 // until the returned func is called (or ctx ends).
-func listenAndServe(ctx context.Context, addr string, h http.Handler, dash *dashboard.Dashboard, what string, log *slog.Logger) (func(), error) {
+func listenAndServe(ctx context.Context, addr string, h http.Handler, dash sampler, what string, log *slog.Logger) (func(), error) {
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {
 		return nil, usageErr("cannot listen on %s: %v", addr, err)

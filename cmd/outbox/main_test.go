@@ -829,28 +829,49 @@ func TestUICommand(t *testing.T) {
 	pool := testenv.Pool(t, url)
 	table := migrateSchema(t, url, testenv.Schema(t, url), "outbox")
 	writeEvents(t, pool, table, 2, 5)
-	addr := fmt.Sprintf("127.0.0.1:%d", testenv.FreePort(t))
-	cmd := exec.Command(binary, "ui", "--db", url, "--table", table.Schema+"."+table.Name, "--listen", addr,
-		"--metrics", "http://127.0.0.1:1/metrics")
-	out := &lockedWriter{w: &bytes.Buffer{}}
-	cmd.Stdout, cmd.Stderr = out, out
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
+	other := migrateSchema(t, url, testenv.Schema(t, url), "outbox")
+	writeEvents(t, pool, other, 2, 3)
+	for _, tc := range []struct {
+		name string
+		args []string
+		want []string
+	}{
+		{"table", []string{"--table", table.String()}, []string{`id="backlog">5<`}},
+		// Many tables: one page listing them, each with its pages.
+		{"tables", []string{"--tables", table.String() + "," + other.String()},
+			[]string{`id="backlog">8<`, `data-table="` + table.String() + `"`, `data-table="` + other.String() + `"`}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			addr := fmt.Sprintf("127.0.0.1:%d", testenv.FreePort(t))
+			cmd := exec.Command(binary, append([]string{"ui", "--db", url, "--listen", addr, "--metrics", "http://127.0.0.1:1/metrics"}, tc.args...)...)
+			out := &lockedWriter{w: &bytes.Buffer{}}
+			cmd.Stdout, cmd.Stderr = out, out
+			if err := cmd.Start(); err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
+			var page string
+			testenv.WaitTell(t, context.Background(), "outbox ui showing the backlog", func() bool {
+				resp, err := http.Get("http://" + addr + "/ui/")
+				if err != nil {
+					return false
+				}
+				b, _ := io.ReadAll(resp.Body)
+				resp.Body.Close()
+				page = string(b)
+				for _, w := range tc.want {
+					if !strings.Contains(page, w) {
+						return false
+					}
+				}
+				return resp.StatusCode == 200
+			}, func() string {
+				out.mu.Lock()
+				defer out.mu.Unlock()
+				return out.w.String() + "\n" + page
+			})
+		})
 	}
-	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
-	testenv.WaitTell(t, context.Background(), "outbox ui showing the backlog of 5", func() bool {
-		resp, err := http.Get("http://" + addr + "/ui/")
-		if err != nil {
-			return false
-		}
-		b, _ := io.ReadAll(resp.Body)
-		resp.Body.Close()
-		return resp.StatusCode == 200 && strings.Contains(string(b), `id="backlog">5<`)
-	}, func() string {
-		out.mu.Lock()
-		defer out.mu.Unlock()
-		return out.w.String()
-	})
 }
 
 func TestReadYAMLConfig(t *testing.T) {

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -16,6 +17,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/outboxd/outbox/broker"
+	"github.com/outboxd/outbox/dashboard"
 	"github.com/outboxd/outbox/internal/redact"
 	"github.com/outboxd/outbox/internal/version"
 	"github.com/outboxd/outbox/outboxdriver"
@@ -53,9 +55,6 @@ func runRelayTables(ctx context.Context, o *relayOptions) error {
 		rescan: make(chan struct{}, 1)}
 	defer set.stopAll()
 	if o.httpAddr != "" {
-		if o.ui && o.uiToken != "" {
-			logger.Warn("relay: with --tables the relay serves no dashboard: run `outbox ui --table T` for a table's")
-		}
 		stop, err := set.serveHTTP(ctx)
 		if err != nil {
 			return err
@@ -157,6 +156,8 @@ type tableRelays struct {
 type tableRelay struct {
 	table   outboxdriver.Table
 	r       *relay.Relay
+	store   outboxdriver.Store
+	status  relayprom.StatusReader // the metrics' and the dashboard's, one query per interval
 	metrics *relayprom.Metrics
 	regs    prometheus.Registerer
 	cancel  context.CancelFunc
@@ -287,7 +288,8 @@ func (s *tableRelays) start(ctx context.Context, t outboxdriver.Table) {
 		return
 	}
 	regs := prometheus.WrapRegistererWith(prometheus.Labels{"table": t.String()}, s.reg)
-	metrics, err := relayprom.New(regs, relayprom.NewStatusCache(store, relayprom.StatusCacheIntervalDefault))
+	status := relayprom.NewStatusCache(store, relayprom.StatusCacheIntervalDefault)
+	metrics, err := relayprom.New(regs, status)
 	if err != nil {
 		fail(err)
 		return
@@ -308,7 +310,7 @@ func (s *tableRelays) start(ctx context.Context, t outboxdriver.Table) {
 		return
 	}
 	rctx, cancel := context.WithCancel(ctx)
-	tr := &tableRelay{table: t, r: r, metrics: metrics, regs: regs, cancel: cancel, done: make(chan struct{})}
+	tr := &tableRelay{table: t, r: r, store: store, status: status, metrics: metrics, regs: regs, cancel: cancel, done: make(chan struct{})}
 	go func() {
 		defer close(tr.done)
 		if err := r.Run(rctx); err != nil && rctx.Err() == nil {
@@ -389,5 +391,55 @@ func (s *tableRelays) serveHTTP(ctx context.Context) (func(), error) {
 		}
 		fmt.Fprintf(w, "ready (%d tables)\n%s\n", len(lines), strings.Join(lines, "\n"))
 	})
-	return listenAndServe(ctx, s.o.httpAddr, mux, nil, "/metrics, /healthz and /readyz", s.o.logger)
+	what := "/metrics, /healthz and /readyz"
+	dash, err := s.dashboard()
+	if err != nil {
+		return nil, err
+	}
+	var run sampler
+	if dash != nil {
+		mux.Handle(dashboard.PrefixDefault+"/", dash)
+		mux.Handle("GET "+dashboard.PrefixDefault, dash)
+		what += " and the dashboard of every table at /ui/"
+		run = dash
+	}
+	return listenAndServe(ctx, s.o.httpAddr, mux, run, what, s.o.logger)
+}
+
+// dashboard is the dashboard of every table this process relays (nil when --ui is
+// off, or --http leaves loopback without --ui-token): each table's pages show its
+// relay's role and its broker's state.
+func (s *tableRelays) dashboard() (*dashboard.Tables, error) {
+	o := s.o
+	if !o.ui {
+		return nil, nil
+	}
+	if !loopbackAddr(o.httpAddr) && o.uiToken == "" {
+		o.logger.Warn("relay: the dashboard is off: --http " + o.httpAddr + " is not loopback and there is no --ui-token (give one, keep --http on loopback, or run `outbox ui --tables` on a listener of its own)")
+		return nil, nil
+	}
+	if w := uiTokenWarning(o.httpAddr, o.uiToken); w != "" {
+		o.logger.Warn(w)
+	}
+	return dashboard.NewTables(&dashboard.TablesConfig{
+		Find: func(context.Context) ([]outboxdriver.Table, error) {
+			s.mu.Lock()
+			defer s.mu.Unlock()
+			tables := make([]outboxdriver.Table, 0, len(s.running))
+			for _, tr := range s.running {
+				tables = append(tables, tr.table)
+			}
+			slices.SortFunc(tables, func(a, b outboxdriver.Table) int { return strings.Compare(a.String(), b.String()) })
+			return tables, nil
+		},
+		Table: func(t outboxdriver.Table) (*dashboard.Config, error) {
+			s.mu.Lock()
+			tr, ok := s.running[t.String()]
+			s.mu.Unlock()
+			if !ok {
+				return nil, fmt.Errorf("%s is not relayed here", t)
+			}
+			return &dashboard.Config{Admin: tr.store, Status: tr.status, Relay: tr.r, Mode: "poll", Broker: redact.Endpoint(o.brokerURL)}, nil
+		},
+		Token: o.uiToken, Hosts: o.uiHosts, Logger: o.logger})
 }

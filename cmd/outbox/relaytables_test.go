@@ -125,6 +125,16 @@ func TestRelayTables(t *testing.T) {
 			t.Errorf("/metrics lacks the leader series of %s", tb)
 		}
 	}
+	// The dashboard lists every table, each linked to its own pages.
+	ui := get("/ui/")
+	for _, tb := range []string{tA.String(), tB.String(), tC.String(), d + ".outbox"} {
+		if !strings.Contains(ui, `data-table="`+tb+`"`) {
+			t.Errorf("the dashboard does not list %s:\n%s", tb, ui)
+		}
+	}
+	if page := get("/ui/t/" + tA.String() + "/"); !strings.Contains(page, `id="relay-role">active<`) {
+		t.Errorf("the dashboard of %s:\n%s", tA, page)
+	}
 	// A table dropped is let go: /readyz lists the others.
 	if _, err := pool.Exec(ctx, "DROP SCHEMA "+b+" CASCADE"); err != nil {
 		t.Fatal(err)

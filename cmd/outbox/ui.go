@@ -25,6 +25,7 @@ func runUI(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	var hosts listFlag
 	fs.Var(&hosts, "ui-host", "a host name the dashboard answers to besides localhost and IP addresses (repeatable)")
 	metrics := fs.String("metrics", "", "comma-separated /metrics URLs of running relays, for the events/s and latency charts")
+	tablesList := fs.String("tables", "", tablesFlagHelp+": a page listing every table, trouble first, and each table's own pages")
 	logLevel := fs.String("log-level", "info", "debug, info, warn or error")
 	if err := parse(fs, args); err != nil {
 		return err
@@ -46,17 +47,45 @@ func runUI(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		}
 		urls = append(urls, u)
 	}
-	db, table, err := openTable(ctx, *dsn, *tableName)
-	if err != nil {
-		return err
+	var dash interface {
+		http.Handler
+		Run(context.Context)
 	}
-	defer db.close()
-	if _, err := db.store.Status(ctx); err != nil {
-		return fmt.Errorf("%s: %w", table, err)
-	}
-	dash, err := dashboard.New(&dashboard.Config{Admin: db.store, MetricsURLs: urls, Table: table.String(), Token: *token, Logger: logger, Hosts: hosts})
-	if err != nil {
-		return err
+	what := ""
+	if flagSet(fs, "tables") {
+		many, err := openTables(ctx, fs, *dsn, *tablesList)
+		if err != nil {
+			return err
+		}
+		defer many.close()
+		if _, err := many.find(ctx, false); err != nil {
+			return err
+		}
+		dash, err = dashboard.NewTables(&dashboard.TablesConfig{
+			Find: func(ctx context.Context) ([]outboxdriver.Table, error) { return many.find(ctx, false) },
+			Table: func(t outboxdriver.Table) (*dashboard.Config, error) {
+				store, _, err := many.driver(t)
+				return &dashboard.Config{Admin: store, MetricsURLs: urls}, err
+			},
+			Token: *token, Logger: logger, Hosts: hosts})
+		if err != nil {
+			return err
+		}
+		what = "the tables " + patternsString(many.patterns)
+	} else {
+		db, table, err := openTable(ctx, *dsn, *tableName)
+		if err != nil {
+			return err
+		}
+		defer db.close()
+		if _, err := db.store.Status(ctx); err != nil {
+			return fmt.Errorf("%s: %w", table, err)
+		}
+		dash, err = dashboard.New(&dashboard.Config{Admin: db.store, MetricsURLs: urls, Table: table.String(), Token: *token, Logger: logger, Hosts: hosts})
+		if err != nil {
+			return err
+		}
+		what = table.String()
 	}
 	mux := http.NewServeMux()
 	mux.Handle(dashboard.PrefixDefault+"/", dash)
@@ -70,7 +99,7 @@ func runUI(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		return err
 	}
 	defer stop()
-	fmt.Fprintf(stdout, "dashboard for %s: http://%s/ui/ (Ctrl-C to stop)\n", table, *listen)
+	fmt.Fprintf(stdout, "dashboard for %s: http://%s/ui/ (Ctrl-C to stop)\n", what, *listen)
 	<-ctx.Done()
 	return nil
 }
