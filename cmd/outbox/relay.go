@@ -167,7 +167,7 @@ func parseRelayFlags(args []string, stderr io.Writer) (*relayOptions, error) {
 		case flagSet(fs, "table"):
 			return nil, usageErr("--table and --tables: give one of them")
 		case !isPG:
-			return nil, usageErr("--tables needs PostgreSQL (--db postgres://...)")
+			return nil, usageErr("relay --tables needs PostgreSQL (--db postgres://...); on MySQL and SQLite, run a relay per table (--table)")
 		case *mode != "poll":
 			return nil, usageErr("--tables relays in poll mode: not with --mode cdc (yet)")
 		case *maxConns != 0 && *maxConns < 3:

@@ -13,10 +13,11 @@ import (
 	"github.com/outboxd/outbox/outboxdriver"
 	"github.com/outboxd/outbox/outboxdriver/outboxmysql"
 	"github.com/outboxd/outbox/outboxdriver/outboxpgx"
+	"github.com/outboxd/outbox/outboxdriver/outboxsqlite"
 )
 
 // tablesFlagHelp is the --tables help of every command that takes it.
-const tablesFlagHelp = "many outbox tables instead of --table (PostgreSQL, MySQL), a comma-separated list of [schema.]name, where * stands for any characters (tenant_*.outbox)"
+const tablesFlagHelp = "many outbox tables instead of --table (PostgreSQL, MySQL, SQLite), a comma-separated list of [schema.]name, where * stands for any characters (tenant_*.outbox)"
 
 // flagSet reports whether name was given on the command line.
 func flagSet(fs *flag.FlagSet, name string) bool {
@@ -28,6 +29,9 @@ func flagSet(fs *flag.FlagSet, name string) bool {
 // manyTables is an opened --tables: one connection pool, the tables it names.
 type manyTables struct {
 	patterns []outboxdriver.TablePattern
+	// home is the schema a pattern without one means: public on PostgreSQL, the
+	// URL's database on MySQL, main on SQLite.
+	home string
 	// findTables lists the database's outbox tables that match patterns.
 	findTables func(ctx context.Context) ([]outboxdriver.Table, error)
 	// driver opens one table's store and migrator on the shared pool.
@@ -44,7 +48,7 @@ func openTables(ctx context.Context, fs *flag.FlagSet, dsn, list string) (*manyT
 	if err != nil {
 		return nil, usageErr("--tables: %v", err)
 	}
-	m := &manyTables{patterns: patterns}
+	m := &manyTables{patterns: patterns, home: outboxdriver.DefaultSchema}
 	switch scheme, _, _ := strings.Cut(dsn, "://"); scheme {
 	case "postgres", "postgresql":
 		pool, err := openPool(ctx, "--db", dsn, false)
@@ -64,6 +68,10 @@ func openTables(ctx context.Context, fs *flag.FlagSet, dsn, list string) (*manyT
 			return nil, err
 		}
 		m.close = func() { _ = db.Close() }
+		if err := db.QueryRowContext(ctx, "SELECT coalesce(DATABASE(), ?)", outboxdriver.DefaultSchema).Scan(&m.home); err != nil {
+			m.close()
+			return nil, err
+		}
 		m.findTables = func(ctx context.Context) ([]outboxdriver.Table, error) {
 			return outboxmysql.FindTables(ctx, db, patterns...)
 		}
@@ -73,8 +81,24 @@ func openTables(ctx context.Context, fs *flag.FlagSet, dsn, list string) (*manyT
 			}
 			return storeAndMigrator(outboxmysql.New(db, &t))
 		}
+	case "sqlite":
+		path := sqlitePath(dsn)
+		if path == "" {
+			return nil, usageErr("--db sqlite://PATH: the path is empty")
+		}
+		db, err := outboxsqlite.Open(path)
+		if err != nil {
+			return nil, err
+		}
+		m.close, m.home = func() { _ = db.Close() }, "main"
+		m.findTables = func(ctx context.Context) ([]outboxdriver.Table, error) {
+			return outboxsqlite.FindTables(ctx, db, patterns...)
+		}
+		m.driver = func(t outboxdriver.Table) (outboxdriver.Store, outboxdriver.Migrator, error) {
+			return storeAndMigrator(outboxsqlite.New(db, &outboxsqlite.Options{Table: t}))
+		}
 	default:
-		return nil, usageErr("--tables needs PostgreSQL or MySQL (--db postgres://... or mysql://...): name one table with --table on %s", redact.URL(dsn))
+		return nil, usageErr("--tables needs PostgreSQL, MySQL or SQLite (--db postgres://..., mysql://... or sqlite://PATH): name one table with --table on %s", redact.URL(dsn))
 	}
 	return m, nil
 }
@@ -104,7 +128,11 @@ func (m *manyTables) find(ctx context.Context, create bool) ([]outboxdriver.Tabl
 		have[t.String()] = true
 	}
 	for _, p := range m.patterns {
-		if t := p.Table(); p.Literal() && !have[t.String()] {
+		t := p.Table()
+		if t.Schema == outboxdriver.DefaultSchema {
+			t.Schema = m.home
+		}
+		if p.Literal() && !have[t.String()] {
 			found = append(found, t)
 			have[t.String()] = true
 		}

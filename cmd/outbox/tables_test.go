@@ -4,6 +4,7 @@ import (
 	"context"
 	"database/sql"
 	"encoding/json"
+	"path/filepath"
 	"strings"
 	"testing"
 
@@ -14,6 +15,7 @@ import (
 	"github.com/outboxd/outbox/internal/testenv"
 	"github.com/outboxd/outbox/outboxdriver"
 	"github.com/outboxd/outbox/outboxdriver/outboxpgx"
+	"github.com/outboxd/outbox/outboxdriver/outboxsqlite"
 )
 
 // TestManyTables: `migrate --tables` creates the tables it names and upgrades those
@@ -101,7 +103,6 @@ VALUES ($1, 'order', '9', 'T', '{}', 1, now(), 1, 'refused', true)`, id); err !=
 		{[]string{"relay", "--db", url, "--broker", "stdout:", "--max-conns", "5"}, "go with --tables"},
 		{[]string{"relay", "--db", url, "--broker", "stdout:", "--tables", "a,,b"}, "empty table"},
 		{[]string{"relay", "--db", "sqlite://" + t.TempDir() + "/x.db", "--broker", "stdout:", "--tables", "outbox"}, "--tables needs PostgreSQL"},
-		{[]string{"status", "--db", "sqlite://" + t.TempDir() + "/x.db", "--tables", "outbox"}, "--tables needs PostgreSQL"},
 	} {
 		_, stderr, code := runCLI(t, nil, tc.args...)
 		if code != 2 || !strings.Contains(stderr, tc.want) || strings.Count(strings.TrimSpace(stderr), "\n") > 0 {
@@ -152,6 +153,40 @@ func TestManyTablesMySQL(t *testing.T) {
 		t.Fatalf("status --tables: exit %d\n%s%s", code, stdout, stderr)
 	}
 	stdout, stderr, code = runCLI(t, nil, "dlq", "list", "--db", url, "--tables", prefix+"_*.outbox")
+	if code != 0 || !strings.Contains(stdout, "no dead letters") {
+		t.Fatalf("dlq list --tables: exit %d\n%s%s", code, stdout, stderr)
+	}
+}
+
+// TestManyTablesSQLite: --tables on SQLite, whose tables all live in main: migrate
+// creates the tables named (once each, named with or without main), status, dlq
+// list and ui find them by pattern; relay --tables stays PostgreSQL's.
+func TestManyTablesSQLite(t *testing.T) {
+	url := "sqlite://" + filepath.Join(t.TempDir(), "tenants.db")
+	stdout, stderr, code := runCLI(t, nil, "migrate", "--db", url, "--tables", "tenant_1,main.tenant_2,main.tenant_1")
+	if code != 0 || strings.Count(stdout, "applied migrations") != 2 {
+		t.Fatalf("migrate --tables: exit %d\n%s%s", code, stdout, stderr)
+	}
+	db, err := outboxsqlite.Open(strings.TrimPrefix(url, "sqlite://"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	if _, err := db.Exec("INSERT INTO tenant_2 (id, aggregatetype, aggregateid, type, payload) VALUES (?, 'order', '1', 'T', '{}')", uuid.NewString()); err != nil {
+		t.Fatal(err)
+	}
+	stdout, stderr, code = runCLI(t, nil, "status", "--db", url, "--tables", "tenant_*")
+	unpublished := map[string]string{}
+	lines := strings.Split(strings.TrimSpace(stdout), "\n")
+	for _, l := range lines[1:] {
+		if f := strings.Fields(l); len(f) > 1 {
+			unpublished[f[0]] = f[1]
+		}
+	}
+	if code != 0 || len(lines) != 3 || unpublished["main.tenant_1"] != "0" || unpublished["main.tenant_2"] != "1" {
+		t.Fatalf("status --tables: exit %d\n%s%s", code, stdout, stderr)
+	}
+	stdout, stderr, code = runCLI(t, nil, "dlq", "list", "--db", url, "--tables", "tenant_*")
 	if code != 0 || !strings.Contains(stdout, "no dead letters") {
 		t.Fatalf("dlq list --tables: exit %d\n%s%s", code, stdout, stderr)
 	}
