@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -398,4 +399,89 @@ func TestRelayTablesDroppedTable(t *testing.T) {
 	}, func() string { return got + "\n" + p.output() })
 	want := writeEvents(t, pool, tables[0], 3, 30)
 	checkOrder(t, want, ns.read(t, 30))
+}
+
+// TestRelayTablesPartitioned: the active --tables process is cut off from PostgreSQL
+// (its connections blackholed: nothing forwarded, nothing closed) while producers write
+// to three tables. The standby process takes over every table once the database ends
+// the silent sessions (--leader-timeout), and after healing nothing is lost and each
+// table keeps its order per aggregate on first delivery.
+func TestRelayTablesPartitioned(t *testing.T) {
+	t.Parallel()
+	url := testenv.DatabaseURL(t)
+	pool := testenv.Pool(t, url)
+	ctx := context.Background()
+	prefix := testenv.UniqueName("mp")
+	tables := prefixedTables(t, pool, url, prefix, 3)
+	ns := newNATSScope(t)
+	proxy := testenv.NewProxy(t, "127.0.0.1:5432")
+	cutURL := strings.Replace(url, "127.0.0.1:5432", proxy.Addr(), 1)
+	if cutURL == url {
+		t.Skipf("the database URL %s is not on 127.0.0.1:5432: no proxy in front of it", url)
+	}
+	args := func(db, addr string) []string {
+		return []string{"--db", db, "--tables", prefix + "_*.outbox", "--broker", ns.url, "--topic-template", ns.template(),
+			"--leader-timeout", "3s", "--http", addr}
+	}
+	addrA, addrB := fmt.Sprintf("127.0.0.1:%d", testenv.FreePort(t)), fmt.Sprintf("127.0.0.1:%d", testenv.FreePort(t))
+	ready := func(addr string) string {
+		c := http.Client{Timeout: 2 * time.Second}
+		resp, err := c.Get("http://" + addr + "/readyz")
+		if err != nil {
+			return err.Error()
+		}
+		defer resp.Body.Close()
+		body, _ := io.ReadAll(resp.Body)
+		return string(body)
+	}
+	a := startRelayProc(t, nil, args(cutURL, addrA)...)
+	var got string
+	testenv.WaitTell(t, ctx, "the first process active on every table", func() bool {
+		got = ready(addrA)
+		return strings.Count(got, " active") == 3
+	}, func() string { return got + "\n" + a.output() })
+	b := startRelayProc(t, nil, args(url, addrB)...)
+	testenv.WaitTell(t, ctx, "the second process standing by on every table", func() bool {
+		got = ready(addrB)
+		return strings.Count(got, " standby") == 3
+	}, func() string { return got + "\n" + b.output() })
+
+	want := map[string][]string{}
+	var mu sync.Mutex
+	var wg sync.WaitGroup
+	for _, table := range tables {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for range 5 {
+				ids := writeEvents(t, pool, table, 5, 40)
+				mu.Lock()
+				for agg, evs := range ids {
+					want[table.String()+"/"+agg] = append(want[table.String()+"/"+agg], evs...)
+				}
+				mu.Unlock()
+				time.Sleep(200 * time.Millisecond) // the producers outlast the cut
+			}
+		}()
+	}
+	testenv.Wait(t, ctx, "the first process publishing", func() bool { _, n := ns.duplicates(); return n > 0 })
+	proxy.Blackhole()
+	cut := time.Now()
+	testenv.WaitTell(t, ctx, "the standby active on every table after the cut", func() bool {
+		got = ready(addrB)
+		return strings.Count(got, " active") == 3
+	}, func() string { return got + "\n" + b.output() })
+	t.Logf("the standby led every table %v after the cut (--leader-timeout 3s)", time.Since(cut).Round(time.Millisecond))
+	wg.Wait()
+	for _, table := range tables {
+		waitUnpublished(t, pool, table, 0, 60*time.Second)
+	}
+	proxy.Heal()
+	msgs := ns.read(t, 600)
+	for i := range msgs {
+		msgs[i].Key = tableOf(t, pool, tables, msgs[i].ID) + "/" + msgs[i].Key
+	}
+	checkOrder(t, want, msgs)
+	_ = b.cmd.Process.Signal(syscall.SIGTERM)
+	<-b.done
 }
