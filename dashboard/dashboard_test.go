@@ -67,12 +67,7 @@ func newFixtureWith(t *testing.T, cfg dashboard.Config, configure func(*pgxpool.
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() { defer close(done); d.Run(ctx) }()
-	t.Cleanup(func() { cancel(); <-done })
-	srv := httptest.NewServer(d)
-	t.Cleanup(srv.Close)
+	srv := serve(t, d)
 	return &fixture{pool: pool, store: store, table: drv.Table(), srv: srv, write: func(evs ...outbox.Event) []string {
 		t.Helper()
 		ids := make([]string, len(evs))
@@ -87,6 +82,21 @@ func newFixtureWith(t *testing.T, cfg dashboard.Config, configure func(*pgxpool.
 		}
 		return ids
 	}}
+}
+
+// serve runs a dashboard (its sampling, and a server) until the test ends.
+func serve(t *testing.T, d interface {
+	http.Handler
+	Run(context.Context)
+}) *httptest.Server {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { defer close(done); d.Run(ctx) }()
+	t.Cleanup(func() { cancel(); <-done })
+	srv := httptest.NewServer(d)
+	t.Cleanup(srv.Close)
+	return srv
 }
 
 // kill moves the events to the dead letters as the relay would after a permanent

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"net/http"
-	"net/http/httptest"
 	"net/url"
 	"slices"
 	"strings"
@@ -48,13 +47,7 @@ func TestTables(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() { defer close(done); d.Run(ctx) }()
-	t.Cleanup(func() { cancel(); <-done })
-	srv := httptest.NewServer(d)
-	t.Cleanup(srv.Close)
-	u := srv.URL + "/ui"
+	u := serve(t, d).URL + "/ui"
 	c := client(t)
 
 	code, page := get(t, c, u+"/")

@@ -111,15 +111,7 @@ func TestRelayTables(t *testing.T) {
 	write(outboxdriver.Table{Schema: d, Name: "outbox"}, 50)
 	arrived(950)
 
-	get := func(path string) string {
-		resp, err := http.Get("http://" + addr + path)
-		if err != nil {
-			return err.Error()
-		}
-		defer resp.Body.Close()
-		body, _ := io.ReadAll(resp.Body)
-		return string(body)
-	}
+	get := func(path string) string { return httpBody(addr, path) }
 	metrics := get("/metrics")
 	for _, tb := range []string{tA.String(), tB.String(), tC.String(), d + ".outbox"} {
 		if !strings.Contains(metrics, `outbox_relay_leader{table="`+tb+`"} 1`) {
@@ -375,15 +367,7 @@ func TestRelayTablesDroppedTable(t *testing.T) {
 	addr := fmt.Sprintf("127.0.0.1:%d", testenv.FreePort(t))
 	p := startRelayProc(t, nil, "--db", url, "--tables", prefix+"_*.outbox", "--broker", ns.url,
 		"--topic-template", ns.template(), "--tables-rescan", "1h", "--http", addr)
-	ready := func() string {
-		resp, err := http.Get("http://" + addr + "/readyz")
-		if err != nil {
-			return err.Error()
-		}
-		defer resp.Body.Close()
-		body, _ := io.ReadAll(resp.Body)
-		return string(body)
-	}
+	ready := func() string { return httpBody(addr, "/readyz") }
 	ctx := context.Background()
 	var got string
 	testenv.WaitTell(t, ctx, "both tables relayed", func() bool {
@@ -424,16 +408,7 @@ func TestRelayTablesPartitioned(t *testing.T) {
 			"--leader-timeout", "3s", "--http", addr}
 	}
 	addrA, addrB := fmt.Sprintf("127.0.0.1:%d", testenv.FreePort(t)), fmt.Sprintf("127.0.0.1:%d", testenv.FreePort(t))
-	ready := func(addr string) string {
-		c := http.Client{Timeout: 2 * time.Second}
-		resp, err := c.Get("http://" + addr + "/readyz")
-		if err != nil {
-			return err.Error()
-		}
-		defer resp.Body.Close()
-		body, _ := io.ReadAll(resp.Body)
-		return string(body)
-	}
+	ready := func(addr string) string { return httpBody(addr, "/readyz") }
 	a := startRelayProc(t, nil, args(cutURL, addrA)...)
 	var got string
 	testenv.WaitTell(t, ctx, "the first process active on every table", func() bool {
@@ -484,4 +459,17 @@ func TestRelayTablesPartitioned(t *testing.T) {
 	checkOrder(t, want, msgs)
 	_ = b.cmd.Process.Signal(syscall.SIGTERM)
 	<-b.done
+}
+
+// httpBody is the body a relay's HTTP endpoint answers at path, or the error that
+// kept it from answering (within 2 s).
+func httpBody(addr, path string) string {
+	c := http.Client{Timeout: 2 * time.Second}
+	resp, err := c.Get("http://" + addr + path)
+	if err != nil {
+		return err.Error()
+	}
+	defer resp.Body.Close()
+	body, _ := io.ReadAll(resp.Body)
+	return string(body)
 }
