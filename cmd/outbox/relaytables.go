@@ -51,7 +51,12 @@ func runRelayTables(ctx context.Context, o *relayOptions) error {
 	defer func() { _ = pub.Close() }()
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(buildInfo())
+	retired := prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "outbox_relay_table_retired",
+		Help: "1 for a table this --tables relay let go because it no longer exists or matches (kept for retiredKept): its other series vanish on purpose, and the alert rules do not page for it."},
+		[]string{"table"})
+	reg.MustRegister(retired)
 	set := &tableRelays{o: o, pool: pool, shared: shared, pub: pub, reg: reg, running: map[string]*tableRelay{},
+		retired: retired, retiredAt: map[string]time.Time{},
 		rescan: make(chan struct{}, 1)}
 	defer set.stopAll()
 	if o.httpAddr != "" {
@@ -150,6 +155,9 @@ type tableRelays struct {
 	running map[string]*tableRelay // by table name
 	failed  map[string]string      // tables that could not start, and why (logged once per error)
 	rescan  chan struct{}          // a table went missing: reconcile before the next tick
+
+	retired   *prometheus.GaugeVec // outbox_relay_table_retired
+	retiredAt map[string]time.Time // when each table was let go (guarded by mu)
 }
 
 // tableRelay is one table's relay, running until stop.
@@ -181,7 +189,7 @@ func (s *tableRelays) reconcile(ctx context.Context) {
 		want[t.String()] = t
 	}
 	s.mu.Lock()
-	var gone []string
+	var gone, unwanted []string
 	for name, tr := range s.running {
 		select {
 		case <-tr.done: // ended on its own: started again below if still wanted
@@ -191,6 +199,18 @@ func (s *tableRelays) reconcile(ctx context.Context) {
 		}
 		if _, ok := want[name]; !ok {
 			gone = append(gone, name)
+			unwanted = append(unwanted, name)
+		}
+	}
+	now := time.Now()
+	for _, name := range unwanted {
+		s.retiredAt[name] = now
+		s.retired.WithLabelValues(name).Set(1)
+	}
+	for name, at := range s.retiredAt {
+		if _, back := want[name]; back || now.Sub(at) > retiredKept {
+			delete(s.retiredAt, name)
+			s.retired.DeleteLabelValues(name)
 		}
 	}
 	s.mu.Unlock()
@@ -209,6 +229,10 @@ func (s *tableRelays) reconcile(ctx context.Context) {
 		}
 	}
 }
+
+// retiredKept is how long a table let go is reported retired: longer than the
+// alert rules look back for vanished series (an hour).
+const retiredKept = 2 * time.Hour
 
 // tablesWakeEvery is how often one statement asks which tables hold unpublished
 // rows, and wakes their relays.

@@ -137,6 +137,10 @@ func TestRelayTables(t *testing.T) {
 		ready = get("/readyz")
 		return strings.HasPrefix(ready, "ready (3 tables)") && !strings.Contains(ready, b+".outbox")
 	}, func() string { return ready + "\n" + p.output() })
+	// ... and said to be let go on purpose, so the alerts do not page for it.
+	if metrics := get("/metrics"); !strings.Contains(metrics, `outbox_relay_table_retired{table="`+tB.String()+`"} 1`) {
+		t.Errorf("/metrics does not say %s was let go:\n%s", tB, metrics)
+	}
 	if maxConns > 4 {
 		t.Errorf("the relay used %d connections, over --max-conns 4", maxConns)
 	}
