@@ -24,6 +24,7 @@ import (
 	"github.com/outboxd/outbox/outboxdriver/outboxpgx"
 	"github.com/outboxd/outbox/relay"
 	"github.com/outboxd/outbox/relay/relayprom"
+	"github.com/outboxd/outbox/replay"
 )
 
 // runRelayTables is `outbox relay --tables`: one relay per matching table in this
@@ -166,6 +167,7 @@ type tableRelay struct {
 	r       *relay.Relay
 	store   outboxdriver.Store
 	status  relayprom.StatusReader // the metrics' and the dashboard's, one query per interval
+	replays *replay.Runner         // the dashboard's replays of the table
 	metrics *relayprom.Metrics
 	regs    prometheus.Registerer
 	cancel  context.CancelFunc
@@ -333,8 +335,18 @@ func (s *tableRelays) start(ctx context.Context, t outboxdriver.Table) {
 		fail(err)
 		return
 	}
+	// The dashboard's replays of this table go through the relay's publisher, topic
+	// template and wire format, as a relay of the table alone has them.
+	tmpl, err := broker.ParseTemplate(cfg.TopicTemplate)
+	if err != nil {
+		metrics.Unregister(regs)
+		fail(err)
+		return
+	}
+	replays := replay.NewRunner(replay.New(s.pool, t), s.pub, &replay.Config{Topic: tmpl, Router: cfg.Router})
 	rctx, cancel := context.WithCancel(ctx)
-	tr := &tableRelay{table: t, r: r, store: store, status: status, metrics: metrics, regs: regs, cancel: cancel, done: make(chan struct{})}
+	tr := &tableRelay{table: t, r: r, store: store, status: status, replays: replays, metrics: metrics, regs: regs,
+		cancel: cancel, done: make(chan struct{})}
 	go func() {
 		defer close(tr.done)
 		if err := r.Run(rctx); err != nil && rctx.Err() == nil {
@@ -359,6 +371,7 @@ func (s *tableRelays) stop(name string) {
 	}
 	tr.cancel()
 	<-tr.done
+	tr.replays.Stop(context.Background())
 	tr.metrics.Unregister(tr.regs)
 	s.o.logger.Info("relay: stopped relaying table", "table", name)
 }
@@ -463,7 +476,8 @@ func (s *tableRelays) dashboard() (*dashboard.Tables, error) {
 			if !ok {
 				return nil, fmt.Errorf("%s is not relayed here", t)
 			}
-			return &dashboard.Config{Admin: tr.store, Status: tr.status, Relay: tr.r, Mode: "poll", Broker: redact.Endpoint(o.brokerURL)}, nil
+			return &dashboard.Config{Admin: tr.store, Status: tr.status, Relay: tr.r, Replays: tr.replays, Mode: "poll",
+				Broker: redact.Endpoint(o.brokerURL)}, nil
 		},
 		Token: o.uiToken, Hosts: o.uiHosts, Logger: o.logger})
 }

@@ -128,6 +128,9 @@ func TestRelayTables(t *testing.T) {
 	if page := get("/ui/t/" + tA.String() + "/"); !strings.Contains(page, `id="relay-role">active<`) {
 		t.Errorf("the dashboard of %s:\n%s", tA, page)
 	}
+	if page := get("/ui/t/" + tA.String() + "/replay"); strings.Contains(page, `id="replay-unavailable"`) || !strings.Contains(page, "Replay history") {
+		t.Errorf("the replay page of %s, through the relay's publisher:\n%s", tA, page)
+	}
 	// A table dropped is let go: /readyz lists the others.
 	if _, err := pool.Exec(ctx, "DROP SCHEMA "+b+" CASCADE"); err != nil {
 		t.Fatal(err)
