@@ -133,20 +133,29 @@ func TestBrowser(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
+	readText := func(sel string) (string, error) {
+		s, err := chromedp.Run(ctx, chromedp.Text(chromedp.CSS(sel)))
+		return strings.TrimSpace(s), err
+	}
 	text := func(sel string) string {
 		t.Helper()
-		s, err := chromedp.Run(ctx, chromedp.Text(chromedp.CSS(sel)))
+		s, err := readText(sel)
 		if err != nil {
 			t.Fatalf("text of %s: %v", sel, err)
 		}
-		return strings.TrimSpace(s)
+		return s
 	}
+	// waitText reads sel until ok: the live part is replaced every 2 s, so a node
+	// found and gone before its text was read is a moment to wait through, not a
+	// failure.
 	waitText := func(sel string, ok func(string) bool, what string) string {
 		t.Helper()
 		wctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		defer cancel()
 		var s string
-		testenv.WaitTell(t, wctx, what, func() bool { s = text(sel); return ok(s) }, func() string { return sel + " reads " + s })
+		var err error
+		testenv.WaitTell(t, wctx, what, func() bool { s, err = readText(sel); return err == nil && ok(s) },
+			func() string { return fmt.Sprintf("%s reads %q (%v)", sel, s, err) })
 		return s
 	}
 
@@ -154,12 +163,8 @@ func TestBrowser(t *testing.T) {
 	if err := chromedp.Do(ctx, chromedp.Navigate(ui+"/"), chromedp.WaitVisible(chromedp.CSS("#published"))); err != nil {
 		t.Fatal(err)
 	}
-	if got := text("#published"); got != "0" {
-		t.Fatalf("published before any event: %q", got)
-	}
-	if got := text("#relay-role"); got != "active" {
-		t.Fatalf("relay role: %q", got)
-	}
+	waitText("#published", func(s string) bool { return s == "0" }, "published 0 before any event")
+	waitText("#relay-role", func(s string) bool { return s == "active" }, "the relay's role")
 	var evs []outbox.Event
 	for i := range 200 {
 		evs = append(evs, outbox.Event{AggregateType: "order", AggregateID: fmt.Sprint("o-", i%20), Type: "Placed", Payload: []byte(`{"n":1}`)})

@@ -64,7 +64,8 @@ type Config struct {
 	Status relayprom.StatusReader
 	// Metrics is the registry of a relay in this process; MetricsURLs are relays'
 	// /metrics endpoints. Either gives the flow charts (events/s, commit→broker
-	// latency), summed over every relay named.
+	// latency), summed over every relay named; of series labelled with a table, only
+	// Table's count (a relay of many tables reports them all).
 	Metrics     prometheus.Gatherer
 	MetricsURLs []string
 	// Relay is the relay in this process, if any: its role and the broker's state.
@@ -164,7 +165,7 @@ func newDashboard(cfg *Config, sh shared) (*Dashboard, error) {
 		cfg:    c,
 		shared: sh,
 		status: c.Status,
-		flow:   flowSource{gatherer: c.Metrics, urls: c.MetricsURLs, client: &http.Client{Timeout: 5 * time.Second}},
+		flow:   flowSource{gatherer: c.Metrics, urls: c.MetricsURLs, client: &http.Client{Timeout: 5 * time.Second}, table: c.Table},
 		hist:   history{max: int(HistoryDefault/c.SampleInterval) + 1},
 		auth:   sh.auth,
 		pages:  sh.pages,

@@ -6,6 +6,7 @@ import (
 	"io"
 	"math"
 	"net/http"
+	"slices"
 	"sort"
 	"sync"
 	"time"
@@ -187,6 +188,9 @@ type flowSource struct {
 	gatherer prometheus.Gatherer
 	urls     []string
 	client   *http.Client
+	// table keeps, of series that carry a table label, only this table's: a relay of
+	// many tables reports them all in one registry.
+	table string
 }
 
 func (f *flowSource) enabled() bool { return f.gatherer != nil || len(f.urls) > 0 }
@@ -198,16 +202,35 @@ func (f *flowSource) read(ctx context.Context) (*reading, error) {
 		if err != nil {
 			return nil, fmt.Errorf("relay metrics: %w", err)
 		}
-		sets = append(sets, fams)
+		sets = append(sets, f.ofTable(fams))
 	}
 	for _, u := range f.urls {
 		fams, err := f.scrape(ctx, u)
 		if err != nil {
 			return nil, err
 		}
-		sets = append(sets, fams)
+		sets = append(sets, f.ofTable(fams))
 	}
 	return readFlow(sets...), nil
+}
+
+// ofTable drops the series of other tables than f.table (those without a table
+// label stay).
+func (f *flowSource) ofTable(fams []*dto.MetricFamily) []*dto.MetricFamily {
+	if f.table == "" {
+		return fams
+	}
+	for _, fam := range fams {
+		fam.Metric = slices.DeleteFunc(fam.Metric, func(m *dto.Metric) bool {
+			for _, l := range m.GetLabel() {
+				if l.GetName() == "table" {
+					return l.GetValue() != f.table
+				}
+			}
+			return false
+		})
+	}
+	return fams
 }
 
 // scrape reads one relay's /metrics in the text format.

@@ -91,3 +91,31 @@ func TestScrape(t *testing.T) {
 		t.Fatalf("a missing endpoint: %v", err)
 	}
 }
+
+// TestFlowOfOneTable: of a registry many tables' relays report to, a table's
+// dashboard counts its own table's series, from the registry and from /metrics alike
+// (TestFlowFromRegistry: series with no table label all count).
+func TestFlowOfOneTable(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	for i, table := range []string{"a.outbox", "b.outbox"} {
+		pub := prometheus.NewCounterVec(prometheus.CounterOpts{Name: metricPublished}, []string{"topic"})
+		prometheus.WrapRegistererWith(prometheus.Labels{"table": table}, reg).MustRegister(pub)
+		pub.WithLabelValues("x").Add(float64(10 * (i + 1)))
+	}
+	mux := http.NewServeMux()
+	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
+	srv := httptest.NewServer(mux)
+	defer srv.Close()
+	for _, src := range []flowSource{
+		{gatherer: reg, table: "b.outbox"},
+		{urls: []string{srv.URL + "/metrics"}, client: srv.Client(), table: "b.outbox"},
+	} {
+		f, err := src.read(t.Context())
+		if err != nil {
+			t.Fatal(err)
+		}
+		if f.published != 20 {
+			t.Fatalf("published = %v, want 20 (b.outbox's alone)", f.published)
+		}
+	}
+}

@@ -15,7 +15,6 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
-	dto "github.com/prometheus/client_model/go"
 
 	"github.com/outboxd/outbox/broker"
 	"github.com/outboxd/outbox/dashboard"
@@ -478,32 +477,7 @@ func (s *tableRelays) dashboard() (*dashboard.Tables, error) {
 				return nil, fmt.Errorf("%s is not relayed here", t)
 			}
 			return &dashboard.Config{Admin: tr.store, Status: tr.status, Relay: tr.r, Replays: tr.replays, Mode: "poll",
-				Metrics: tableSeries(s.reg, t.String()), Broker: redact.Endpoint(o.brokerURL)}, nil
+				Metrics: s.reg, Broker: redact.Endpoint(o.brokerURL)}, nil
 		},
 		Token: o.uiToken, Hosts: o.uiHosts, Logger: o.logger})
-}
-
-// tableSeries gathers from g only the series of table (label table): one table's flow
-// charts out of the registry every table's relay reports to.
-func tableSeries(g prometheus.Gatherer, table string) prometheus.Gatherer {
-	return prometheus.GathererFunc(func() ([]*dto.MetricFamily, error) {
-		fams, err := g.Gather()
-		out := fams[:0]
-		for _, f := range fams {
-			kept := f.Metric[:0]
-			for _, m := range f.Metric {
-				for _, l := range m.GetLabel() {
-					if l.GetName() == "table" && l.GetValue() == table {
-						kept = append(kept, m)
-						break
-					}
-				}
-			}
-			if len(kept) > 0 {
-				f.Metric = kept
-				out = append(out, f)
-			}
-		}
-		return out, err
-	})
 }

@@ -15,7 +15,6 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
-	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/outboxd/outbox"
 	"github.com/outboxd/outbox/broker"
@@ -480,23 +479,4 @@ func httpBody(addr, path string) string {
 	defer resp.Body.Close()
 	body, _ := io.ReadAll(resp.Body)
 	return string(body)
-}
-
-// TestTableSeries: a table's dashboard reads only its own table's series out of the
-// registry every table's relay reports to.
-func TestTableSeries(t *testing.T) {
-	reg := prometheus.NewRegistry()
-	for i, table := range []string{"a.outbox", "b.outbox"} {
-		c := prometheus.NewCounter(prometheus.CounterOpts{Name: "outbox_relay_published_total", Help: "h"})
-		prometheus.WrapRegistererWith(prometheus.Labels{"table": table}, reg).MustRegister(c)
-		c.Add(float64(i + 1))
-	}
-	reg.MustRegister(buildInfo())
-	fams, err := tableSeries(reg, "b.outbox").Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if len(fams) != 1 || len(fams[0].Metric) != 1 || fams[0].Metric[0].GetCounter().GetValue() != 2 {
-		t.Fatalf("the series of b.outbox: %v", fams)
-	}
 }
