@@ -52,10 +52,10 @@ func runRelayTables(ctx context.Context, o *relayOptions) error {
 	defer func() { _ = pub.Close() }()
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(buildInfo())
-	retired := prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "outbox_relay_table_retired",
-		Help: "1 for a table this --tables relay let go because it no longer exists or matches (kept for retiredKept): its other series vanish on purpose, and the alert rules do not page for it."},
-		[]string{"table"})
-	reg.MustRegister(retired)
+	retired, err := relayprom.NewRetiredTables(reg)
+	if err != nil {
+		return err
+	}
 	set := &tableRelays{o: o, pool: pool, shared: shared, pub: pub, reg: reg, running: map[string]*tableRelay{},
 		retired: retired, retiredAt: map[string]time.Time{},
 		rescan: make(chan struct{}, 1)}
@@ -157,7 +157,7 @@ type tableRelays struct {
 	failed  map[string]string      // tables that could not start, and why (logged once per error)
 	rescan  chan struct{}          // a table went missing: reconcile before the next tick
 
-	retired   *prometheus.GaugeVec // outbox_relay_table_retired
+	retired   *relayprom.RetiredTables
 	retiredAt map[string]time.Time // when each table was let go (guarded by mu)
 }
 
@@ -207,12 +207,12 @@ func (s *tableRelays) reconcile(ctx context.Context) {
 	now := time.Now()
 	for _, name := range unwanted {
 		s.retiredAt[name] = now
-		s.retired.WithLabelValues(name).Set(1)
+		s.retired.Retire(name)
 	}
 	for name, at := range s.retiredAt {
 		if _, back := want[name]; back || now.Sub(at) > retiredKept {
 			delete(s.retiredAt, name)
-			s.retired.DeleteLabelValues(name)
+			s.retired.Forget(name)
 		}
 	}
 	s.mu.Unlock()

@@ -23,6 +23,7 @@
 //	outbox_cdc_slot_retained_wal_bytes{slot}       CDC: WAL the slot keeps on disk
 //	outbox_cdc_slot_safe_wal_bytes{slot}           CDC: WAL left before max_slot_wal_keep_size invalidates it
 //	outbox_cdc_slot_ok{slot,wal_status}            CDC: 0 when the slot is lost
+//	outbox_relay_table_retired{table}              a table a relay of many let go on purpose (RetiredTables)
 package relayprom
 
 import (
