@@ -106,17 +106,15 @@ type straggler struct {
 	idx   []int                    // its rows in f
 	keys  []outboxdriver.Aggregate // their aggregates, skipped by claims meanwhile
 	marks <-chan struct{}          // the split batch's write-back ended
-	// root is the straggler a part was split from (nil: this is one); its marks,
-	// set by the pipeline after the cut, are the part's.
-	root *straggler
 }
 
 // flying is a pipeline's stragglers: whose aggregates claims skip, and how many rows
 // are out. Only the pipeline's goroutine touches it.
 type flying struct {
 	keys   map[outboxdriver.Aggregate]bool
-	rows   int             // rows out, of stragglers not yet landed
-	landed chan *straggler // stragglers (or parts of one) whose answers all came
+	rows   int
+	n      int             // stragglers not yet landed
+	landed chan *straggler // stragglers whose answers all came
 }
 
 func (fl *flying) skip() []outboxdriver.Aggregate {
@@ -207,73 +205,16 @@ func (p *pipeline) cut(f *flight, c outboxdriver.Claim) *straggler {
 		p.fly.keys[k] = true
 	}
 	p.fly.rows += len(s.idx)
+	p.fly.n++
 	go func() {
-		// Each key lands once its own answers all came, not when the slowest key's
-		// does: a batch cut before any answer arrived (a broker slow for a moment as
-		// the batch went out) holds each key only as long as that key's answers take.
-		for rest := s; rest != nil; {
-			finished := false
-			select {
-			case <-f.news:
-			case <-f.done:
-				finished = true
-			}
-			var ready *straggler
-			ready, rest = rest.split(finished)
-			if ready == nil {
-				continue
-			}
-			p.fly.landed <- ready // never blocks: at most BatchSize rows are out
-			select {
-			case p.wake <- struct{}{}: // an idle pipeline settles it now
-			default:
-			}
+		<-f.done
+		p.fly.landed <- s // never blocks: at most BatchSize stragglers
+		select {
+		case p.wake <- struct{}{}: // an idle pipeline settles it now
+		default:
 		}
 	}()
 	return s
-}
-
-// split parts s into the keys whose answers all came (all of them once finished) and
-// the rest; either may be nil.
-func (s *straggler) split(finished bool) (ready, rest *straggler) {
-	f := s.f
-	f.mu.Lock()
-	waiting := map[outboxdriver.Aggregate]bool{}
-	if !finished {
-		for _, i := range s.idx {
-			if !f.decided[i] {
-				waiting[outboxdriver.Aggregate{Type: f.rows[i].AggregateType, ID: f.rows[i].AggregateID}] = true
-			}
-		}
-	}
-	f.mu.Unlock()
-	if len(waiting) == len(s.keys) {
-		return nil, s
-	}
-	if len(waiting) == 0 {
-		return s, nil
-	}
-	root := s.root
-	if root == nil {
-		root = s
-	}
-	ready = &straggler{claim: s.claim, f: f, root: root}
-	rest = &straggler{claim: s.claim, f: f, root: root}
-	for _, i := range s.idx {
-		part := ready
-		if waiting[outboxdriver.Aggregate{Type: f.rows[i].AggregateType, ID: f.rows[i].AggregateID}] {
-			part = rest
-		}
-		part.idx = append(part.idx, i)
-	}
-	for _, k := range s.keys {
-		if waiting[k] {
-			rest.keys = append(rest.keys, k)
-		} else {
-			ready.keys = append(ready.keys, k)
-		}
-	}
-	return ready, rest
 }
 
 // answered returns the rows and results of f that are not the straggler's.
@@ -301,7 +242,7 @@ func (s *straggler) answered() ([]outboxdriver.Row, []broker.Result) {
 // claim may hold locks on rows it read past, the straggler's among them (MySQL), and
 // a settle skips locked rows, as it must for another relay's.
 func (p *pipeline) land(wait bool) {
-	for p.fly.rows > 0 {
+	for p.fly.n > 0 {
 		var s *straggler
 		if wait {
 			s = <-p.fly.landed
@@ -324,11 +265,7 @@ func (p *pipeline) land(wait bool) {
 // given back: land).
 func (p *pipeline) settle(s *straggler) {
 	r := p.r
-	if s.root != nil {
-		<-s.root.marks
-	} else {
-		<-s.marks
-	}
+	<-s.marks
 	rows, results := pick(s.f, s.idx)
 	params, failed, unavailable := r.outcome(rows, results)
 	r.count(params, failed, unavailable)
@@ -350,6 +287,7 @@ func (p *pipeline) settle(s *straggler) {
 		delete(p.fly.keys, k)
 	}
 	p.fly.rows -= len(s.idx)
+	p.fly.n--
 	r.log.Debug("relay: slow key settled", "rows", len(rows), "keys", len(s.keys), "failed", failed)
 }
 
