@@ -7,7 +7,6 @@ import (
 	"hash/fnv"
 	"strconv"
 	"strings"
-	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -38,9 +37,6 @@ type Statements struct {
 	published    string // quoted archive of published rows (completion "archive")
 
 	insert, claim, markPublished, deletePublished, archivePublished, recordFailure, moveDead, status string
-	// claimProbe asks, outside any transaction, whether a claim could find a row: a
-	// weaker condition than the claim's, so "no" means the claim would find none.
-	claimProbe string
 	// The same write-backs, applied only while the relay holds the partitions' leases
 	// at the epochs it claimed under (several active relays).
 	fencedMark, fencedDelete, fencedArchive, fencedFailure, fencedDead string
@@ -109,9 +105,6 @@ WHERE o.published_at IS NULL AND o.available_at <= now() AND ($2 <= 0 OR o.seq <
   AND ` + outboxdriver.NotBehindFailingSQL(q) + `
   AND ` + outboxdriver.NotHeldSQL(s.dead) + `
 ORDER BY o.seq LIMIT $1 FOR UPDATE OF o SKIP LOCKED`
-	s.claimProbe = `SELECT EXISTS (SELECT 1 FROM ` + q + ` AS o
-WHERE o.published_at IS NULL AND o.available_at <= now() AND ($1::bigint <= 0 OR o.seq <= $1::bigint)
-  AND ($2::smallint[] IS NULL OR o.partition = ANY($2::smallint[])))`
 	s.markPublished = `UPDATE ` + q + ` AS o SET published_at = now(), last_error = NULL WHERE o.id = ANY($1::text[]::uuid[])`
 	s.deletePublished = `DELETE FROM ` + q + ` AS o WHERE o.id = ANY($1::text[]::uuid[])`
 	// The outbox's own columns move; a column added to the table after the archive
@@ -358,10 +351,6 @@ type Store struct {
 	Sessions DB
 	// ListenFunc, when set, opens a listener (only the pgx driver can LISTEN).
 	ListenFunc func(ctx context.Context) (outboxdriver.Listener, error)
-
-	// lastFull: the last claim filled its limit, so the next one skips the probe
-	// (there is most likely more).
-	lastFull atomic.Bool
 }
 
 // Capabilities implements outboxdriver.Source: PostgreSQL honours everything but
@@ -379,29 +368,16 @@ func (s *Store) Capabilities() outboxdriver.Capabilities {
 
 // Claim implements outboxdriver.Store.
 func (s *Store) Claim(ctx context.Context, p *outboxdriver.ClaimParams) (outboxdriver.Claim, error) {
+	tx, err := s.DB.Begin(ctx)
+	if err != nil {
+		return nil, InterpretError(err)
+	}
 	var parts []int16
 	if p.Group != nil {
 		parts = make([]int16, 0, len(p.Group.Leases))
 		for _, l := range p.Group.Leases {
 			parts = append(parts, int16(l.Partition))
 		}
-	}
-	if !s.lastFull.Load() {
-		// Most claims of a quiet table (a poll, the look after a small batch, a
-		// table among hundreds) find nothing: one statement says so, instead of a
-		// transaction of four round trips. A row committed after it is found by the
-		// next wake-up or poll, as after an empty claim.
-		var found bool
-		if err := QueryRow(ctx, s.DB, s.Statements.claimProbe, []any{p.MaxSeq, parts}, &found); err != nil {
-			return nil, InterpretError(err)
-		}
-		if !found {
-			return &claim{s: s, group: p.Group}, nil
-		}
-	}
-	tx, err := s.DB.Begin(ctx)
-	if err != nil {
-		return nil, InterpretError(err)
 	}
 	// A paused or cut-off relay's claim must not hold its rows long past its
 	// leadership: the server ends the session (and its locks) when the transaction
@@ -452,7 +428,6 @@ func (s *Store) Claim(ctx context.Context, p *outboxdriver.ClaimParams) (outboxd
 		_ = tx.Rollback(context.WithoutCancel(ctx))
 		return nil, InterpretError(err)
 	}
-	s.lastFull.Store(p.Limit > 0 && len(c.rows) >= p.Limit)
 	if len(c.rows) == 0 {
 		// Nothing to hold: end the transaction now.
 		err = tx.Rollback(ctx)
