@@ -836,14 +836,17 @@ func TestUICommand(t *testing.T) {
 		args []string
 		want []string
 	}{
-		{"table", []string{"--table", table.String()}, []string{`id="backlog">5<`}},
+		{"table", []string{"--db", url, "--table", table.String()}, []string{`id="backlog">5<`}},
 		// Many tables: one page listing them, each with its pages.
-		{"tables", []string{"--tables", table.String() + "," + other.String()},
+		{"tables", []string{"--db", url, "--tables", table.String() + "," + other.String()},
 			[]string{`id="backlog">8<`, `data-table="` + table.String() + `"`, `data-table="` + other.String() + `"`}},
+		// The same on SQLite, whose tables all live in main.
+		{"tables-sqlite", []string{"--db", sqliteTenants(t), "--tables", "tenant_*"},
+			[]string{`id="tables">2<`, `data-table="main.tenant_1"`, `data-table="main.tenant_2"`}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			addr := fmt.Sprintf("127.0.0.1:%d", testenv.FreePort(t))
-			cmd := exec.Command(binary, append([]string{"ui", "--db", url, "--listen", addr, "--metrics", "http://127.0.0.1:1/metrics"}, tc.args...)...)
+			cmd := exec.Command(binary, append([]string{"ui", "--listen", addr, "--metrics", "http://127.0.0.1:1/metrics"}, tc.args...)...)
 			out := &lockedWriter{w: &bytes.Buffer{}}
 			cmd.Stdout, cmd.Stderr = out, out
 			if err := cmd.Start(); err != nil {
@@ -872,6 +875,17 @@ func TestUICommand(t *testing.T) {
 			})
 		})
 	}
+}
+
+// sqliteTenants is a SQLite database with two migrated outbox tables, tenant_1 and
+// tenant_2, as a --db URL.
+func sqliteTenants(t *testing.T) string {
+	t.Helper()
+	url := "sqlite://" + filepath.Join(t.TempDir(), "tenants.db")
+	if stdout, stderr, code := runCLI(t, nil, "migrate", "--db", url, "--tables", "tenant_1,tenant_2"); code != 0 {
+		t.Fatalf("migrate --tables: exit %d\n%s%s", code, stdout, stderr)
+	}
+	return url
 }
 
 func TestReadYAMLConfig(t *testing.T) {
