@@ -105,6 +105,13 @@ func (e *cdcEnv) startRelay(t testing.TB, store outboxdriver.Source, pub broker.
 // an event and rolls back. It returns the committed ids per aggregate in write order.
 func (e *cdcEnv) produce(t testing.TB, aggs, perAgg int) map[string][]string {
 	t.Helper()
+	return e.produceFrom(t, aggs, 0, perAgg)
+}
+
+// produceFrom is produce with payloads counting from from: the events after
+// those of an earlier produce.
+func (e *cdcEnv) produceFrom(t testing.TB, aggs, from, perAgg int) map[string][]string {
+	t.Helper()
 	ctx := context.Background()
 	w, err := outbox.NewWriter(e.drv, nil)
 	if err != nil {
@@ -118,7 +125,7 @@ func (e *cdcEnv) produce(t testing.TB, aggs, perAgg int) map[string][]string {
 		wg.Add(1)
 		go func(agg string) {
 			defer wg.Done()
-			for i := range perAgg {
+			for i := from; i < from+perAgg; i++ {
 				ev := outbox.Event{ID: uuid.Must(uuid.NewV7()).String(), AggregateType: "order", AggregateID: agg, Type: "Step", Payload: []byte(`{"i":` + strconv.Itoa(i) + `}`)}
 				err := pgx.BeginFunc(ctx, e.pool, func(tx pgx.Tx) error { return w.WriteTx(ctx, tx, ev) })
 				if err != nil {

@@ -236,7 +236,7 @@ func (c *claim) Complete(ctx context.Context, p *outboxdriver.CompleteParams) er
 	c.ss.published(acked, p.Completion)
 	// Report now, before the relay sends its next batch. A failed write ends the
 	// stream, and the relay steps down.
-	if err := c.ss.st.sendStatus(false); err != nil {
+	if err := c.ss.t.st.sendStatus(false); err != nil {
 		c.ss.src.log.Warn("pgcdc: could not report the confirmed position", "err", err)
 	}
 	return nil

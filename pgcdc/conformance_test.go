@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/outboxd/outbox/internal/testenv"
 	"github.com/outboxd/outbox/outboxdriver"
@@ -19,33 +20,80 @@ import (
 // from the table or from the WAL.
 func TestConformance(t *testing.T) {
 	for _, mode := range []outboxdriver.WriteMode{outboxdriver.WriteRows, outboxdriver.WriteInsertDelete, outboxdriver.WriteMessage} {
-		t.Run(string(mode), func(t *testing.T) {
-			url := testenv.DatabaseURL(t)
-			outboxdrivertest.RunSource(t, func(t *testing.T, payload outboxdriver.PayloadType) *outboxdrivertest.Harness[pgx.Tx] {
-				pool := testenv.Pool(t, url)
-				testenv.LogicalReplication(t, pool)
-				table := outboxdriver.Table{Schema: testenv.Schema(t, url), Name: "outbox", Payload: payload, Write: mode}
-				drv := outboxpgx.New(pool, &table)
-				return &outboxdrivertest.Harness[pgx.Tx]{
-					Driver:   drv,
-					Begin:    func(ctx context.Context) (pgx.Tx, error) { return pool.Begin(ctx) },
-					Commit:   func(ctx context.Context, tx pgx.Tx) error { return tx.Commit(ctx) },
-					Rollback: func(ctx context.Context, tx pgx.Tx) error { return tx.Rollback(ctx) },
-					Source: func(t *testing.T) outboxdriver.Source {
-						src, err := pgcdc.ForDriver(drv, &pgcdc.Config{Logger: testenv.QuietLogger(), StatusInterval: 100 * time.Millisecond})
-						if err != nil {
-							t.Fatal(err)
-						}
-						t.Cleanup(func() { dropSlot(t, pool, pgcdc.DefaultSlot(table)) })
-						if err := src.Init(context.Background()); err != nil {
-							t.Fatal(err)
-						}
-						return src
-					},
-					MultipleClaims:    true,
-					ConcurrentWriters: true,
-				}
-			})
-		})
+		for _, shared := range []bool{false, true} {
+			name := string(mode)
+			if shared {
+				name += "/shared"
+			}
+			t.Run(name, func(t *testing.T) { conformance(t, mode, shared) })
+		}
 	}
+}
+
+// conformance runs the suite on a table of its own slot, or (shared) on a table of
+// a Shared stream.
+func conformance(t *testing.T, mode outboxdriver.WriteMode, shared bool) {
+	url := testenv.DatabaseURL(t)
+	outboxdrivertest.RunSource(t, func(t *testing.T, payload outboxdriver.PayloadType) *outboxdrivertest.Harness[pgx.Tx] {
+		pool := testenv.Pool(t, url)
+		testenv.LogicalReplication(t, pool)
+		table := outboxdriver.Table{Schema: testenv.Schema(t, url), Name: "outbox", Payload: payload, Write: mode}
+		drv := outboxpgx.New(pool, &table)
+		return &outboxdrivertest.Harness[pgx.Tx]{
+			Driver:   drv,
+			Begin:    func(ctx context.Context) (pgx.Tx, error) { return pool.Begin(ctx) },
+			Commit:   func(ctx context.Context, tx pgx.Tx) error { return tx.Commit(ctx) },
+			Rollback: func(ctx context.Context, tx pgx.Tx) error { return tx.Rollback(ctx) },
+			Source: func(t *testing.T) outboxdriver.Source {
+				if shared {
+					return sharedSource(t, pool, drv, table)
+				}
+				src, err := pgcdc.ForDriver(drv, &pgcdc.Config{Logger: testenv.QuietLogger(), StatusInterval: 100 * time.Millisecond})
+				if err != nil {
+					t.Fatal(err)
+				}
+				t.Cleanup(func() { dropSlot(t, pool, pgcdc.DefaultSlot(table)) })
+				if err := src.Init(context.Background()); err != nil {
+					t.Fatal(err)
+				}
+				return src
+			},
+			MultipleClaims:    true,
+			ConcurrentWriters: true,
+		}
+	})
+}
+
+// sharedSource is table's Source on a Shared stream of its own, streaming from the
+// moment it returns until the test ends.
+func sharedSource(t *testing.T, pool *pgxpool.Pool, drv *outboxpgx.Driver, table outboxdriver.Table) outboxdriver.Source {
+	t.Helper()
+	slot := "outbox_" + table.WithDefaults().Schema + "_shared"
+	t.Cleanup(func() { dropSlot(t, pool, slot) })
+	sh, err := pgcdc.NewShared(pool, &pgcdc.SharedConfig{Slot: slot, Logger: testenv.QuietLogger(), StatusInterval: 100 * time.Millisecond, Retry: 50 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	inner, err := drv.Store()
+	if err != nil {
+		t.Fatal(err)
+	}
+	src, err := sh.Add(context.Background(), inner, table)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := sh.Init(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- sh.Run(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Error(err)
+		}
+	})
+	testenv.WaitTell(t, ctx, "the shared slot streaming", sh.Streaming, func() string { return "not streaming" })
+	return src
 }

@@ -49,6 +49,10 @@ type Change struct {
 	// Inserted, for ChangeEvent, says the event is a row inserted into the table (not
 	// a table-less message): once published, the row is completed there too.
 	Inserted bool
+	// Schema and Table, for an inserted ChangeEvent, name the table it was inserted
+	// into; Prefix, for a table-less one, is its message's prefix. A shared stream
+	// (NewSharedDecoder) routes events by them.
+	Schema, Table, Prefix string
 }
 
 // Column type OIDs the decoder reads in binary format.
@@ -70,6 +74,7 @@ const (
 // one replication stream; it is not safe for concurrent use.
 type Decoder struct {
 	schema, table, prefix string
+	accept                func(prefix string) bool // shared: whose messages are events
 	rels                  map[uint32]*relation
 	inTx                  bool
 	commitLSN             uint64
@@ -79,8 +84,9 @@ type Decoder struct {
 
 // relation is the column layout of a table as the stream last described it.
 type relation struct {
-	outbox bool // the outbox table
-	cols   []column
+	outbox       bool // the outbox table (shared: every table of the publication)
+	schema, name string
+	cols         []column
 }
 
 type column struct {
@@ -114,6 +120,14 @@ var fieldByName = map[string]int{
 func NewDecoder(table outboxdriver.Table, prefix string) *Decoder {
 	t := table.WithDefaults()
 	return &Decoder{schema: t.Schema, table: t.Name, prefix: prefix, rels: map[uint32]*relation{}}
+}
+
+// NewSharedDecoder returns a decoder for a stream that carries several outbox tables
+// (Shared): the inserts into every table of the publication, and the transactional
+// logical messages whose prefix accept accepts. Each event names its table (or
+// prefix) for routing.
+func NewSharedDecoder(accept func(prefix string) bool) *Decoder {
+	return &Decoder{accept: accept, rels: map[uint32]*relation{}}
 }
 
 // InTransaction reports whether the last change was inside a transaction (between
@@ -163,7 +177,7 @@ func (d *Decoder) relation(r *reader) error {
 	if r.err != nil {
 		return r.fail("relation")
 	}
-	rel := &relation{outbox: ns == d.schema && name == d.table}
+	rel := &relation{outbox: d.accept != nil || (ns == d.schema && name == d.table), schema: ns, name: name}
 	if n > len(r.b) { // each column takes more than a byte: a lying count
 		return fmt.Errorf("%w: relation: %d columns in %d bytes", ErrMalformed, n, len(r.b))
 	}
@@ -204,7 +218,7 @@ func (d *Decoder) insert(r *reader) (Change, error) {
 	if n != len(rel.cols) {
 		return Change{}, fmt.Errorf("%w: insert: %d columns, relation has %d", ErrMalformed, n, len(rel.cols))
 	}
-	ch := Change{Kind: ChangeEvent, Xid: d.xid, Inserted: true}
+	ch := Change{Kind: ChangeEvent, Xid: d.xid, Inserted: true, Schema: rel.schema, Table: rel.name}
 	row := &ch.Row
 	seen := 0
 	for _, c := range rel.cols {
@@ -365,10 +379,14 @@ func (d *Decoder) message(r *reader) (Change, error) {
 	if r.err != nil {
 		return Change{}, r.fail("message")
 	}
-	if d.prefix == "" || prefix != d.prefix {
+	if d.accept != nil {
+		if !d.accept(prefix) {
+			return Change{}, nil
+		}
+	} else if d.prefix == "" || prefix != d.prefix {
 		return Change{}, nil
 	}
-	ch := Change{Kind: ChangeEvent}
+	ch := Change{Kind: ChangeEvent, Prefix: prefix}
 	if flags&1 != 0 {
 		ch.Xid = d.xid
 	}

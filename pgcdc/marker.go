@@ -112,7 +112,7 @@ func (m *marker) flush(ctx context.Context) (more bool, err error) {
 	more = len(m.pending) > 0
 	m.mu.Unlock()
 	m.ss.q.done(batch)
-	if err := m.ss.st.sendStatus(false); err != nil {
+	if err := m.ss.t.st.sendStatus(false); err != nil {
 		m.ss.src.log.Warn("pgcdc: could not report the confirmed position", "err", err)
 	}
 	return more, nil

@@ -8,20 +8,18 @@ import (
 	"github.com/outboxd/outbox/outboxdriver"
 )
 
-// queue holds the events read from the stream until the broker acknowledged them,
-// and works out which WAL position may be confirmed. It is the whole of the CDC
-// relay's ordering and safety logic, kept apart from I/O so it is tested directly.
-//
-// Every event gets an index in stream order. A checkpoint (a commit's end, or a
-// keepalive's position between transactions) is confirmable once every event indexed
-// before it is done: acknowledged by the broker, or safely in the dead letters.
-type queue struct {
+// ledger numbers the events of one replication stream in stream order and works
+// out which WAL position may be confirmed: a checkpoint (a commit's end, or a
+// keepalive's position between transactions) is confirmable once every event
+// numbered before it is done: acknowledged by the broker, or safely in the dead
+// letters. It also bounds the events (and payload bytes) read and not yet done.
+// One stream has one ledger, whatever the number of tables it carries.
+type ledger struct {
 	mu       sync.Mutex
 	space    *sync.Cond // signalled when an event is done
 	capacity int        // most events not yet done
 	maxBytes int        // most payload bytes not yet done (0: no bound); one event always fits
 
-	pending     []*entry // waiting to be claimed, in index order
 	nextIdx     uint64
 	doneUpTo    uint64              // every index below is done
 	doneAbove   map[uint64]struct{} // done indexes at or above doneUpTo
@@ -30,6 +28,19 @@ type queue struct {
 	open        int                 // events not yet done
 	openBytes   int                 // their payloads' bytes
 	closed      bool
+}
+
+// queue holds one table's events read from the stream until the broker acknowledged
+// them, in stream order, and hands them out so that no aggregate's event overtakes
+// an earlier one. It and its ledger are the whole of the CDC relay's ordering and
+// safety logic, kept apart from I/O so they are tested directly. A stream that
+// carries several tables (Shared) has a queue per table on one ledger.
+type queue struct {
+	*ledger
+
+	pmu     sync.Mutex
+	pending []*entry // waiting to be claimed, in index order
+	gone    bool     // dropped: events given back count as done
 
 	avail chan struct{} // a non-blocking "there is something to claim" hint
 }
@@ -51,31 +62,41 @@ type checkpoint struct {
 	lsn uint64
 }
 
+func newLedger(capacity, maxBytes int) *ledger {
+	l := &ledger{capacity: capacity, maxBytes: maxBytes, doneAbove: map[uint64]struct{}{}}
+	l.space = sync.NewCond(&l.mu)
+	return l
+}
+
+// newQueue returns a queue on a ledger of its own (a stream of one table).
 func newQueue(capacity, maxBytes int) *queue {
-	q := &queue{capacity: capacity, maxBytes: maxBytes, doneAbove: map[uint64]struct{}{}, avail: make(chan struct{}, 1)}
-	q.space = sync.NewCond(&q.mu)
-	return q
+	return newTableQueue(newLedger(capacity, maxBytes))
+}
+
+// newTableQueue returns a queue of one table on a stream's ledger.
+func newTableQueue(l *ledger) *queue {
+	return &queue{ledger: l, avail: make(chan struct{}, 1)}
 }
 
 // waitSpace blocks until an event may be added or deadline passes (so the reader
 // can still send status updates while the relay is behind). It reports whether there
 // is space.
-func (q *queue) waitSpace(deadline time.Time) bool {
-	q.mu.Lock()
-	defer q.mu.Unlock()
-	if q.hasSpace() {
+func (l *ledger) waitSpace(deadline time.Time) bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.hasSpace() {
 		return true
 	}
 	t := time.AfterFunc(time.Until(deadline), func() {
-		q.mu.Lock()
-		q.space.Broadcast()
-		q.mu.Unlock()
+		l.mu.Lock()
+		l.space.Broadcast()
+		l.mu.Unlock()
 	})
 	defer t.Stop()
-	for !q.hasSpace() && time.Now().Before(deadline) {
-		q.space.Wait()
+	for !l.hasSpace() && time.Now().Before(deadline) {
+		l.space.Wait()
 	}
-	return q.hasSpace()
+	return l.hasSpace()
 }
 
 // minOpenEvents is how many events may always be open, whatever their bytes: a few
@@ -87,43 +108,52 @@ const minOpenEvents = 100
 // hasSpace reports whether another event may be read: fewer than capacity events and
 // maxBytes of payload wait, or fewer than minOpenEvents whatever their size. Called
 // with mu held.
-func (q *queue) hasSpace() bool {
-	if q.closed || q.open < min(minOpenEvents, q.capacity) {
+func (l *ledger) hasSpace() bool {
+	if l.closed || l.open < min(minOpenEvents, l.capacity) {
 		return true
 	}
-	return q.open < q.capacity && (q.maxBytes <= 0 || q.openBytes < q.maxBytes)
+	return l.open < l.capacity && (l.maxBytes <= 0 || l.openBytes < l.maxBytes)
 }
 
 // push adds an event read from the stream, written by transaction xid (a row of the
-// table when inserted).
+// table when inserted). One reader pushes, so each queue stays in index order.
 func (q *queue) push(row outboxdriver.Row, availableAt time.Time, reject error, xid uint32, inserted bool) {
-	q.mu.Lock()
-	q.pending = append(q.pending, &entry{idx: q.nextIdx, row: row, availableAt: availableAt, reject: reject, xid: xid, inserted: inserted})
-	q.nextIdx++
-	q.open++
-	q.openBytes += len(row.Payload)
-	q.mu.Unlock()
+	idx := q.number(len(row.Payload))
+	q.pmu.Lock()
+	q.pending = append(q.pending, &entry{idx: idx, row: row, availableAt: availableAt, reject: reject, xid: xid, inserted: inserted})
+	q.pmu.Unlock()
 	q.hint()
+}
+
+// number gives the next event its index, counting it open.
+func (l *ledger) number(payload int) uint64 {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	idx := l.nextIdx
+	l.nextIdx++
+	l.open++
+	l.openBytes += payload
+	return idx
 }
 
 // mark records a position that may be confirmed once every event pushed before it
 // is done.
-func (q *queue) mark(lsn uint64) {
-	q.mu.Lock()
-	defer q.mu.Unlock()
-	if n := len(q.checkpoints); n > 0 && q.checkpoints[n-1].idx == q.nextIdx {
-		q.checkpoints[n-1].lsn = max(q.checkpoints[n-1].lsn, lsn)
+func (l *ledger) mark(lsn uint64) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if n := len(l.checkpoints); n > 0 && l.checkpoints[n-1].idx == l.nextIdx {
+		l.checkpoints[n-1].lsn = max(l.checkpoints[n-1].lsn, lsn)
 	} else {
-		q.checkpoints = append(q.checkpoints, checkpoint{idx: q.nextIdx, lsn: lsn})
+		l.checkpoints = append(l.checkpoints, checkpoint{idx: l.nextIdx, lsn: lsn})
 	}
-	q.advance()
+	l.advance()
 }
 
 // confirmedLSN is the latest position whose events are all done (0: none yet).
-func (q *queue) confirmedLSN() uint64 {
-	q.mu.Lock()
-	defer q.mu.Unlock()
-	return q.confirmed
+func (l *ledger) confirmedLSN() uint64 {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.confirmed
 }
 
 func (q *queue) hint() {
@@ -139,8 +169,8 @@ func (q *queue) hint() {
 // (dead letters); their events are returned apart, in held, for the caller to
 // deadLetter.
 func (q *queue) take(limit, maxBytes int, now time.Time, blocked func(key string) bool) (out, held []*entry) {
-	q.mu.Lock()
-	defer q.mu.Unlock()
+	q.pmu.Lock()
+	defer q.pmu.Unlock()
 	var waiting map[string]bool // aggregates with an earlier event left waiting
 	keep := q.pending[:0]
 	bytes := 0
@@ -179,7 +209,12 @@ func (q *queue) giveBack(es []*entry) {
 	if len(es) == 0 {
 		return
 	}
-	q.mu.Lock()
+	q.pmu.Lock()
+	if q.gone {
+		q.pmu.Unlock()
+		q.done(es)
+		return
+	}
 	q.pending = append(q.pending, es...)
 	slices.SortFunc(q.pending, func(a, b *entry) int {
 		switch {
@@ -190,50 +225,63 @@ func (q *queue) giveBack(es []*entry) {
 		}
 		return 0
 	})
-	q.mu.Unlock()
+	q.pmu.Unlock()
 	q.hint()
 }
 
 // done records events as finished (acknowledged, or in the dead letters).
-func (q *queue) done(es []*entry) {
+func (l *ledger) done(es []*entry) {
 	if len(es) == 0 {
 		return
 	}
-	q.mu.Lock()
-	defer q.mu.Unlock()
+	l.mu.Lock()
+	defer l.mu.Unlock()
 	for _, e := range es {
-		q.doneAbove[e.idx] = struct{}{}
+		l.doneAbove[e.idx] = struct{}{}
 	}
-	q.open -= len(es)
+	l.open -= len(es)
 	for _, e := range es {
-		q.openBytes -= len(e.row.Payload)
+		l.openBytes -= len(e.row.Payload)
 	}
 	for {
-		if _, ok := q.doneAbove[q.doneUpTo]; !ok {
+		if _, ok := l.doneAbove[l.doneUpTo]; !ok {
 			break
 		}
-		delete(q.doneAbove, q.doneUpTo)
-		q.doneUpTo++
+		delete(l.doneAbove, l.doneUpTo)
+		l.doneUpTo++
 	}
-	q.advance()
-	q.space.Broadcast()
+	l.advance()
+	l.space.Broadcast()
 }
 
-func (q *queue) advance() {
+func (l *ledger) advance() {
 	n := 0
-	for n < len(q.checkpoints) && q.checkpoints[n].idx <= q.doneUpTo {
-		q.confirmed = max(q.confirmed, q.checkpoints[n].lsn)
+	for n < len(l.checkpoints) && l.checkpoints[n].idx <= l.doneUpTo {
+		l.confirmed = max(l.confirmed, l.checkpoints[n].lsn)
 		n++
 	}
-	q.checkpoints = q.checkpoints[n:]
+	l.checkpoints = l.checkpoints[n:]
 }
 
 // close wakes a reader waiting for space: the stream is going away.
-func (q *queue) close() {
-	q.mu.Lock()
-	q.closed = true
-	q.space.Broadcast()
-	q.mu.Unlock()
+func (l *ledger) close() {
+	l.mu.Lock()
+	l.closed = true
+	l.space.Broadcast()
+	l.mu.Unlock()
+}
+
+// drop takes every event out of the queue and counts them as done (and those
+// claimed, once given back): the table left the stream (dropped, or no longer
+// relayed here), so its events must not hold the confirmed position back. A
+// rows-mode table keeps its unpublished rows; the backfill of its next start
+// publishes them.
+func (q *queue) drop() {
+	q.pmu.Lock()
+	es := q.pending
+	q.pending, q.gone = nil, true
+	q.pmu.Unlock()
+	q.done(es)
 }
 
 func aggregateKey(r *outboxdriver.Row) string {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -15,22 +16,57 @@ import (
 	"github.com/outboxd/outbox/outboxdriver"
 )
 
-// session is one leadership term: a replication connection and its queue.
+// session is one table's leadership term: its relay's lock, the table's queue on a
+// stream term, and the marker of its published rows.
 type session struct {
 	src           *Source
 	lead          outboxdriver.Leadership // the table's single-active-relay lock
 	q             *queue
-	st            *stream
-	marks         *marker // nil: the table store cannot complete rows outside a claim
-	cancel        context.CancelFunc
-	done          chan struct{}
+	t             *term         // the stream the queue is fed by
+	ownsTerm      bool          // a stream of this table alone: it ends with the session
+	marks         *marker       // nil: the table store cannot complete rows outside a claim
+	stopMarks     func()        // ends the marker
 	marked        chan struct{} // closed when the marker stopped (nil: no marker)
-	err           atomic.Pointer[error]
-	backfilling   atomic.Bool // still publishing the rows written before the slot
-	backfillUntil int64       // the backfill's last seq
+	backfilling   atomic.Bool   // still publishing the rows written before the slot
+	backfillUntil int64         // the backfill's last seq
 
 	heldMu sync.Mutex
 	held   map[string]bool
+}
+
+// term is one replication stream's life: its connection, its ledger, and how it
+// ended. The tables of a Shared stream share one term.
+type term struct {
+	st     *stream
+	l      *ledger
+	ctx    context.Context
+	cancel context.CancelFunc
+	done   chan struct{}
+	err    atomic.Pointer[error]
+}
+
+// run streams until ctx ends or the connection fails, then wakes the reader's
+// waiters and closes the connection.
+func (t *term) run() {
+	defer close(t.done)
+	if err := t.st.run(t.ctx); err != nil {
+		t.err.Store(&err)
+	}
+	t.l.close()
+	t.st.close()
+}
+
+// alive reports why the stream is unusable (nil: streaming).
+func (t *term) alive() error {
+	if errp := t.err.Load(); errp != nil {
+		return fmt.Errorf("%w: %w", outboxdriver.ErrLeadershipLost, *errp)
+	}
+	select {
+	case <-t.done:
+		return fmt.Errorf("%w: replication stream ended", outboxdriver.ErrLeadershipLost)
+	default:
+	}
+	return nil
 }
 
 // AcquireLeadership implements outboxdriver.Source: the table's relay lock (so a poll
@@ -40,6 +76,9 @@ type session struct {
 // status updates (paused, cut off), so the slot is free for the standby as soon as
 // the table lock is.
 func (s *Source) AcquireLeadership(ctx context.Context, params *outboxdriver.LeadershipParams) (outboxdriver.Leadership, error) {
+	if s.shared != nil {
+		return s.shared.acquire(ctx, s, params)
+	}
 	lead, err := s.inner.AcquireLeadership(ctx, params)
 	if err != nil || lead == nil {
 		return nil, err
@@ -75,21 +114,13 @@ func (s *Source) start(ctx context.Context, lead outboxdriver.Leadership, timeou
 	if si.active {
 		return nil, nil // a session of a relay that just died, until PostgreSQL notices
 	}
-	var registered bool
-	var backfilled *time.Time
-	var until *int64
-	err = s.pool.QueryRow(ctx, `SELECT backfilled_at, backfill_until FROM `+s.qCDC+` WHERE slot = $1`, s.cfg.Slot).Scan(&backfilled, &until)
-	switch {
-	case errors.Is(err, pgx.ErrNoRows):
-	case err != nil:
-		return nil, fmt.Errorf("pgcdc: %w", interpret(err))
-	default:
-		registered = true
+	streamed, err := s.streamedBefore(ctx)
+	if err != nil {
+		return nil, err
 	}
-	lost := (si.exists && si.walStatus == "lost") || (!si.exists && registered && backfilled != nil)
+	lost := si.lost(streamed)
 	if lost && !s.cfg.RecreateSlot {
-		return nil, fmt.Errorf("%w (%w): slot %q (wal_status %q): events written since its last confirmed position may be gone from the WAL; "+
-			"recover with `outbox relay --mode cdc --recreate-slot` (docs/cdc.md)", ErrSlotLost, outboxdriver.ErrNeedsOperator, s.cfg.Slot, map[bool]string{true: si.walStatus, false: "dropped"}[si.exists])
+		return nil, si.lostError(s.cfg.Slot)
 	}
 
 	conn, err := s.connect(ctx, timeout)
@@ -112,21 +143,89 @@ func (s *Source) start(ctx context.Context, lead outboxdriver.Leadership, timeou
 		si = slotInfo{}
 	}
 	if !si.exists {
-		if si.confirmed, err = s.createSlot(ctx, conn); err != nil {
+		if si.confirmed, err = createSlot(ctx, conn, s.cfg.Slot, s.log, s); err != nil {
 			return nil, err
 		}
-		backfilled, until = nil, nil // read again below
-	} else if !registered {
-		// A slot made by hand: publish the rows before it too (duplicates, never a gap).
+	}
+	l := newLedger(s.cfg.MaxPending, s.cfg.MaxPendingBytes)
+	l.confirmed = uint64(si.confirmed)
+	q := newTableQueue(l)
+	t := newTerm(ctx, &stream{conn: conn, dec: NewDecoder(s.table, s.table.MessagePrefix), l: l,
+		route: func(*Change) (*queue, error) { return q, nil }, statusEvery: s.cfg.StatusInterval,
+		log: s.log, failpoint: s.cfg.Failpoint, bad: skipBad(&s.skipped, s.log)})
+	sess, err := s.newSession(ctx, lead, t, q)
+	if err != nil {
+		return nil, err
+	}
+	sess.ownsTerm = true
+	if err := startReplication(ctx, conn, s.cfg.Slot, s.cfg.Publication); err != nil {
+		sess.stop()
+		if errors.Is(err, errSlotInUse) {
+			return nil, nil
+		}
+		return nil, err
+	}
+	ok = true
+	go t.run()
+	s.log.Info("pgcdc: streaming", "slot", s.cfg.Slot, "from", si.confirmed, "backfill_until_seq", sess.backfillUntil)
+	return sess, nil
+}
+
+// newTerm prepares the term of stream st (the caller starts it with go run). It
+// lives until cancel, however ctx ends.
+func newTerm(ctx context.Context, st *stream) *term {
+	t := &term{st: st, l: st.l, done: make(chan struct{})}
+	t.ctx, t.cancel = context.WithCancel(context.WithoutCancel(ctx))
+	return t
+}
+
+// skipBad counts and logs the WAL messages that are not outbox events.
+func skipBad(n *atomic.Int64, log *slog.Logger) func(lsn uint64, err error) {
+	return func(lsn uint64, err error) {
+		n.Add(1)
+		log.Error("pgcdc: skipping a WAL message that is not an outbox event", "lsn", pglogrepl.LSN(lsn), "err", err)
+	}
+}
+
+var errSlotInUse = errors.New("pgcdc: another session streams from the slot")
+
+// startReplication starts streaming the slot with the publication; errSlotInUse
+// when another session streams from it.
+func startReplication(ctx context.Context, conn *pgconn.PgConn, slot, publication string) error {
+	err := pglogrepl.StartReplication(ctx, conn, slot, 0, pglogrepl.StartReplicationOptions{
+		Mode: pglogrepl.LogicalReplication, PluginArgs: pluginArgs(publication)})
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) && pgErr.Code == "55006" { // object_in_use
+		return errSlotInUse
+	}
+	if err != nil {
+		return fmt.Errorf("pgcdc: start replication: %w", err)
+	}
+	return nil
+}
+
+// newSession starts the table's leadership term on stream term t, fed into q: it
+// learns where the table's backfill stands and which aggregates dead letters hold,
+// and starts the marker.
+func (s *Source) newSession(ctx context.Context, lead outboxdriver.Leadership, t *term, q *queue) (*session, error) {
+	sess := &session{src: s, lead: lead, q: q, t: t}
+	var backfilled *time.Time
+	var until *int64
+	err := s.pool.QueryRow(ctx, `SELECT backfilled_at, backfill_until FROM `+s.qCDC+` WHERE slot = $1`, s.cfg.Slot).Scan(&backfilled, &until)
+	switch {
+	case errors.Is(err, pgx.ErrNoRows):
+		// Not registered (a slot made by hand, or a table that joined a shared
+		// slot): publish the rows before it too (duplicates, never a gap).
 		if _, err := s.pool.Exec(ctx, `INSERT INTO `+s.qCDC+` (slot) VALUES ($1) ON CONFLICT DO NOTHING`, s.cfg.Slot); err != nil {
 			return nil, fmt.Errorf("pgcdc: %w", interpret(err))
 		}
+	case err != nil:
+		return nil, fmt.Errorf("pgcdc: %w", interpret(err))
 	}
-	sess := &session{src: s, lead: lead, q: newQueue(s.cfg.MaxPending, s.cfg.MaxPendingBytes), done: make(chan struct{})}
-	sess.q.confirmed = uint64(si.confirmed)
 	if backfilled == nil {
 		// A relay that died between creating the slot and recording its backfill
-		// bound: take today's maximum (duplicates, never a gap).
+		// bound, or a table new to the stream: take today's maximum, read after the
+		// stream began to carry the table (duplicates, never a gap).
 		if until == nil {
 			var n int64
 			if err := s.pool.QueryRow(ctx, `WITH m AS (SELECT coalesce(max(seq), 0) AS n FROM `+s.qTable+`)
@@ -146,43 +245,24 @@ UPDATE `+s.qCDC+` SET backfill_until = coalesce(backfill_until, m.n) FROM m WHER
 	if err := sess.loadHeld(ctx); err != nil {
 		return nil, err
 	}
-	err = pglogrepl.StartReplication(ctx, conn, s.cfg.Slot, 0, pglogrepl.StartReplicationOptions{
-		Mode: pglogrepl.LogicalReplication, PluginArgs: pluginArgs(s.cfg.Publication)})
-	if err != nil {
-		var pgErr *pgconn.PgError
-		if errors.As(err, &pgErr) && pgErr.Code == "55006" { // object_in_use: another session streams
-			return nil, nil
-		}
-		return nil, fmt.Errorf("pgcdc: start replication: %w", err)
-	}
-	ok = true
-	st := &stream{conn: conn, dec: NewDecoder(s.table, s.table.MessagePrefix), q: sess.q, statusEvery: s.cfg.StatusInterval,
-		log: s.log, failpoint: s.cfg.Failpoint, bad: func(lsn uint64, err error) {
-			s.skipped.Add(1)
-			s.log.Error("pgcdc: skipping a WAL message that is not an outbox event", "lsn", pglogrepl.LSN(lsn), "err", err)
-		}}
-	sess.st = st
-	runCtx, cancel := context.WithCancel(context.WithoutCancel(ctx))
-	sess.cancel = cancel
 	if s.completer != nil {
-		sess.marks = newMarker(sess)
+		mctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+		sess.marks, sess.stopMarks = newMarker(sess), cancel
 		sess.marked = make(chan struct{})
 		go func() {
 			defer close(sess.marked)
-			sess.marks.run(runCtx)
+			sess.marks.run(mctx)
 		}()
 	}
-	go func() {
-		defer close(sess.done)
-		err := st.run(runCtx)
-		if err != nil {
-			sess.err.Store(&err)
-		}
-		sess.q.close()
-		st.close()
-	}()
-	s.log.Info("pgcdc: streaming", "slot", s.cfg.Slot, "from", si.confirmed, "backfill_until_seq", sess.backfillUntil)
 	return sess, nil
+}
+
+// stop ends the marker without draining it.
+func (ss *session) stop() {
+	if ss.stopMarks != nil {
+		ss.stopMarks()
+		<-ss.marked
+	}
 }
 
 // Check implements outboxdriver.Leadership.
@@ -190,19 +270,12 @@ func (ss *session) Check(ctx context.Context) error {
 	if err := ss.lead.Check(ctx); err != nil {
 		return err
 	}
-	if errp := ss.err.Load(); errp != nil {
-		return fmt.Errorf("%w: %w", outboxdriver.ErrLeadershipLost, *errp)
-	}
-	select {
-	case <-ss.done:
-		return fmt.Errorf("%w: replication stream ended", outboxdriver.ErrLeadershipLost)
-	default:
-	}
-	return nil
+	return ss.t.alive()
 }
 
-// Release implements outboxdriver.Leadership: the stream reports its last confirmed
-// position and closes, then the table lock goes.
+// Release implements outboxdriver.Leadership: the rows already acknowledged are
+// marked and their position reported; a stream of this table alone closes; then the
+// table lock goes.
 func (ss *session) Release(ctx context.Context) error {
 	if ss.marks != nil {
 		// Rows already acknowledged are marked, and their position confirmed, before
@@ -211,12 +284,15 @@ func (ss *session) Release(ctx context.Context) error {
 		ss.marks.drain(dctx)
 		cancel()
 	}
-	ss.cancel()
-	select {
-	case <-ss.done:
-	case <-ctx.Done():
+	if ss.ownsTerm {
+		ss.t.cancel()
+		select {
+		case <-ss.t.done:
+		case <-ctx.Done():
+		}
 	}
-	if ss.marked != nil {
+	if ss.stopMarks != nil {
+		ss.stopMarks()
 		select {
 		case <-ss.marked:
 		case <-ctx.Done():

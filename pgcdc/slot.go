@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"strconv"
 	"strings"
 	"time"
@@ -11,15 +12,20 @@ import (
 	"github.com/jackc/pglogrepl"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/outboxd/outbox/outboxdriver"
 )
 
 func (s *Source) slotInfo(ctx context.Context) (slotInfo, error) {
+	return slotInfoOf(ctx, s.pool, s.cfg.Slot)
+}
+
+func slotInfoOf(ctx context.Context, pool *pgxpool.Pool, slot string) (slotInfo, error) {
 	var si slotInfo
 	var confirmed *string
-	err := s.pool.QueryRow(ctx, `SELECT active, coalesce(wal_status, ''), confirmed_flush_lsn::text FROM pg_replication_slots WHERE slot_name = $1`,
-		s.cfg.Slot).Scan(&si.active, &si.walStatus, &confirmed)
+	err := pool.QueryRow(ctx, `SELECT active, coalesce(wal_status, ''), confirmed_flush_lsn::text FROM pg_replication_slots WHERE slot_name = $1`,
+		slot).Scan(&si.active, &si.walStatus, &confirmed)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return si, nil
 	}
@@ -37,6 +43,33 @@ type slotInfo struct {
 	exists, active bool
 	walStatus      string
 	confirmed      pglogrepl.LSN
+}
+
+// lost reports whether WAL the slot had not confirmed may be gone: PostgreSQL
+// invalidated it, or it was dropped after it had streamed (streamed: a table it
+// served finished its backfill).
+func (si slotInfo) lost(streamed bool) bool {
+	return (si.exists && si.walStatus == "lost") || (!si.exists && streamed)
+}
+
+func (si slotInfo) lostError(slot string) error {
+	status := si.walStatus
+	if !si.exists {
+		status = "dropped"
+	}
+	return fmt.Errorf("%w (%w): slot %q (wal_status %q): events written since its last confirmed position may be gone from the WAL; "+
+		"recover with `outbox relay --mode cdc --recreate-slot` (docs/cdc.md)", ErrSlotLost, outboxdriver.ErrNeedsOperator, slot, status)
+}
+
+// streamedBefore reports whether the table's backfill from the slot finished: the
+// slot streamed the table before.
+func (s *Source) streamedBefore(ctx context.Context) (bool, error) {
+	var streamed bool
+	err := s.pool.QueryRow(ctx, `SELECT backfilled_at IS NOT NULL FROM `+s.qCDC+` WHERE slot = $1`, s.cfg.Slot).Scan(&streamed)
+	if err != nil && !errors.Is(err, pgx.ErrNoRows) {
+		return false, fmt.Errorf("pgcdc: %w", interpret(err))
+	}
+	return streamed, nil
 }
 
 // Init creates the publication and the replication slot when they are missing, so
@@ -59,25 +92,23 @@ func (s *Source) Init(ctx context.Context) error {
 		return err
 	}
 	defer func() { _ = conn.Close(context.WithoutCancel(ctx)) }()
-	_, err = s.createSlot(ctx, conn)
+	_, err = createSlot(ctx, conn, s.cfg.Slot, s.log, s)
 	return err
 }
 
 // checkServer refuses a server without logical decoding, warns when slots may keep
 // WAL without limit, and learns the payload column's type for the dead letters.
 func (s *Source) checkServer(ctx context.Context) error {
-	var walLevel, keep, payloadType string
-	err := s.pool.QueryRow(ctx, `SELECT current_setting('wal_level'), current_setting('max_slot_wal_keep_size'),
-  (SELECT format_type(atttypid, NULL) FROM pg_attribute WHERE attrelid = $1::regclass AND attname = 'payload')`, s.qDead).Scan(&walLevel, &keep, &payloadType)
+	if s.shared == nil {
+		if err := checkWALLevel(ctx, s.pool, s.log.With("slot", s.cfg.Slot)); err != nil {
+			return err
+		}
+	}
+	var payloadType string
+	err := s.pool.QueryRow(ctx, `SELECT format_type(atttypid, NULL) FROM pg_attribute WHERE attrelid = $1::regclass AND attname = 'payload'`,
+		s.qDead).Scan(&payloadType)
 	if err != nil {
 		return fmt.Errorf("pgcdc: %w", interpret(err))
-	}
-	if walLevel != "logical" {
-		return fmt.Errorf("%w (it is %s; %w)", ErrWALLevel, walLevel, outboxdriver.ErrNeedsOperator)
-	}
-	if keep == "-1" {
-		s.log.Warn("pgcdc: max_slot_wal_keep_size is unset: a stopped relay's slot keeps WAL without limit; set it and watch the slot lag",
-			"slot", s.cfg.Slot)
 	}
 	s.bytesPayload = payloadType == "bytea"
 	s.deadLetterStmt = deadLetterStatement(s.qTable, s.qDead, s.bytesPayload)
@@ -90,8 +121,30 @@ func (s *Source) checkServer(ctx context.Context) error {
 	return nil
 }
 
+// checkWALLevel refuses a server without logical decoding, and warns when slots
+// may keep WAL without limit.
+func checkWALLevel(ctx context.Context, pool *pgxpool.Pool, log *slog.Logger) error {
+	var walLevel, keep string
+	err := pool.QueryRow(ctx, `SELECT current_setting('wal_level'), current_setting('max_slot_wal_keep_size')`).Scan(&walLevel, &keep)
+	if err != nil {
+		return fmt.Errorf("pgcdc: %w", interpret(err))
+	}
+	if walLevel != "logical" {
+		return fmt.Errorf("%w (it is %s; %w)", ErrWALLevel, walLevel, outboxdriver.ErrNeedsOperator)
+	}
+	if keep == "-1" {
+		log.Warn("pgcdc: max_slot_wal_keep_size is unset: a stopped relay's slot keeps WAL without limit; set it and watch the slot lag")
+	}
+	return nil
+}
+
 func (s *Source) connect(ctx context.Context, walSenderTimeout time.Duration) (*pgconn.PgConn, error) {
-	rcfg := s.pool.Config().ConnConfig.Config.Copy()
+	return connectReplication(ctx, s.pool, walSenderTimeout)
+}
+
+// connectReplication opens a replication connection to pool's database.
+func connectReplication(ctx context.Context, pool *pgxpool.Pool, walSenderTimeout time.Duration) (*pgconn.PgConn, error) {
+	rcfg := pool.Config().ConnConfig.Config.Copy()
 	if rcfg.RuntimeParams == nil {
 		rcfg.RuntimeParams = map[string]string{}
 	}
@@ -107,29 +160,34 @@ func (s *Source) connect(ctx context.Context, walSenderTimeout time.Duration) (*
 	return conn, nil
 }
 
-// createSlot registers and creates the slot and returns its consistent point.
-func (s *Source) createSlot(ctx context.Context, conn *pgconn.PgConn) (pglogrepl.LSN, error) {
+// createSlot registers the slot with each of its tables, creates it, records each
+// table's backfill bound, and returns the slot's consistent point.
+func createSlot(ctx context.Context, conn *pgconn.PgConn, slot string, log *slog.Logger, tables ...*Source) (pglogrepl.LSN, error) {
 	// Register first: if the relay dies right after creating the slot, the next
 	// start still knows the rows before it need publishing.
-	if _, err := s.pool.Exec(ctx, `INSERT INTO `+s.qCDC+` (slot) VALUES ($1)
-ON CONFLICT (slot) DO UPDATE SET created_at = now(), backfill_until = NULL, backfilled_at = NULL`, s.cfg.Slot); err != nil {
-		return 0, fmt.Errorf("pgcdc: %w", interpret(err))
+	for _, s := range tables {
+		if _, err := s.pool.Exec(ctx, `INSERT INTO `+s.qCDC+` (slot) VALUES ($1)
+ON CONFLICT (slot) DO UPDATE SET created_at = now(), backfill_until = NULL, backfilled_at = NULL`, slot); err != nil {
+			return 0, fmt.Errorf("pgcdc: %w", interpret(err))
+		}
 	}
-	res, err := pglogrepl.CreateReplicationSlot(ctx, conn, s.cfg.Slot, "pgoutput",
+	res, err := pglogrepl.CreateReplicationSlot(ctx, conn, slot, "pgoutput",
 		pglogrepl.CreateReplicationSlotOptions{Mode: pglogrepl.LogicalReplication, SnapshotAction: "NOEXPORT_SNAPSHOT"})
 	if err != nil {
-		return 0, fmt.Errorf("pgcdc: create slot %q: %w", s.cfg.Slot, err)
+		return 0, fmt.Errorf("pgcdc: create slot %q: %w", slot, err)
 	}
-	s.log.Info("pgcdc: replication slot created", "slot", s.cfg.Slot, "consistent_point", res.ConsistentPoint)
+	log.Info("pgcdc: replication slot created", "slot", slot, "consistent_point", res.ConsistentPoint)
 	lsn, err := pglogrepl.ParseLSN(res.ConsistentPoint)
 	if err != nil {
 		return 0, fmt.Errorf("pgcdc: %w", err)
 	}
 	// Every row committed before the slot existed has a seq at most this (a later
 	// maximum would only add duplicates).
-	if _, err := s.pool.Exec(ctx, `UPDATE `+s.qCDC+` SET backfill_until = (SELECT coalesce(max(seq), 0) FROM `+s.qTable+`)
-WHERE slot = $1`, s.cfg.Slot); err != nil {
-		return 0, fmt.Errorf("pgcdc: %w", interpret(err))
+	for _, s := range tables {
+		if _, err := s.pool.Exec(ctx, `UPDATE `+s.qCDC+` SET backfill_until = (SELECT coalesce(max(seq), 0) FROM `+s.qTable+`)
+WHERE slot = $1`, slot); err != nil {
+			return 0, fmt.Errorf("pgcdc: %w", interpret(err))
+		}
 	}
 	return lsn, nil
 }

@@ -105,6 +105,8 @@ type Source struct {
 	heldStmt            string // likewise
 	bytesPayload        bool
 
+	shared *Shared // the stream of many tables this one is read from (nil: its own)
+
 	mu   sync.Mutex
 	sess *session
 

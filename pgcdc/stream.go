@@ -21,7 +21,8 @@ import (
 type stream struct {
 	conn        *pgconn.PgConn
 	dec         *Decoder
-	q           *queue
+	l           *ledger
+	route       func(*Change) (*queue, error) // the queue of an event's table (nil: not relayed here)
 	statusEvery time.Duration
 	log         *slog.Logger
 	bad         func(lsn uint64, err error) // an undecodable event, skipped
@@ -69,7 +70,7 @@ func (s *stream) run(ctx context.Context) error {
 			}
 			nextStatus = time.Now().Add(s.statusEvery)
 		}
-		if !s.q.waitSpace(nextStatus) {
+		if !s.l.waitSpace(nextStatus) {
 			continue // the relay is behind: keep the server informed, read nothing
 		}
 		// A read deadline on the socket rather than a context per message: a context
@@ -101,7 +102,7 @@ func (s *stream) run(ctx context.Context) error {
 				// been sent: an idle (or filtered-out) stretch of WAL is confirmable
 				// once what came before it is published, so the slot never pins WAL.
 				if !s.dec.InTransaction() {
-					s.q.mark(uint64(k.ServerWALEnd))
+					s.l.mark(uint64(k.ServerWALEnd))
 				}
 				if k.ReplyRequested {
 					nextStatus = time.Time{}
@@ -135,10 +136,17 @@ func (s *stream) handle(data []byte, at uint64) error {
 			s.bad(at, ch.Bad)
 			return nil
 		}
-		s.q.push(ch.Row, ch.AvailableAt, ch.Reject, ch.Xid, ch.Inserted)
+		q, err := s.route(&ch)
+		if err != nil {
+			return fmt.Errorf("at %s: %w", pglogrepl.LSN(at), err)
+		}
+		if q == nil {
+			return nil
+		}
+		q.push(ch.Row, ch.AvailableAt, ch.Reject, ch.Xid, ch.Inserted)
 		s.failpoint(FailpointAfterReceive)
 	case ChangeCommit:
-		s.q.mark(ch.EndLSN)
+		s.l.mark(ch.EndLSN)
 	}
 	return nil
 }
@@ -152,7 +160,7 @@ func (s *stream) handle(data []byte, at uint64) error {
 func (s *stream) sendStatus(always bool) error {
 	s.wmu.Lock()
 	defer s.wmu.Unlock()
-	lsn := s.q.confirmedLSN()
+	lsn := s.l.confirmedLSN()
 	if s.closed || lsn == 0 || (!always && lsn == s.lastSent) {
 		return nil
 	}

@@ -1,0 +1,558 @@
+package pgcdc
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/outboxd/outbox/outboxdriver"
+)
+
+// SharedSlotDefault is the slot (and publication) of a Shared stream when none is
+// given.
+const SharedSlotDefault = "outbox_tables"
+
+// SharedConfig configures a Shared stream.
+type SharedConfig struct {
+	// Slot is the replication slot every table is read from ("" means
+	// SharedSlotDefault). One process streams from it at a time.
+	Slot string
+	// Publication is the publication of every table's inserts ("" means the slot
+	// name). Tables join and leave it as they are added and removed.
+	Publication string
+	// MaxPending, MaxPendingBytes, StatusInterval, ClaimLinger, RecreateSlot,
+	// Logger and Failpoint are Config's, for the stream and every table.
+	MaxPending      int
+	MaxPendingBytes int
+	StatusInterval  time.Duration
+	ClaimLinger     time.Duration
+	RecreateSlot    bool
+	Logger          *slog.Logger
+	Failpoint       func(name string)
+	// Timeout is the replication connection's wal_sender_timeout: PostgreSQL ends the
+	// stream of a process that stopped answering, so that a standby can take the
+	// slot over (0: the server's).
+	Timeout time.Duration
+	// Retry is how often a standby (or a stream that failed) tries the slot again.
+	// Default one second.
+	Retry time.Duration
+	// Match reports whether a table is one this process relays, though not added
+	// (yet): when the stream carries an event of such a table, Rescan runs before
+	// the event is read on, so that the table is added and nothing of it is
+	// confirmed unread. Nil: only added tables.
+	Match func(outboxdriver.Table) bool
+	// Rescan looks for the tables Match matches and adds them (see Match).
+	Rescan func(ctx context.Context) error
+}
+
+// Shared is one replication slot and one publication for many outbox tables: one
+// replication connection however many tables there are, and one position confirmed
+// for all of them (the furthest before which every table's events are done). Each
+// table is a Source of its own (Add), relayed by a relay of its own with its own
+// leadership, order per aggregate, dead letters and completion, exactly as a table
+// alone; Run streams for all of them. A process that cannot take the slot (another
+// streams from it) is a standby for every table.
+type Shared struct {
+	pool *pgxpool.Pool
+	cfg  SharedConfig
+	log  *slog.Logger
+
+	mu       sync.Mutex
+	byTable  map[string]*Source // by schema.name
+	byPrefix map[string]*Source // by logical message prefix
+	declined map[string]time.Time
+	term     *term
+	queues   map[*Source]*queue // the current term's
+
+	skipped atomic.Int64
+}
+
+// declinedFor is how long an event of a table that Match matched and Rescan did not
+// add (a table dropped since) is skipped without asking again.
+const declinedFor = 10 * time.Second
+
+// NewShared returns a shared stream on pool. Add its tables, then Run it.
+func NewShared(pool *pgxpool.Pool, cfg *SharedConfig) (*Shared, error) {
+	if pool == nil {
+		return nil, outboxdriver.ErrNoPool
+	}
+	var c SharedConfig
+	if cfg != nil {
+		c = *cfg
+	}
+	if c.Slot == "" {
+		c.Slot = SharedSlotDefault
+	}
+	if c.Publication == "" {
+		c.Publication = c.Slot
+	}
+	if !slotNameRE.MatchString(c.Slot) || !slotNameRE.MatchString(c.Publication) {
+		return nil, fmt.Errorf("%w: slot and publication names must match %s (got %q, %q)",
+			outboxdriver.ErrInvalidIdentifier, slotNameRE, c.Slot, c.Publication)
+	}
+	if c.Retry <= 0 {
+		c.Retry = time.Second
+	}
+	c.MaxPending = cmp.Or(c.MaxPending, MaxPendingDefault)
+	c.MaxPendingBytes = cmp.Or(c.MaxPendingBytes, MaxPendingBytesDefault)
+	c.StatusInterval = cmp.Or(c.StatusInterval, StatusIntervalDefault)
+	c.ClaimLinger = cmp.Or(c.ClaimLinger, ClaimLingerDefault)
+	if c.MaxPending < 1 || c.StatusInterval < 0 {
+		return nil, errors.New("pgcdc: MaxPending must be positive and StatusInterval not negative")
+	}
+	if c.Failpoint == nil {
+		c.Failpoint = func(string) {}
+	}
+	if c.Logger == nil {
+		c.Logger = slog.Default()
+	}
+	return &Shared{pool: pool, cfg: c, log: c.Logger.With("slot", c.Slot),
+		byTable: map[string]*Source{}, byPrefix: map[string]*Source{}, declined: map[string]time.Time{}}, nil
+}
+
+// Slot returns the replication slot's name.
+func (sh *Shared) Slot() string { return sh.cfg.Slot }
+
+// Publication returns the publication's name.
+func (sh *Shared) Publication() string { return sh.cfg.Publication }
+
+// Add adds table (inner is its PostgreSQL store, on the Shared's pool) to the
+// publication and returns its Source, for a relay of its own. Adding a table twice
+// returns its Source again. A table that joins a slot that already streams first
+// publishes the rows written before it joined (its backfill), then its events
+// from the WAL.
+func (sh *Shared) Add(ctx context.Context, inner outboxdriver.Store, table outboxdriver.Table) (*Source, error) {
+	table = table.WithDefaults()
+	sh.mu.Lock()
+	s := sh.byTable[table.String()]
+	sh.mu.Unlock()
+	if s != nil {
+		return s, nil
+	}
+	s, err := New(sh.pool, inner, table, &Config{Slot: sh.cfg.Slot, Publication: sh.cfg.Publication,
+		MaxPending: sh.cfg.MaxPending, MaxPendingBytes: sh.cfg.MaxPendingBytes, StatusInterval: sh.cfg.StatusInterval,
+		ClaimLinger: sh.cfg.ClaimLinger, RecreateSlot: sh.cfg.RecreateSlot, Logger: sh.cfg.Logger.With("table", table.String()),
+		Failpoint: sh.cfg.Failpoint})
+	if err != nil {
+		return nil, err
+	}
+	s.shared = sh
+	if err := s.checkServer(ctx); err != nil {
+		return nil, err
+	}
+	// Routed before it joins the publication: none of its events can come unrouted.
+	sh.mu.Lock()
+	sh.byTable[table.String()] = s
+	sh.byPrefix[table.MessagePrefix] = s
+	delete(sh.declined, table.String())
+	delete(sh.declined, table.MessagePrefix)
+	sh.mu.Unlock()
+	if err := sh.publish(ctx, s); err != nil {
+		sh.forget(s)
+		return nil, err
+	}
+	return s, nil
+}
+
+// publish registers the table with the slot (its backfill bound is taken when its
+// relay first leads, after it joined) and adds it to the publication, created with
+// it when missing.
+func (sh *Shared) publish(ctx context.Context, s *Source) error {
+	if _, err := sh.pool.Exec(ctx, `INSERT INTO `+s.qCDC+` (slot) VALUES ($1) ON CONFLICT DO NOTHING`, sh.cfg.Slot); err != nil {
+		return fmt.Errorf("pgcdc: %w", interpret(err))
+	}
+	var exists, member bool
+	err := sh.pool.QueryRow(ctx, `SELECT EXISTS (SELECT FROM pg_publication WHERE pubname = $1),
+  EXISTS (SELECT FROM pg_publication_rel r JOIN pg_publication p ON p.oid = r.prpubid WHERE p.pubname = $1 AND r.prrelid = $2::regclass)`,
+		sh.cfg.Publication, s.qTable).Scan(&exists, &member)
+	if err != nil {
+		return fmt.Errorf("pgcdc: %w", interpret(err))
+	}
+	pub := pgx.Identifier{sh.cfg.Publication}.Sanitize()
+	switch {
+	case !exists:
+		_, err = sh.pool.Exec(ctx, `CREATE PUBLICATION `+pub+` FOR TABLE `+s.qTable+` WITH (publish = 'insert', publish_via_partition_root = true)`)
+	case !member:
+		_, err = sh.pool.Exec(ctx, `ALTER PUBLICATION `+pub+` ADD TABLE `+s.qTable)
+	}
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) && pgErr.Code == "42710" { // added meanwhile by another process
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("pgcdc: publication %s: %w", sh.cfg.Publication, interpret(err))
+	}
+	return nil
+}
+
+// ensurePublication creates the publication, of no table yet, when missing: the
+// stream of a slot needs its publication, and tables join it as they are added.
+func (sh *Shared) ensurePublication(ctx context.Context) error {
+	var exists bool
+	if err := sh.pool.QueryRow(ctx, `SELECT EXISTS (SELECT FROM pg_publication WHERE pubname = $1)`, sh.cfg.Publication).Scan(&exists); err != nil {
+		return fmt.Errorf("pgcdc: %w", interpret(err))
+	}
+	if exists {
+		return nil
+	}
+	_, err := sh.pool.Exec(ctx, `CREATE PUBLICATION `+pgx.Identifier{sh.cfg.Publication}.Sanitize()+` WITH (publish = 'insert', publish_via_partition_root = true)`)
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) && pgErr.Code == "42710" { // created meanwhile
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("pgcdc: create publication: %w", interpret(err))
+	}
+	return nil
+}
+
+// Remove takes table out of the stream: its events no longer hold the confirmed
+// position back, it leaves the publication (when it still exists), and its record
+// of the slot goes, so that adding it again publishes its unpublished rows. Stop
+// its relay first.
+func (sh *Shared) Remove(ctx context.Context, table outboxdriver.Table) error {
+	table = table.WithDefaults()
+	sh.mu.Lock()
+	s := sh.byTable[table.String()]
+	sh.mu.Unlock()
+	if s == nil {
+		return nil
+	}
+	sh.forget(s)
+	var exists bool
+	if err := sh.pool.QueryRow(ctx, `SELECT to_regclass($1) IS NOT NULL`, s.qTable).Scan(&exists); err != nil {
+		return fmt.Errorf("pgcdc: %w", interpret(err))
+	}
+	if !exists {
+		return nil // dropped: gone from the publication with it
+	}
+	_, err := sh.pool.Exec(ctx, `ALTER PUBLICATION `+pgx.Identifier{sh.cfg.Publication}.Sanitize()+` DROP TABLE `+s.qTable)
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) && pgErr.Code == "42704" { // not in it, or no publication
+		err = nil
+	}
+	if err != nil {
+		return fmt.Errorf("pgcdc: publication %s: %w", sh.cfg.Publication, interpret(err))
+	}
+	if _, err := sh.pool.Exec(ctx, `DELETE FROM `+s.qCDC+` WHERE slot = $1`, sh.cfg.Slot); err != nil {
+		return fmt.Errorf("pgcdc: %w", interpret(err))
+	}
+	return nil
+}
+
+// forget stops routing s's events, and lets its queued ones go.
+func (sh *Shared) forget(s *Source) {
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	if sh.byTable[s.table.String()] == s {
+		delete(sh.byTable, s.table.String())
+	}
+	if sh.byPrefix[s.table.MessagePrefix] == s {
+		delete(sh.byPrefix, s.table.MessagePrefix)
+	}
+	if q := sh.queues[s]; q != nil {
+		delete(sh.queues, s)
+		q.drop()
+	}
+}
+
+func (sh *Shared) sources() []*Source {
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	out := make([]*Source, 0, len(sh.byTable))
+	for _, s := range sh.byTable {
+		out = append(out, s)
+	}
+	return out
+}
+
+// Init creates the publication and the slot when missing, for the tables added, so
+// that their events are captured from now on, even before a relay first runs (see
+// Source.Init).
+func (sh *Shared) Init(ctx context.Context) error {
+	if err := sh.checkWALLevel(ctx); err != nil {
+		return err
+	}
+	si, err := slotInfoOf(ctx, sh.pool, sh.cfg.Slot)
+	if err != nil || si.exists {
+		return err
+	}
+	conn, err := sh.connect(ctx)
+	if err != nil {
+		return err
+	}
+	defer func() { _ = conn.Close(context.WithoutCancel(ctx)) }()
+	_, err = createSlot(ctx, conn, sh.cfg.Slot, sh.cfg.Logger, sh.sources()...)
+	return err
+}
+
+func (sh *Shared) checkWALLevel(ctx context.Context) error {
+	return checkWALLevel(ctx, sh.pool, sh.log)
+}
+
+func (sh *Shared) connect(ctx context.Context) (*pgconn.PgConn, error) {
+	return connectReplication(ctx, sh.pool, sh.cfg.Timeout)
+}
+
+// Run streams every table's events until ctx ends. While another process streams
+// from the slot it waits, trying again every Retry; a stream that fails is started
+// again from the confirmed position. It returns only when ctx ends, or with
+// ErrSlotLost or ErrWALLevel, which need an operator. Stop the tables' relays
+// before ctx ends: they report their last acknowledged events first.
+func (sh *Shared) Run(ctx context.Context) error {
+	standby := false
+	for {
+		t, err := sh.startTerm(ctx)
+		switch {
+		case errors.Is(err, ErrSlotLost) || errors.Is(err, ErrWALLevel):
+			return err
+		case err != nil && ctx.Err() == nil:
+			sh.log.Error("pgcdc: cannot stream the shared slot; trying again", "err", err, "retry_in", sh.cfg.Retry)
+		case t == nil && !standby && ctx.Err() == nil:
+			sh.log.Info("pgcdc: another process streams the shared slot; standing by")
+			standby = true
+		case t != nil:
+			standby = false
+			select {
+			case <-t.done:
+			case <-ctx.Done():
+				t.cancel()
+				<-t.done
+			}
+			sh.endTerm(t)
+			if err := t.alive(); ctx.Err() == nil {
+				sh.log.Error("pgcdc: the shared stream ended; starting it again", "err", err)
+			}
+		}
+		if ctx.Err() != nil {
+			return nil
+		}
+		tm := time.NewTimer(sh.cfg.Retry)
+		select {
+		case <-tm.C:
+		case <-ctx.Done():
+			tm.Stop()
+			return nil
+		}
+	}
+}
+
+// startTerm takes the slot and starts streaming it (nil: another process streams
+// from it).
+func (sh *Shared) startTerm(ctx context.Context) (*term, error) {
+	if err := sh.checkWALLevel(ctx); err != nil {
+		return nil, err
+	}
+	if err := sh.ensurePublication(ctx); err != nil {
+		return nil, err
+	}
+	tables := sh.sources()
+	si, err := slotInfoOf(ctx, sh.pool, sh.cfg.Slot)
+	if err != nil {
+		return nil, fmt.Errorf("pgcdc: slot: %w", interpret(err))
+	}
+	if si.active {
+		return nil, nil
+	}
+	streamed := false
+	for _, s := range tables {
+		done, err := s.streamedBefore(ctx)
+		if err != nil {
+			return nil, err
+		}
+		streamed = streamed || done
+	}
+	lost := si.lost(streamed)
+	if lost && !sh.cfg.RecreateSlot {
+		return nil, si.lostError(sh.cfg.Slot)
+	}
+	conn, err := sh.connect(ctx)
+	if err != nil {
+		return nil, err
+	}
+	ok := false
+	defer func() {
+		if !ok {
+			_ = conn.Close(context.WithoutCancel(ctx))
+		}
+	}()
+	if lost {
+		sh.log.Warn("pgcdc: recreating the lost replication slot; every unpublished row of every table will be published again")
+		if si.exists {
+			if _, err := sh.pool.Exec(ctx, `SELECT pg_drop_replication_slot($1)`, sh.cfg.Slot); err != nil {
+				return nil, fmt.Errorf("pgcdc: drop lost slot: %w", interpret(err))
+			}
+		}
+		si = slotInfo{}
+	}
+	if !si.exists {
+		if si.confirmed, err = createSlot(ctx, conn, sh.cfg.Slot, sh.cfg.Logger, tables...); err != nil {
+			return nil, err
+		}
+	}
+	l := newLedger(sh.cfg.MaxPending, sh.cfg.MaxPendingBytes)
+	l.confirmed = uint64(si.confirmed)
+	var t *term
+	route := func(ch *Change) (*queue, error) { return sh.route(t, ch) }
+	t = newTerm(ctx, &stream{conn: conn, dec: NewSharedDecoder(sh.accepts), l: l, route: route,
+		statusEvery: sh.cfg.StatusInterval, log: sh.log, failpoint: sh.cfg.Failpoint, bad: skipBad(&sh.skipped, sh.log)})
+	sh.mu.Lock()
+	sh.term, sh.queues = t, map[*Source]*queue{}
+	sh.mu.Unlock()
+	if err := startReplication(ctx, conn, sh.cfg.Slot, sh.cfg.Publication); err != nil {
+		sh.endTerm(t)
+		if errors.Is(err, errSlotInUse) {
+			return nil, nil
+		}
+		return nil, err
+	}
+	ok = true
+	go t.run()
+	sh.log.Info("pgcdc: streaming the shared slot", "from", si.confirmed, "tables", len(tables))
+	return t, nil
+}
+
+// Streaming reports whether this process streams the slot now: its tables' relays
+// can lead (false: a standby, or between two attempts).
+func (sh *Shared) Streaming() bool {
+	sh.mu.Lock()
+	t := sh.term
+	sh.mu.Unlock()
+	return t != nil && t.alive() == nil
+}
+
+// Skipped is how many WAL messages of the tables' prefixes could not be decoded
+// into an event (each is logged with its position).
+func (sh *Shared) Skipped() int64 { return sh.skipped.Load() }
+
+func (sh *Shared) endTerm(t *term) {
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	if sh.term == t {
+		sh.term, sh.queues = nil, nil
+	}
+}
+
+// accepts reports whether a logical message's prefix is a table's here, or may be
+// (Match): the decoder reads no other message.
+func (sh *Shared) accepts(prefix string) bool {
+	sh.mu.Lock()
+	_, ok := sh.byPrefix[prefix]
+	sh.mu.Unlock()
+	if ok {
+		return true
+	}
+	t, ok := tableOfPrefix(prefix)
+	return ok && sh.cfg.Match != nil && sh.cfg.Match(t)
+}
+
+// tableOfPrefix is the table a default message prefix (schema.name) names.
+func tableOfPrefix(prefix string) (outboxdriver.Table, bool) {
+	schema, name, ok := strings.Cut(prefix, ".")
+	if !ok || schema == "" || name == "" {
+		return outboxdriver.Table{}, false
+	}
+	return outboxdriver.Table{Schema: schema, Name: name}.WithDefaults(), true
+}
+
+// route is the queue, on term t, of the table an event belongs to (nil: not a table
+// relayed here). An event of a table that Match matches but was not added runs
+// Rescan first: the stream reads nothing on until it did, so the table's events are
+// never confirmed unread.
+func (sh *Shared) route(t *term, ch *Change) (*queue, error) {
+	key, table := ch.Prefix, outboxdriver.Table{Schema: ch.Schema, Name: ch.Table}
+	if ch.Inserted {
+		key = table.String()
+	} else if tb, ok := tableOfPrefix(ch.Prefix); ok {
+		table = tb
+	}
+	if q := sh.queueOf(t, key, ch.Inserted); q != nil {
+		return q, nil
+	}
+	sh.mu.Lock()
+	at, declined := sh.declined[key]
+	sh.mu.Unlock()
+	if sh.cfg.Match == nil || !sh.cfg.Match(table) || (declined && time.Since(at) < declinedFor) {
+		return nil, nil
+	}
+	sh.log.Info("pgcdc: an event of a table not relayed yet; looking for new tables", "table", key)
+	if sh.cfg.Rescan != nil {
+		if err := sh.cfg.Rescan(t.ctx); err != nil {
+			return nil, fmt.Errorf("pgcdc: rescan for table %s: %w", key, err)
+		}
+	}
+	if q := sh.queueOf(t, key, ch.Inserted); q != nil {
+		return q, nil
+	}
+	sh.mu.Lock()
+	sh.declined[key] = time.Now()
+	sh.mu.Unlock()
+	sh.log.Warn("pgcdc: skipping the events of a table that matches but is not relayed (dropped, or not an outbox table)", "table", key)
+	return nil, nil
+}
+
+// queueOf is the queue on term t of the table named key (schema.name, or a message
+// prefix), made on its first event (nil: not a table here).
+func (sh *Shared) queueOf(t *term, key string, inserted bool) *queue {
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	s := sh.byPrefix[key]
+	if inserted {
+		s = sh.byTable[key]
+	}
+	if s == nil || sh.term != t {
+		return nil
+	}
+	q := sh.queues[s]
+	if q == nil {
+		q = newTableQueue(t.l)
+		sh.queues[s] = q
+	}
+	return q
+}
+
+// acquire is a shared Source's AcquireLeadership: while this process streams the
+// slot, the table's relay lock, then a session on the stream's term; a standby
+// otherwise.
+func (sh *Shared) acquire(ctx context.Context, s *Source, params *outboxdriver.LeadershipParams) (outboxdriver.Leadership, error) {
+	sh.mu.Lock()
+	t := sh.term
+	sh.mu.Unlock()
+	if t == nil || t.alive() != nil {
+		return nil, nil
+	}
+	lead, err := s.inner.AcquireLeadership(ctx, params)
+	if err != nil || lead == nil {
+		return nil, err
+	}
+	sh.mu.Lock()
+	q := sh.queues[s]
+	if q == nil && sh.term == t && sh.byTable[s.table.String()] == s {
+		q = newTableQueue(t.l)
+		sh.queues[s] = q
+	}
+	sh.mu.Unlock()
+	if q == nil {
+		_ = lead.Release(context.WithoutCancel(ctx))
+		return nil, nil // the term ended, or the table was removed, meanwhile
+	}
+	sess, err := s.newSession(ctx, lead, t, q)
+	if err != nil {
+		_ = lead.Release(context.WithoutCancel(ctx))
+		return nil, err
+	}
+	s.mu.Lock()
+	s.sess = sess
+	s.mu.Unlock()
+	return sess, nil
+}
