@@ -33,7 +33,7 @@ const (
 type Change struct {
 	Kind      ChangeKind
 	Row       outboxdriver.Row
-	CommitLSN uint64 // ChangeBegin, ChangeCommit: the commit record's position
+	CommitLSN uint64 // ChangeBegin, ChangeCommit, a transactional ChangeEvent: the commit record's position
 	EndLSN    uint64 // ChangeCommit: the end of the commit record, the position to confirm
 	// Xid, for ChangeBegin and ChangeEvent, is the transaction's id (0 for a message
 	// written outside a transaction).
@@ -218,7 +218,7 @@ func (d *Decoder) insert(r *reader) (Change, error) {
 	if n != len(rel.cols) {
 		return Change{}, fmt.Errorf("%w: insert: %d columns, relation has %d", ErrMalformed, n, len(rel.cols))
 	}
-	ch := Change{Kind: ChangeEvent, Xid: d.xid, Inserted: true, Schema: rel.schema, Table: rel.name}
+	ch := Change{Kind: ChangeEvent, Xid: d.xid, CommitLSN: d.commitLSN, Inserted: true, Schema: rel.schema, Table: rel.name}
 	row := &ch.Row
 	seen := 0
 	for _, c := range rel.cols {
@@ -388,7 +388,7 @@ func (d *Decoder) message(r *reader) (Change, error) {
 	}
 	ch := Change{Kind: ChangeEvent, Prefix: prefix}
 	if flags&1 != 0 {
-		ch.Xid = d.xid
+		ch.Xid, ch.CommitLSN = d.xid, d.commitLSN
 	}
 	row, at, err := pgmessage.Decode(content)
 	ch.AvailableAt = at

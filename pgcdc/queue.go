@@ -41,12 +41,28 @@ type queue struct {
 	pmu     sync.Mutex
 	pending []*entry // waiting to be claimed, in index order
 	gone    bool     // dropped: events given back count as done
+	own     progress // the table's own: how far its events are done (Shared)
+	open    int      // the table's events not yet done
 
 	avail chan struct{} // a non-blocking "there is something to claim" hint
 }
 
+// progress is one table's counterpart of the ledger's positions, in its own event
+// order: the latest commit position at or before which every one of its events is
+// done. On a stream of many tables it runs ahead of the stream's confirmed position
+// (held back by the slowest table), and is what the table records (done_lsn) so that
+// a stream read again after a crash skips what it had already sent.
+type progress struct {
+	next        uint64              // the index of the table's next event
+	doneUpTo    uint64              // every index below is done
+	doneAbove   map[uint64]struct{} // done indexes at or above doneUpTo
+	checkpoints []checkpoint        // commits, in order; popped when done
+	done        uint64              // the latest commit position all of whose events are done
+}
+
 type entry struct {
 	idx         uint64
+	own         uint64 // the index in its table's own order (progress)
 	row         outboxdriver.Row
 	availableAt time.Time
 	reject      error  // goes to the dead letters instead of the broker
@@ -120,9 +136,75 @@ func (l *ledger) hasSpace() bool {
 func (q *queue) push(row outboxdriver.Row, availableAt time.Time, reject error, xid uint32, inserted bool) {
 	idx := q.number(len(row.Payload))
 	q.pmu.Lock()
-	q.pending = append(q.pending, &entry{idx: idx, row: row, availableAt: availableAt, reject: reject, xid: xid, inserted: inserted})
+	q.pending = append(q.pending, &entry{idx: idx, own: q.own.next, row: row, availableAt: availableAt, reject: reject, xid: xid, inserted: inserted})
+	q.own.next++
+	q.open++
 	q.pmu.Unlock()
 	q.hint()
+}
+
+// openEvents is how many of the table's events are not done yet.
+func (q *queue) openEvents() int {
+	q.pmu.Lock()
+	defer q.pmu.Unlock()
+	return q.open
+}
+
+// committed records that the transaction committed at lsn, which pushed events
+// into this queue, is whole: once they are done, so is lsn for this table.
+func (q *queue) committed(lsn uint64) {
+	q.pmu.Lock()
+	defer q.pmu.Unlock()
+	p := &q.own
+	if n := len(p.checkpoints); n > 0 && p.checkpoints[n-1].idx == p.next {
+		p.checkpoints[n-1].lsn = max(p.checkpoints[n-1].lsn, lsn)
+	} else {
+		p.checkpoints = append(p.checkpoints, checkpoint{idx: p.next, lsn: lsn})
+	}
+	p.advance()
+}
+
+// ownDone is the latest commit position at or before which every event of this
+// table is done (0: none yet).
+func (q *queue) ownDone() uint64 {
+	q.pmu.Lock()
+	defer q.pmu.Unlock()
+	return q.own.done
+}
+
+func (p *progress) advance() {
+	n := 0
+	for n < len(p.checkpoints) && p.checkpoints[n].idx <= p.doneUpTo {
+		p.done = max(p.done, p.checkpoints[n].lsn)
+		n++
+	}
+	p.checkpoints = p.checkpoints[n:]
+}
+
+// done records the queue's events as finished, for the table and for the stream.
+func (q *queue) done(es []*entry) {
+	if len(es) == 0 {
+		return
+	}
+	q.pmu.Lock()
+	p := &q.own
+	if p.doneAbove == nil {
+		p.doneAbove = map[uint64]struct{}{}
+	}
+	for _, e := range es {
+		p.doneAbove[e.own] = struct{}{}
+	}
+	for {
+		if _, ok := p.doneAbove[p.doneUpTo]; !ok {
+			break
+		}
+		delete(p.doneAbove, p.doneUpTo)
+		p.doneUpTo++
+	}
+	p.advance()
+	q.open -= len(es)
+	q.pmu.Unlock()
+	q.ledger.done(es)
 }
 
 // number gives the next event its index, counting it open.

@@ -43,6 +43,8 @@ type term struct {
 	cancel context.CancelFunc
 	done   chan struct{}
 	err    atomic.Pointer[error]
+
+	registered map[string]bool // Shared: tables asked about (by its reader only)
 }
 
 // run streams until ctx ends or the connection fails, then wakes the reader's
@@ -174,7 +176,7 @@ func (s *Source) start(ctx context.Context, lead outboxdriver.Leadership, timeou
 // newTerm prepares the term of stream st (the caller starts it with go run). It
 // lives until cancel, however ctx ends.
 func newTerm(ctx context.Context, st *stream) *term {
-	t := &term{st: st, l: st.l, done: make(chan struct{})}
+	t := &term{st: st, l: st.l, done: make(chan struct{}), registered: map[string]bool{}}
 	t.ctx, t.cancel = context.WithCancel(context.WithoutCancel(ctx))
 	return t
 }

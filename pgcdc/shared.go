@@ -11,6 +11,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/jackc/pglogrepl"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -43,6 +44,10 @@ type SharedConfig struct {
 	// stream of a process that stopped answering, so that a standby can take the
 	// slot over (0: the server's).
 	Timeout time.Duration
+	// Direct is a pool straight to PostgreSQL whose settings the replication
+	// connection takes, when the Shared's pool goes through a transaction-pooling
+	// proxy (PgBouncer), which cannot carry replication (nil: the Shared's pool).
+	Direct *pgxpool.Pool
 	// Retry is how often a standby (or a stream that failed) tries the slot again.
 	// Default one second.
 	Retry time.Duration
@@ -75,6 +80,7 @@ type Shared struct {
 	queues   map[*Source]*queue // the current term's
 
 	skipped atomic.Int64
+	warned  atomic.Bool // of unbounded WAL, once
 }
 
 // declinedFor is how long an event of a table that Match matched and Rescan did not
@@ -150,6 +156,9 @@ func (sh *Shared) Add(ctx context.Context, inner outboxdriver.Store, table outbo
 	if err := s.checkServer(ctx); err != nil {
 		return nil, err
 	}
+	if err := s.loadDone(ctx); err != nil {
+		return nil, err
+	}
 	// Routed before it joins the publication: none of its events can come unrouted.
 	sh.mu.Lock()
 	sh.byTable[table.String()] = s
@@ -165,32 +174,35 @@ func (sh *Shared) Add(ctx context.Context, inner outboxdriver.Store, table outbo
 }
 
 // publish registers the table with the slot (its backfill bound is taken when its
-// relay first leads, after it joined) and adds it to the publication, created with
-// it when missing.
+// relay first leads, after it joined) and adds it to the publication, created when
+// missing.
 func (sh *Shared) publish(ctx context.Context, s *Source) error {
 	if _, err := sh.pool.Exec(ctx, `INSERT INTO `+s.qCDC+` (slot) VALUES ($1) ON CONFLICT DO NOTHING`, sh.cfg.Slot); err != nil {
 		return fmt.Errorf("pgcdc: %w", interpret(err))
 	}
-	var exists, member bool
-	err := sh.pool.QueryRow(ctx, `SELECT EXISTS (SELECT FROM pg_publication WHERE pubname = $1),
-  EXISTS (SELECT FROM pg_publication_rel r JOIN pg_publication p ON p.oid = r.prpubid WHERE p.pubname = $1 AND r.prrelid = $2::regclass)`,
-		sh.cfg.Publication, s.qTable).Scan(&exists, &member)
-	if err != nil {
-		return fmt.Errorf("pgcdc: %w", interpret(err))
+	if err := sh.ensurePublication(ctx); err != nil {
+		return err
 	}
-	pub := pgx.Identifier{sh.cfg.Publication}.Sanitize()
-	switch {
-	case !exists:
-		_, err = sh.pool.Exec(ctx, `CREATE PUBLICATION `+pub+` FOR TABLE `+s.qTable+` WITH (publish = 'insert', publish_via_partition_root = true)`)
-	case !member:
-		_, err = sh.pool.Exec(ctx, `ALTER PUBLICATION `+pub+` ADD TABLE `+s.qTable)
+	var member bool
+	err := sh.pool.QueryRow(ctx, `SELECT EXISTS (SELECT FROM pg_publication_rel r JOIN pg_publication p ON p.oid = r.prpubid
+  WHERE p.pubname = $1 AND r.prrelid = $2::regclass)`, sh.cfg.Publication, s.qTable).Scan(&member)
+	if err != nil || member {
+		return interpretErr(err)
 	}
+	_, err = sh.pool.Exec(ctx, `ALTER PUBLICATION `+pgx.Identifier{sh.cfg.Publication}.Sanitize()+` ADD TABLE `+s.qTable)
 	var pgErr *pgconn.PgError
 	if errors.As(err, &pgErr) && pgErr.Code == "42710" { // added meanwhile by another process
 		return nil
 	}
 	if err != nil {
 		return fmt.Errorf("pgcdc: publication %s: %w", sh.cfg.Publication, interpret(err))
+	}
+	return nil
+}
+
+func interpretErr(err error) error {
+	if err != nil {
+		return fmt.Errorf("pgcdc: %w", interpret(err))
 	}
 	return nil
 }
@@ -207,7 +219,7 @@ func (sh *Shared) ensurePublication(ctx context.Context) error {
 	}
 	_, err := sh.pool.Exec(ctx, `CREATE PUBLICATION `+pgx.Identifier{sh.cfg.Publication}.Sanitize()+` WITH (publish = 'insert', publish_via_partition_root = true)`)
 	var pgErr *pgconn.PgError
-	if errors.As(err, &pgErr) && pgErr.Code == "42710" { // created meanwhile
+	if errors.As(err, &pgErr) && (pgErr.Code == "42710" || pgErr.Code == "23505") { // created meanwhile
 		return nil
 	}
 	if err != nil {
@@ -297,11 +309,52 @@ func (sh *Shared) Init(ctx context.Context) error {
 }
 
 func (sh *Shared) checkWALLevel(ctx context.Context) error {
-	return checkWALLevel(ctx, sh.pool, sh.log)
+	unbounded, err := checkWALLevel(ctx, sh.pool)
+	if unbounded && !sh.warned.Swap(true) {
+		sh.log.Warn(unboundedWarning)
+	}
+	return err
 }
 
 func (sh *Shared) connect(ctx context.Context) (*pgconn.PgConn, error) {
-	return connectReplication(ctx, sh.pool, sh.cfg.Timeout)
+	return connectReplication(ctx, cmp.Or(sh.cfg.Direct, sh.pool), sh.cfg.Timeout)
+}
+
+// Retire undoes Init when the tables leave CDC mode (see Source.Retire): it drops
+// the slot, the publication and the added tables' records of the slot. It refuses
+// while a process streams from the slot (ErrSlotActive). Running it again drops
+// nothing.
+func (sh *Shared) Retire(ctx context.Context) (Retired, error) {
+	var r Retired
+	si, err := slotInfoOf(ctx, sh.pool, sh.cfg.Slot)
+	if err != nil {
+		return r, fmt.Errorf("pgcdc: slot: %w", interpret(err))
+	}
+	if si.active {
+		return r, fmt.Errorf("%w (slot %q)", ErrSlotActive, sh.cfg.Slot)
+	}
+	if si.exists {
+		if _, err := sh.pool.Exec(ctx, `SELECT pg_drop_replication_slot($1)`, sh.cfg.Slot); err != nil {
+			var pgErr *pgconn.PgError
+			if errors.As(err, &pgErr) && pgErr.Code == "55006" { // object_in_use: started since
+				return r, fmt.Errorf("%w (slot %q)", ErrSlotActive, sh.cfg.Slot)
+			}
+			return r, fmt.Errorf("pgcdc: drop slot: %w", interpret(err))
+		}
+		r.Slot = true
+	}
+	if err := sh.pool.QueryRow(ctx, `SELECT EXISTS (SELECT FROM pg_publication WHERE pubname = $1)`, sh.cfg.Publication).Scan(&r.Publication); err != nil {
+		return r, fmt.Errorf("pgcdc: %w", interpret(err))
+	}
+	if _, err := sh.pool.Exec(ctx, `DROP PUBLICATION IF EXISTS `+pgx.Identifier{sh.cfg.Publication}.Sanitize()); err != nil {
+		return r, fmt.Errorf("pgcdc: drop publication: %w", interpret(err))
+	}
+	for _, s := range sh.sources() {
+		if _, err := sh.pool.Exec(ctx, `DELETE FROM `+s.qCDC+` WHERE slot = $1`, sh.cfg.Slot); err != nil {
+			return r, fmt.Errorf("pgcdc: %w", interpret(err))
+		}
+	}
+	return r, nil
 }
 
 // Run streams every table's events until ctx ends. While another process streams
@@ -323,12 +376,7 @@ func (sh *Shared) Run(ctx context.Context) error {
 			standby = true
 		case t != nil:
 			standby = false
-			select {
-			case <-t.done:
-			case <-ctx.Done():
-				t.cancel()
-				<-t.done
-			}
+			sh.follow(ctx, t)
 			sh.endTerm(t)
 			if err := t.alive(); ctx.Err() == nil {
 				sh.log.Error("pgcdc: the shared stream ended; starting it again", "err", err)
@@ -343,6 +391,37 @@ func (sh *Shared) Run(ctx context.Context) error {
 		case <-ctx.Done():
 			tm.Stop()
 			return nil
+		}
+	}
+}
+
+// progressEvery is how often each table's progress is recorded.
+const progressEvery = time.Second
+
+// follow waits for term t to end, or ends it when ctx does, recording the tables'
+// progress meanwhile and once more at the end.
+func (sh *Shared) follow(ctx context.Context, t *term) {
+	tick := time.NewTicker(progressEvery)
+	defer tick.Stop()
+	save := func() {
+		sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+		defer cancel()
+		if err := sh.saveProgress(sctx, t); err != nil {
+			sh.log.Warn("pgcdc: could not record the tables' progress (a crash now sends more again)", "err", err)
+		}
+	}
+	for {
+		select {
+		case <-tick.C:
+			save()
+		case <-t.done:
+			save()
+			return
+		case <-ctx.Done():
+			save()
+			t.cancel()
+			<-t.done
+			return
 		}
 	}
 }
@@ -404,8 +483,9 @@ func (sh *Shared) startTerm(ctx context.Context) (*term, error) {
 	l.confirmed = uint64(si.confirmed)
 	var t *term
 	route := func(ch *Change) (*queue, error) { return sh.route(t, ch) }
-	t = newTerm(ctx, &stream{conn: conn, dec: NewSharedDecoder(sh.accepts), l: l, route: route,
-		statusEvery: sh.cfg.StatusInterval, log: sh.log, failpoint: sh.cfg.Failpoint, bad: skipBad(&sh.skipped, sh.log)})
+	t = newTerm(ctx, &stream{conn: conn, dec: NewSharedDecoder(func(prefix string) bool { return sh.accepts(t, prefix) }), l: l, route: route,
+		statusEvery: sh.cfg.StatusInterval, log: sh.log, failpoint: sh.cfg.Failpoint, bad: skipBad(&sh.skipped, sh.log),
+		behind: func() { sh.behind(t) }})
 	sh.mu.Lock()
 	sh.term, sh.queues = t, map[*Source]*queue{}
 	sh.mu.Unlock()
@@ -443,17 +523,45 @@ func (sh *Shared) endTerm(t *term) {
 	}
 }
 
+// behind tells, when reading the stream stops for want of room, which table holds
+// the most events waiting for the broker: every table's events wait behind it.
+func (sh *Shared) behind(t *term) {
+	var most *Source
+	n := 0
+	sh.mu.Lock()
+	if sh.term == t {
+		for s, q := range sh.queues {
+			if k := q.openEvents(); k > n {
+				most, n = s, k
+			}
+		}
+	}
+	sh.mu.Unlock()
+	if most == nil {
+		return
+	}
+	sh.log.Warn("pgcdc: reading the shared stream waits for one table: it holds the most events not yet acknowledged, and every table's later events wait behind them (raise --max-pending, or see why its relay is slow or not leading)",
+		"table", most.table.String(), "waiting", n)
+}
+
 // accepts reports whether a logical message's prefix is a table's here, or may be
-// (Match): the decoder reads no other message.
-func (sh *Shared) accepts(prefix string) bool {
+// (Match, or a table registered with the slot): the decoder reads no other message.
+func (sh *Shared) accepts(t *term, prefix string) bool {
 	sh.mu.Lock()
 	_, ok := sh.byPrefix[prefix]
 	sh.mu.Unlock()
 	if ok {
 		return true
 	}
-	t, ok := tableOfPrefix(prefix)
-	return ok && sh.cfg.Match != nil && sh.cfg.Match(t)
+	table, ok := tableOfPrefix(prefix)
+	if !ok {
+		return false
+	}
+	if sh.cfg.Match != nil && sh.cfg.Match(table) {
+		return true
+	}
+	reg, err := sh.registered(t, table)
+	return reg || err != nil // an error: route asks again, and ends the stream
 }
 
 // tableOfPrefix is the table a default message prefix (schema.name) names.
@@ -465,60 +573,163 @@ func tableOfPrefix(prefix string) (outboxdriver.Table, bool) {
 	return outboxdriver.Table{Schema: schema, Name: name}.WithDefaults(), true
 }
 
+// ErrTableNotAdded: the stream carries an event of a table registered with the slot
+// (by Add or `outbox migrate --tables --cdc`) that was not added here. The stream
+// does not read past it (it would be confirmed unsent); add the table, or take it
+// out with Remove.
+var ErrTableNotAdded = errors.New("an event of a table registered with the shared slot but not added here: add it, or take it out of the slot")
+
 // route is the queue, on term t, of the table an event belongs to (nil: not a table
-// relayed here). An event of a table that Match matches but was not added runs
-// Rescan first: the stream reads nothing on until it did, so the table's events are
-// never confirmed unread.
+// of this slot). An event of a table that Match matches but was not added runs
+// Rescan first, and one of a table registered with the slot but not added ends the
+// stream (ErrTableNotAdded): the stream reads nothing on, so a table's events are
+// never confirmed unread. Others (a table dropped or removed since, a message of
+// another system) are skipped.
 func (sh *Shared) route(t *term, ch *Change) (*queue, error) {
 	key, table := ch.Prefix, outboxdriver.Table{Schema: ch.Schema, Name: ch.Table}
 	if ch.Inserted {
 		key = table.String()
 	} else if tb, ok := tableOfPrefix(ch.Prefix); ok {
 		table = tb
+	} else {
+		table = outboxdriver.Table{}
 	}
-	if q := sh.queueOf(t, key, ch.Inserted); q != nil {
+	if q, known := sh.queueOf(t, key, ch); known {
 		return q, nil
+	}
+	if table.Name == "" {
+		return nil, nil // a prefix that names no table
 	}
 	sh.mu.Lock()
 	at, declined := sh.declined[key]
 	sh.mu.Unlock()
-	if sh.cfg.Match == nil || !sh.cfg.Match(table) || (declined && time.Since(at) < declinedFor) {
-		return nil, nil
-	}
-	sh.log.Info("pgcdc: an event of a table not relayed yet; looking for new tables", "table", key)
-	if sh.cfg.Rescan != nil {
-		if err := sh.cfg.Rescan(t.ctx); err != nil {
-			return nil, fmt.Errorf("pgcdc: rescan for table %s: %w", key, err)
+	if sh.cfg.Match != nil && sh.cfg.Match(table) && (!declined || time.Since(at) > declinedFor) {
+		sh.log.Info("pgcdc: an event of a table not relayed yet; looking for new tables", "table", key)
+		if sh.cfg.Rescan != nil {
+			if err := sh.cfg.Rescan(t.ctx); err != nil {
+				return nil, fmt.Errorf("pgcdc: rescan for table %s: %w", key, err)
+			}
 		}
+		if q, known := sh.queueOf(t, key, ch); known {
+			return q, nil
+		}
+		sh.mu.Lock()
+		sh.declined[key] = time.Now()
+		sh.mu.Unlock()
 	}
-	if q := sh.queueOf(t, key, ch.Inserted); q != nil {
-		return q, nil
+	reg, err := sh.registered(t, table)
+	switch {
+	case err != nil:
+		return nil, err
+	case reg:
+		return nil, fmt.Errorf("pgcdc: %w (table %s)", ErrTableNotAdded, table)
 	}
-	sh.mu.Lock()
-	sh.declined[key] = time.Now()
-	sh.mu.Unlock()
-	sh.log.Warn("pgcdc: skipping the events of a table that matches but is not relayed (dropped, or not an outbox table)", "table", key)
 	return nil, nil
 }
 
+// registered reports whether table exists and is registered with the slot (asked
+// once per table and stream).
+func (sh *Shared) registered(t *term, table outboxdriver.Table) (bool, error) {
+	table = table.WithDefaults()
+	if reg, ok := t.registered[table.String()]; ok {
+		return reg, nil
+	}
+	cdc := pgx.Identifier{table.Schema, table.Derived("_cdc")}.Sanitize()
+	var exists, reg bool
+	if err := sh.pool.QueryRow(t.ctx, `SELECT to_regclass($1) IS NOT NULL`, cdc).Scan(&exists); err != nil {
+		return false, fmt.Errorf("pgcdc: %w", interpret(err))
+	}
+	if exists {
+		if err := sh.pool.QueryRow(t.ctx, `SELECT EXISTS (SELECT FROM `+cdc+` WHERE slot = $1)`, sh.cfg.Slot).Scan(&reg); err != nil {
+			return false, fmt.Errorf("pgcdc: %w", interpret(err))
+		}
+	}
+	t.registered[table.String()] = reg
+	return reg, nil
+}
+
 // queueOf is the queue on term t of the table named key (schema.name, or a message
-// prefix), made on its first event (nil: not a table here).
-func (sh *Shared) queueOf(t *term, key string, inserted bool) *queue {
+// prefix), made on its first event; known says the table is one here. The queue
+// is nil for an event the table had already done before this stream (at or before
+// its done_lsn): read again from an older position, it is not sent again.
+func (sh *Shared) queueOf(t *term, key string, ch *Change) (q *queue, known bool) {
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
 	s := sh.byPrefix[key]
-	if inserted {
+	if ch.Inserted {
 		s = sh.byTable[key]
 	}
 	if s == nil || sh.term != t {
-		return nil
+		return nil, false
 	}
-	q := sh.queues[s]
+	if ch.CommitLSN != 0 && ch.CommitLSN <= s.doneLSN.Load() {
+		return nil, true
+	}
+	q = sh.queues[s]
 	if q == nil {
 		q = newTableQueue(t.l)
 		sh.queues[s] = q
 	}
-	return q
+	return q, true
+}
+
+// loadDone reads how far the table's events were done by an earlier stream.
+func (s *Source) loadDone(ctx context.Context) error {
+	var done *string
+	err := s.pool.QueryRow(ctx, `SELECT done_lsn::text FROM `+s.qCDC+` WHERE slot = $1`, s.cfg.Slot).Scan(&done)
+	if errors.Is(err, pgx.ErrNoRows) || err == nil && done == nil {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("pgcdc: %w (has `outbox migrate` run?)", interpret(err))
+	}
+	lsn, err := pglogrepl.ParseLSN(*done)
+	if err != nil {
+		return fmt.Errorf("pgcdc: done_lsn of %s: %w", s.table, err)
+	}
+	s.doneLSN.Store(uint64(lsn))
+	return nil
+}
+
+// saveProgress records, for each table whose events got further since and ahead of
+// the stream's confirmed position (which a stream read again starts from anyway),
+// how far they are done (done_lsn), in one round trip.
+func (sh *Shared) saveProgress(ctx context.Context, t *term) error {
+	type step struct {
+		s    *Source
+		done uint64
+	}
+	var steps []step
+	confirmed := t.l.confirmedLSN()
+	sh.mu.Lock()
+	if sh.term == t {
+		for s, q := range sh.queues {
+			if d := q.ownDone(); d > s.doneLSN.Load() && d > confirmed {
+				steps = append(steps, step{s, d})
+			}
+		}
+	}
+	sh.mu.Unlock()
+	if len(steps) == 0 {
+		return nil
+	}
+	var b pgx.Batch
+	for _, st := range steps {
+		b.Queue(`UPDATE `+st.s.qCDC+` SET done_lsn = $1::pg_lsn WHERE slot = $2 AND (done_lsn IS NULL OR done_lsn < $1::pg_lsn)`,
+			pglogrepl.LSN(st.done).String(), sh.cfg.Slot)
+	}
+	if err := sh.pool.SendBatch(ctx, &b).Close(); err != nil {
+		return fmt.Errorf("pgcdc: recording the tables' progress: %w", interpret(err))
+	}
+	for _, st := range steps {
+		for {
+			old := st.s.doneLSN.Load()
+			if old >= st.done || st.s.doneLSN.CompareAndSwap(old, st.done) {
+				break
+			}
+		}
+	}
+	return nil
 }
 
 // acquire is a shared Source's AcquireLeadership: while this process streams the

@@ -3,6 +3,7 @@ package pgcdc_test
 import (
 	"context"
 	"fmt"
+	"log/slog"
 	"slices"
 	"strings"
 	"sync"
@@ -194,9 +195,9 @@ FROM pg_replication_slots`, slot, pgcdc.DefaultSlot(a.table), pgcdc.DefaultSlot(
 	ba2 := memory.New(0)
 	a.startRelay(t, se2.add(t, a), ba2, nil)
 	se2.add(t, c)
-	msgs := waitMessages(t, ba2, 1)
+	waitMessages(t, ba2, 1)
 	time.Sleep(300 * time.Millisecond) // a repeat would show up now
-	if msgs = ba2.Messages(); len(msgs) != 1 || msgs[0].ID != last.ID {
+	if msgs := ba2.Messages(); len(msgs) != 1 || msgs[0].ID != last.ID {
 		t.Fatalf("after a clean restart the relay sent %d events (%s...), want only %s", len(msgs), msgs[0].ID, last.ID)
 	}
 }
@@ -273,7 +274,7 @@ func TestSharedSlotStandby(t *testing.T) {
 	b1 := memory.New(0)
 	r1 := a.startRelay(t, se1.add(t, a), b1, nil)
 	testenv.WaitTell(t, ctx, "the first leading", func() bool { return r1.Stats().Leader }, func() string { return "standby" })
-	se2 := startShared(t, testenv.Pool(t, a.url), pgcdc.SharedConfig{Slot: slot}, nil)
+	se2 := startShared(t, testenv.Pool(t, a.url), pgcdc.SharedConfig{Slot: slot, Logger: slog.Default()}, nil)
 	b2 := memory.New(0)
 	r2 := a.startRelay(t, se2.add(t, a), b2, &relay.Config{LeaderRetry: 100 * time.Millisecond})
 	a.produce(t, 2, 10)
@@ -292,9 +293,137 @@ func TestSharedSlotStandby(t *testing.T) {
 	if err := wa.Write(ctx, outbox.Event{AggregateType: "order", AggregateID: "agg-0", Type: "Step", Payload: []byte(`{"i":10}`)}); err != nil {
 		t.Fatal(err)
 	}
-	msgs := waitMessages(t, b2, 1)
+	waitMessages(t, b2, 1)
 	time.Sleep(300 * time.Millisecond)
-	if msgs = b2.Messages(); len(msgs) != 1 {
+	if msgs := b2.Messages(); len(msgs) != 1 {
 		t.Fatalf("the standby sent %d events after a clean hand-over, want 1", len(msgs))
+	}
+}
+
+// TestSharedSlotStuckTable: a table whose relay cannot lead (here its lock is held
+// elsewhere) holds the slot's confirmed position back, and with it the WAL, but
+// not the other tables: they go on, and after the stream is read again from the
+// held-back position (a restart) they skip what they had already sent, by their own
+// recorded progress. Once the stuck table's relay leads, its events arrive.
+func TestSharedSlotStuckTable(t *testing.T) {
+	a, b := setup(t, outboxdriver.WriteRows), setup(t, outboxdriver.WriteMessage)
+	ctx := context.Background()
+	slot := sharedSlot(a)
+	t.Cleanup(func() { dropSlot(t, a.pool, slot) })
+	lock, err := b.admin(t).AcquireLeadership(ctx, nil)
+	if err != nil || lock == nil {
+		t.Fatalf("holding b's relay lock: %v, %v", lock, err)
+	}
+	released := false
+	t.Cleanup(func() {
+		if !released {
+			_ = lock.Release(context.Background())
+		}
+	})
+	se := startShared(t, a.pool, pgcdc.SharedConfig{Slot: slot}, nil)
+	ba, bb := memory.New(0), memory.New(0)
+	ra := a.startRelay(t, se.add(t, a), ba, nil)
+	a.startRelay(t, se.add(t, b), bb, &relay.Config{LeaderRetry: 100 * time.Millisecond})
+	testenv.WaitTell(t, ctx, "a's relay leading", func() bool { return ra.Stats().Leader }, func() string { return "standby" })
+
+	b.produce(t, 2, 5) // stuck behind b's lock
+	a.produce(t, 3, 20)
+	// A last event of a's, committed past end: a's progress reaches end once it
+	// is done.
+	var end string
+	if err := a.pool.QueryRow(ctx, `SELECT pg_current_wal_lsn()::text`).Scan(&end); err != nil {
+		t.Fatal(err)
+	}
+	wa, err := outbox.NewWriter(a.drv, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := wa.Write(ctx, outbox.Event{AggregateType: "order", AggregateID: "last", Type: "Step", Payload: []byte(`{"i":0}`)}); err != nil {
+		t.Fatal(err)
+	}
+	checkDelivery(t, waitMessages(t, ba, 61), 3, 20)
+	cdc := `SELECT coalesce(done_lsn >= $2::pg_lsn, false) FROM ` + a.table.Schema + `.outbox_cdc WHERE slot = $1`
+	testenv.WaitTell(t, ctx, "a's progress recorded past its events", func() bool {
+		var past bool
+		return a.pool.QueryRow(ctx, cdc, slot, end).Scan(&past) == nil && past
+	}, func() string { return "done_lsn stays behind " + end })
+	var held bool
+	if err := a.pool.QueryRow(ctx, `SELECT confirmed_flush_lsn < $2::pg_lsn FROM pg_replication_slots WHERE slot_name = $1`, slot, end).Scan(&held); err != nil || !held {
+		t.Fatalf("the slot confirmed past b's unsent events: held %v, %v", held, err)
+	}
+
+	// A new process reads the stream again from before b's events, and a's.
+	for _, r := range []*relay.Relay{ra} {
+		if err := r.Stop(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	se.stop()
+	se2 := startShared(t, testenv.Pool(t, a.url), pgcdc.SharedConfig{Slot: slot, Logger: slog.Default()}, nil)
+	ba2, bb2 := memory.New(0), memory.New(0)
+	a.startRelay(t, se2.add(t, a), ba2, nil)
+	srcB := se2.add(t, b)
+	released = true
+	if err := lock.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	a.startRelay(t, srcB, bb2, nil)
+	checkDelivery(t, waitMessages(t, bb2, 10), 2, 5)
+	time.Sleep(300 * time.Millisecond) // a repeat of a's would show up now
+	if n := len(ba2.Messages()); n != 0 {
+		t.Fatalf("a sent %d of its events again after the restart, want 0", n)
+	}
+	if n := len(bb.Messages()); n != 0 {
+		t.Fatalf("b's relay published %d events without its lock", n)
+	}
+}
+
+// TestSharedSlotWaitsForItsTables: a stream started before all its tables are added
+// (a new process reading from the slot's position) does not read past the events of
+// a table registered with the slot and not added yet, even table-less ones that
+// exist nowhere else: it stops and tries again, and once the table is added they
+// arrive. A table taken out (Remove) no longer holds the stream.
+func TestSharedSlotWaitsForItsTables(t *testing.T) {
+	a, b := setup(t, outboxdriver.WriteRows), setup(t, outboxdriver.WriteMessage)
+	ctx := context.Background()
+	slot := sharedSlot(a)
+	t.Cleanup(func() { dropSlot(t, a.pool, slot) })
+	se := startShared(t, a.pool, pgcdc.SharedConfig{Slot: slot}, func(sh *pgcdc.Shared) {
+		for _, e := range []*cdcEnv{a, b} {
+			if _, err := sh.Add(ctx, e.admin(t), e.table); err != nil {
+				t.Fatal(err)
+			}
+		}
+	})
+	testenv.WaitTell(t, ctx, "streaming", se.sh.Streaming, func() string { return "not streaming" })
+	se.stop()
+	b.produce(t, 2, 5) // while no process streams
+	a.produce(t, 2, 5)
+
+	se2 := startShared(t, a.pool, pgcdc.SharedConfig{Slot: slot}, nil)
+	ba := memory.New(0)
+	a.startRelay(t, se2.add(t, a), ba, nil)
+	time.Sleep(500 * time.Millisecond) // b's events come first: nothing of a's passes them
+	if n := len(ba.Messages()); n != 0 {
+		t.Fatalf("%d of a's events published past b's unread ones", n)
+	}
+	bb := memory.New(0)
+	a.startRelay(t, se2.add(t, b), bb, nil)
+	checkDelivery(t, waitMessages(t, bb, 10), 2, 5)
+	checkDelivery(t, waitMessages(t, ba, 10), 2, 5)
+
+	// Taken out, b's later events are skipped, not waited for.
+	if err := se2.sh.Remove(ctx, b.table); err != nil {
+		t.Fatal(err)
+	}
+	se2.stop()
+	b.produce(t, 1, 3)
+	a.produceFrom(t, 2, 5, 5)
+	se3 := startShared(t, a.pool, pgcdc.SharedConfig{Slot: slot}, nil)
+	ba3 := memory.New(0)
+	a.startRelay(t, se3.add(t, a), ba3, nil)
+	msgs := waitMessages(t, ba3, 10)
+	if first := string(msgs[0].Payload); !strings.Contains(first, "5") {
+		t.Fatalf("after the restart a's first event is %s, want its 6th: the stream sent again what it had confirmed", first)
 	}
 }

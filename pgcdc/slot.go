@@ -100,8 +100,12 @@ func (s *Source) Init(ctx context.Context) error {
 // WAL without limit, and learns the payload column's type for the dead letters.
 func (s *Source) checkServer(ctx context.Context) error {
 	if s.shared == nil {
-		if err := checkWALLevel(ctx, s.pool, s.log.With("slot", s.cfg.Slot)); err != nil {
+		unbounded, err := checkWALLevel(ctx, s.pool)
+		if err != nil {
 			return err
+		}
+		if unbounded {
+			s.log.Warn(unboundedWarning, "slot", s.cfg.Slot)
 		}
 	}
 	var payloadType string
@@ -121,22 +125,21 @@ func (s *Source) checkServer(ctx context.Context) error {
 	return nil
 }
 
-// checkWALLevel refuses a server without logical decoding, and warns when slots
-// may keep WAL without limit.
-func checkWALLevel(ctx context.Context, pool *pgxpool.Pool, log *slog.Logger) error {
+// checkWALLevel refuses a server without logical decoding, and reports whether
+// slots may keep WAL without limit (unboundedWarning).
+func checkWALLevel(ctx context.Context, pool *pgxpool.Pool) (unbounded bool, err error) {
 	var walLevel, keep string
-	err := pool.QueryRow(ctx, `SELECT current_setting('wal_level'), current_setting('max_slot_wal_keep_size')`).Scan(&walLevel, &keep)
+	err = pool.QueryRow(ctx, `SELECT current_setting('wal_level'), current_setting('max_slot_wal_keep_size')`).Scan(&walLevel, &keep)
 	if err != nil {
-		return fmt.Errorf("pgcdc: %w", interpret(err))
+		return false, fmt.Errorf("pgcdc: %w", interpret(err))
 	}
 	if walLevel != "logical" {
-		return fmt.Errorf("%w (it is %s; %w)", ErrWALLevel, walLevel, outboxdriver.ErrNeedsOperator)
+		return false, fmt.Errorf("%w (it is %s; %w)", ErrWALLevel, walLevel, outboxdriver.ErrNeedsOperator)
 	}
-	if keep == "-1" {
-		log.Warn("pgcdc: max_slot_wal_keep_size is unset: a stopped relay's slot keeps WAL without limit; set it and watch the slot lag")
-	}
-	return nil
+	return keep == "-1", nil
 }
+
+const unboundedWarning = "pgcdc: max_slot_wal_keep_size is unset: a stopped relay's slot keeps WAL without limit; set it and watch the slot lag"
 
 func (s *Source) connect(ctx context.Context, walSenderTimeout time.Duration) (*pgconn.PgConn, error) {
 	return connectReplication(ctx, s.pool, walSenderTimeout)
@@ -166,8 +169,12 @@ func createSlot(ctx context.Context, conn *pgconn.PgConn, slot string, log *slog
 	// Register first: if the relay dies right after creating the slot, the next
 	// start still knows the rows before it need publishing.
 	for _, s := range tables {
+		reset := "backfill_until = NULL, backfilled_at = NULL"
+		if s.shared != nil {
+			reset += ", done_lsn = NULL" // migration 010; a table alone does without
+		}
 		if _, err := s.pool.Exec(ctx, `INSERT INTO `+s.qCDC+` (slot) VALUES ($1)
-ON CONFLICT (slot) DO UPDATE SET created_at = now(), backfill_until = NULL, backfilled_at = NULL`, slot); err != nil {
+ON CONFLICT (slot) DO UPDATE SET created_at = now(), `+reset, slot); err != nil {
 			return 0, fmt.Errorf("pgcdc: %w", interpret(err))
 		}
 	}

@@ -105,7 +105,8 @@ type Source struct {
 	heldStmt            string // likewise
 	bytesPayload        bool
 
-	shared *Shared // the stream of many tables this one is read from (nil: its own)
+	shared  *Shared       // the stream of many tables this one is read from (nil: its own)
+	doneLSN atomic.Uint64 // shared: every event committed at or before this is done
 
 	mu   sync.Mutex
 	sess *session

@@ -26,7 +26,10 @@ type stream struct {
 	statusEvery time.Duration
 	log         *slog.Logger
 	bad         func(lsn uint64, err error) // an undecodable event, skipped
+	behind      func()                      // reading starts waiting for acknowledgements (nil: log it)
 	failpoint   func(string)
+
+	touched []*queue // the queues the transaction being read pushed into
 
 	wmu      sync.Mutex // status updates come from the reader and from acknowledgements
 	lastSent uint64
@@ -57,6 +60,7 @@ func (s *stream) run(ctx context.Context) error {
 	nextStatus := time.Now()
 	nc := s.conn.Conn()
 	var deadline time.Time
+	waiting := false
 	// Shutdown interrupts a read in progress.
 	defer context.AfterFunc(ctx, func() { _ = nc.SetReadDeadline(time.Now()) })()
 	for {
@@ -71,8 +75,17 @@ func (s *stream) run(ctx context.Context) error {
 			nextStatus = time.Now().Add(s.statusEvery)
 		}
 		if !s.l.waitSpace(nextStatus) {
+			if !waiting {
+				waiting = true
+				if s.behind != nil {
+					s.behind()
+				} else {
+					s.log.Info("pgcdc: reading waits: as many events as --max-pending (or --max-pending-bytes) wait for the broker")
+				}
+			}
 			continue // the relay is behind: keep the server informed, read nothing
 		}
+		waiting = false
 		// A read deadline on the socket rather than a context per message: a context
 		// costs a timer and a watcher each time, a quarter of the reader's CPU.
 		if !deadline.Equal(nextStatus) {
@@ -144,8 +157,16 @@ func (s *stream) handle(data []byte, at uint64) error {
 			return nil
 		}
 		q.push(ch.Row, ch.AvailableAt, ch.Reject, ch.Xid, ch.Inserted)
+		if ch.CommitLSN != 0 && !slices.Contains(s.touched, q) {
+			s.touched = append(s.touched, q)
+		}
 		s.failpoint(FailpointAfterReceive)
 	case ChangeCommit:
+		for _, q := range s.touched {
+			q.committed(ch.CommitLSN)
+		}
+		clear(s.touched)
+		s.touched = s.touched[:0]
 		s.l.mark(ch.EndLSN)
 	}
 	return nil
