@@ -23,7 +23,7 @@ func runMigrate(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	partitions := fs.Int("partitions", outboxdriver.PartitionsDefault, "PostgreSQL: how many partitions rows are hashed into by aggregate (fixed once migrated)")
 	cdc := fs.Bool("cdc", false, "PostgreSQL: also create the CDC relay's publication and replication slot, so events are captured from now on (required before producers use the insert-delete or table-less write modes)")
 	dropCDC := fs.Bool("drop-cdc", false, "PostgreSQL: retire the table's CDC relay: drop its replication slot (which keeps WAL until dropped), its publication and its record, once every CDC relay of the table is stopped (docs/operations.md)")
-	slot := fs.String("slot", "", "with --cdc or --drop-cdc: the replication slot (default outbox_<schema>_<table>)")
+	slot := fs.String("slot", "", "with --cdc or --drop-cdc: the replication slot (default outbox_<schema>_<table>; with --tables "+pgcdc.SharedSlotDefault+", one for every table)")
 	publication := fs.String("publication", "", "with --cdc or --drop-cdc: the publication (default: the slot's name)")
 	tablesList := fs.String("tables", "", tablesFlagHelp+"; a name is created if missing, a pattern upgrades the outbox tables it matches")
 	if err := parse(fs, args); err != nil {
@@ -31,19 +31,30 @@ func runMigrate(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	}
 	if flagSet(fs, "tables") {
 		switch {
-		case *cdc || *dropCDC:
-			return usageErr("--cdc and --drop-cdc take one table: use --table")
+		case *cdc && *dropCDC:
+			return usageErr("--cdc sets up a CDC relay and --drop-cdc retires one: give one of them")
 		case *print:
 			return usageErr("--print shows one table's SQL: use --table")
+		case (*slot != "" || *publication != "") && !*cdc && !*dropCDC:
+			return usageErr("--slot and --publication go with --cdc or --drop-cdc")
 		}
 		many, err := openTables(ctx, fs, *dsn, *tablesList)
 		if err != nil {
 			return err
 		}
 		defer many.close()
-		return migrateTables(ctx, many, func(t *outboxdriver.Table) {
-			t.Payload, t.Partitioned, t.Partitions = outboxdriver.PayloadType(*payload), *partitioned, *partitions
-		}, stdout)
+		if (*cdc || *dropCDC) && many.pg == nil {
+			return usageErr("--cdc and --drop-cdc need PostgreSQL (--db postgres://...)")
+		}
+		if !*dropCDC {
+			err := migrateTables(ctx, many, func(t *outboxdriver.Table) {
+				t.Payload, t.Partitioned, t.Partitions = outboxdriver.PayloadType(*payload), *partitioned, *partitions
+			}, stdout)
+			if err != nil || !*cdc {
+				return err
+			}
+		}
+		return sharedCDC(ctx, many, *slot, *publication, *dropCDC, stdout)
 	}
 	table, err := parseTable(*tableName, *payload)
 	if err != nil {
@@ -116,6 +127,57 @@ func runMigrate(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	return nil
 }
 
+// sharedCDC is `migrate --tables --cdc` (or --drop-cdc): the one slot and
+// publication of `relay --tables --mode cdc`, for every table --tables matches.
+func sharedCDC(ctx context.Context, many *manyTables, slot, publication string, drop bool, stdout io.Writer) error {
+	sh, err := pgcdc.NewShared(many.pg, &pgcdc.SharedConfig{Slot: slot, Publication: publication, Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		return usageErr("%v", err)
+	}
+	tables, err := many.find(ctx, false)
+	if err != nil {
+		return err
+	}
+	for _, t := range tables {
+		store, _, err := many.driver(t)
+		if err == nil {
+			_, err = sh.Add(ctx, store, t)
+		}
+		if err != nil {
+			return fmt.Errorf("cdc setup for %s: %w", t, err)
+		}
+	}
+	if !drop {
+		if err := sh.Init(ctx); err != nil {
+			return fmt.Errorf("cdc setup: %w", err)
+		}
+		fmt.Fprintf(stdout, "replication slot %s ready for %d tables (publication %s)\n", sh.Slot(), len(tables), sh.Publication())
+		return nil
+	}
+	r, err := sh.Retire(ctx)
+	if err != nil {
+		return fmt.Errorf("retire the CDC relay of slot %s: %w", sh.Slot(), err)
+	}
+	fmt.Fprintf(stdout, "%d tables: dropped %s; a polling relay sends only the rows not yet published\n", len(tables),
+		droppedText(r, sh.Slot(), sh.Publication()))
+	return nil
+}
+
+// droppedText says what a retirement dropped.
+func droppedText(r pgcdc.Retired, slot, publication string) string {
+	var dropped []string
+	if r.Slot {
+		dropped = append(dropped, "replication slot "+slot)
+	}
+	if r.Publication {
+		dropped = append(dropped, "publication "+publication)
+	}
+	if len(dropped) == 0 {
+		dropped = append(dropped, "nothing (no slot "+slot+", no publication "+publication+")")
+	}
+	return strings.Join(dropped, " and ")
+}
+
 // retireCDC is `migrate --drop-cdc`: the table's slot, publication and slot record
 // dropped, once no relay streams from the slot.
 func retireCDC(ctx context.Context, db *database, table outboxdriver.Table, cfg *pgcdc.Config, stdout io.Writer) error {
@@ -130,17 +192,7 @@ func retireCDC(ctx context.Context, db *database, table outboxdriver.Table, cfg 
 	if err != nil {
 		return fmt.Errorf("retire the CDC relay of %s: %w", table, err)
 	}
-	var dropped []string
-	if r.Slot {
-		dropped = append(dropped, "replication slot "+src.Slot())
-	}
-	if r.Publication {
-		dropped = append(dropped, "publication "+src.Publication())
-	}
-	if len(dropped) == 0 {
-		dropped = append(dropped, "nothing (no slot "+src.Slot()+", no publication "+src.Publication()+")")
-	}
-	fmt.Fprintf(stdout, "%s: dropped %s; a polling relay sends only the rows not yet published\n", table, strings.Join(dropped, " and "))
+	fmt.Fprintf(stdout, "%s: dropped %s; a polling relay sends only the rows not yet published\n", table, droppedText(r, src.Slot(), src.Publication()))
 	return nil
 }
 

@@ -119,7 +119,7 @@ func parseRelayFlags(args []string, stderr io.Writer) (*relayOptions, error) {
 	fs.Var(&uiHosts, "ui-host", "a host name the dashboard answers to besides localhost and IP addresses (repeatable; the name your proxy or browser uses)")
 	uiToken := fs.String("ui-token", "", "dashboard: the admin token that allows replay and purge (empty: read-only); prefer OUTBOX_UI_TOKEN_FILE")
 	configPath := fs.String("config", "", "a YAML (.yaml) or properties file of flag values and Debezium Outbox Event Router options; flags and OUTBOX_* variables win over it")
-	tablesList := fs.String("tables", "", tablesFlagHelp+"; one process relays each (poll mode), on one pool, one leadership session and one wake-up session")
+	tablesList := fs.String("tables", "", tablesFlagHelp+"; one process relays each, on one pool and one leadership session, with one wake-up session (poll) or one replication slot and publication for all (cdc; --slot default "+pgcdc.SharedSlotDefault+")")
 	tablesRescan := fs.Duration("tables-rescan", 30*time.Second, "with --tables: how often to look for tables created or dropped")
 	maxConns := fs.Int("max-conns", 0, "with --tables: the most database connections the relay opens, whatever the number of tables (0: 8, or the URL's pool_max_conns); at least 3")
 	logLevel := fs.String("log-level", "info", "debug, info, warn or error")
@@ -168,8 +168,6 @@ func parseRelayFlags(args []string, stderr io.Writer) (*relayOptions, error) {
 			return nil, usageErr("--table and --tables: give one of them")
 		case !isPG:
 			return nil, usageErr("relay --tables needs PostgreSQL (--db postgres://...); on MySQL and SQLite, run a relay per table (--table)")
-		case *mode != "poll":
-			return nil, usageErr("--tables relays in poll mode: not with --mode cdc (yet)")
 		case *maxConns != 0 && *maxConns < 3:
 			return nil, usageErr("--max-conns %d: want at least 3 (the leadership session, the wake-up session and one for claims)", *maxConns)
 		case *tablesRescan < time.Second:

@@ -22,6 +22,7 @@ import (
 	"github.com/outboxd/outbox/internal/version"
 	"github.com/outboxd/outbox/outboxdriver"
 	"github.com/outboxd/outbox/outboxdriver/outboxpgx"
+	"github.com/outboxd/outbox/pgcdc"
 	"github.com/outboxd/outbox/relay"
 	"github.com/outboxd/outbox/relay/relayprom"
 	"github.com/outboxd/outbox/replay"
@@ -30,7 +31,8 @@ import (
 // runRelayTables is `outbox relay --tables`: one relay per matching table in this
 // process, each exactly as a relay of that table alone (its leadership, its order
 // per aggregate, its dead letters, its completion), sharing one publisher, one pool
-// (--max-conns), one session for the leadership locks and one for the wake-ups.
+// (--max-conns), one session for the leadership locks and one for the wake-ups
+// (poll mode) or one replication slot, publication and connection (CDC mode).
 // Tables created or dropped are found every --tables-rescan.
 func runRelayTables(ctx context.Context, o *relayOptions) error {
 	logger := o.logger
@@ -59,6 +61,15 @@ func runRelayTables(ctx context.Context, o *relayOptions) error {
 	set := &tableRelays{o: o, pool: pool, shared: shared, pub: pub, reg: reg, running: map[string]*tableRelay{},
 		retired: retired, retiredAt: map[string]time.Time{},
 		rescan: make(chan struct{}, 1)}
+	ctx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	if o.mode == "cdc" {
+		stopCDC, err := set.startCDC(ctx, sessions, cancel)
+		if err != nil {
+			return err
+		}
+		defer stopCDC() // after the relays stopped (deferred below): they report their last events first
+	}
 	defer set.stopAll()
 	if o.httpAddr != "" {
 		stop, err := set.serveHTTP(ctx)
@@ -68,21 +79,27 @@ func runRelayTables(ctx context.Context, o *relayOptions) error {
 		defer stop()
 	}
 	v := version.Get()
-	logger.Info("relay starting", "version", v.Version, "revision", v.Short(), "mode", "poll", "db", redact.URL(o.dsn),
+	logger.Info("relay starting", "version", v.Version, "revision", v.Short(), "mode", o.mode, "db", redact.URL(o.dsn),
 		"broker", redact.Endpoint(o.brokerURL), "tables", patternsString(o.tables), "max_conns", pool.Config().MaxConns)
 	for _, w := range plaintextWarnings(o.dsn, o.brokerURL) {
 		logger.Warn(w)
 	}
-	wctx, stopWake := context.WithCancel(ctx)
-	wakeDone := make(chan struct{})
-	go func() { defer close(wakeDone); set.wakePending(wctx) }()
-	defer func() { stopWake(); <-wakeDone }()
+	if set.cdc == nil {
+		// CDC relays wake up on the stream; polling ones on this.
+		wctx, stopWake := context.WithCancel(ctx)
+		wakeDone := make(chan struct{})
+		go func() { defer close(wakeDone); set.wakePending(wctx) }()
+		defer func() { stopWake(); <-wakeDone }()
+	}
 	t := time.NewTicker(o.tablesRescan)
 	defer t.Stop()
 	for {
 		set.reconcile(ctx)
 		select {
 		case <-ctx.Done():
+			if err := context.Cause(ctx); !errors.Is(err, context.Canceled) {
+				return err // the CDC stream needs an operator
+			}
 			logger.Info("relay stopped", "tables", len(set.running))
 			return nil
 		case <-t.C:
@@ -159,6 +176,43 @@ type tableRelays struct {
 
 	retired   *relayprom.RetiredTables
 	retiredAt map[string]time.Time // when each table was let go (guarded by mu)
+
+	cdc         *pgcdc.Shared // CDC mode: the slot every table is read from (nil: poll mode)
+	reconciling sync.Mutex    // one reconcile at a time: the rescan's, or the stream's
+}
+
+// startCDC starts the stream of every table's events, from one slot and one
+// publication (--slot, --publication; default outbox_tables) over one replication
+// connection, direct (--leader-db) when --db goes through a proxy. A stream that
+// needs an operator (a lost slot, wal_level) ends the relay with its error, through
+// fail. stop ends the stream.
+func (s *tableRelays) startCDC(ctx context.Context, direct *pgxpool.Pool, fail context.CancelCauseFunc) (stop func(), err error) {
+	o := s.o
+	patterns := o.tables
+	s.cdc, err = pgcdc.NewShared(s.pool, &pgcdc.SharedConfig{Slot: o.cdc.Slot, Publication: o.cdc.Publication,
+		MaxPending: o.cdc.MaxPending, MaxPendingBytes: o.cdc.MaxPendingBytes, RecreateSlot: o.cdc.RecreateSlot,
+		Logger: o.logger, Failpoint: o.cfg.Failpoint, Timeout: o.cfg.LeaderTimeout, Direct: direct,
+		Match: func(t outboxdriver.Table) bool { return outboxdriver.MatchAny(patterns, t) },
+		// Relays it starts live as long as the process, not the stream.
+		Rescan: func(context.Context) error {
+			s.reconcile(ctx)
+			return ctx.Err()
+		}})
+	if err != nil {
+		return nil, usageErr("%v", err)
+	}
+	// The tables matching now join before the stream starts: none of their
+	// events are read unrouted.
+	s.reconcile(ctx)
+	rctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		if err := s.cdc.Run(rctx); err != nil {
+			fail(fmt.Errorf("relay: the CDC stream of slot %s: %w", s.cdc.Slot(), err))
+		}
+	}()
+	return func() { cancel(); <-done }, nil
 }
 
 // tableRelay is one table's relay, running until stop.
@@ -177,6 +231,8 @@ type tableRelay struct {
 // reconcile starts a relay for each table that matches and has none, and stops the
 // relays of tables gone.
 func (s *tableRelays) reconcile(ctx context.Context) {
+	s.reconciling.Lock()
+	defer s.reconciling.Unlock()
 	fctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	tables, err := outboxpgx.FindTables(fctx, s.pool, s.o.tables...)
 	cancel()
@@ -192,6 +248,7 @@ func (s *tableRelays) reconcile(ctx context.Context) {
 	}
 	s.mu.Lock()
 	var gone, unwanted []string
+	var leaving []outboxdriver.Table
 	for name, tr := range s.running {
 		select {
 		case <-tr.done: // ended on its own: started again below if still wanted
@@ -202,6 +259,7 @@ func (s *tableRelays) reconcile(ctx context.Context) {
 		if _, ok := want[name]; !ok {
 			gone = append(gone, name)
 			unwanted = append(unwanted, name)
+			leaving = append(leaving, tr.table)
 		}
 	}
 	now := time.Now()
@@ -218,6 +276,13 @@ func (s *tableRelays) reconcile(ctx context.Context) {
 	s.mu.Unlock()
 	for _, name := range gone {
 		s.stop(name)
+	}
+	if s.cdc != nil {
+		for _, t := range leaving {
+			if err := s.cdc.Remove(ctx, t); err != nil && ctx.Err() == nil {
+				s.o.logger.Warn("relay: cannot take a table out of the CDC publication", "table", t.String(), "err", err)
+			}
+		}
 	}
 	if len(tables) == 0 {
 		s.o.logger.Warn("relay: no outbox table matches --tables", "tables", patternsString(s.o.tables))
@@ -329,7 +394,15 @@ func (s *tableRelays) start(ctx context.Context, t outboxdriver.Table) {
 			return
 		}
 	}
-	r, err := relay.New(store, s.pub, &cfg)
+	var src outboxdriver.Source = store
+	if s.cdc != nil {
+		if src, err = s.cdc.Add(ctx, store, t); err != nil {
+			metrics.Unregister(regs)
+			fail(err)
+			return
+		}
+	}
+	r, err := relay.New(src, s.pub, &cfg)
 	if err != nil {
 		metrics.Unregister(regs)
 		fail(err)
@@ -476,7 +549,7 @@ func (s *tableRelays) dashboard() (*dashboard.Tables, error) {
 			if !ok {
 				return nil, fmt.Errorf("%s is not relayed here", t)
 			}
-			return &dashboard.Config{Admin: tr.store, Status: tr.status, Relay: tr.r, Replays: tr.replays, Mode: "poll",
+			return &dashboard.Config{Admin: tr.store, Status: tr.status, Relay: tr.r, Replays: tr.replays, Mode: o.mode,
 				Metrics: s.reg, Broker: redact.Endpoint(o.brokerURL)}, nil
 		},
 		Token: o.uiToken, Hosts: o.uiHosts, Logger: o.logger})

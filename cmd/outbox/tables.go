@@ -9,6 +9,8 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
+
 	"github.com/outboxd/outbox/internal/redact"
 	"github.com/outboxd/outbox/outboxdriver"
 	"github.com/outboxd/outbox/outboxdriver/outboxmysql"
@@ -37,6 +39,8 @@ type manyTables struct {
 	// driver opens one table's store and migrator on the shared pool.
 	driver func(t outboxdriver.Table) (outboxdriver.Store, outboxdriver.Migrator, error)
 	close  func()
+	// pg is the pool on PostgreSQL (nil elsewhere).
+	pg *pgxpool.Pool
 }
 
 // openTables parses --tables and opens the database at dsn (PostgreSQL or MySQL).
@@ -55,7 +59,7 @@ func openTables(ctx context.Context, fs *flag.FlagSet, dsn, list string) (*manyT
 		if err != nil {
 			return nil, err
 		}
-		m.close = pool.Close
+		m.close, m.pg = pool.Close, pool
 		m.findTables = func(ctx context.Context) ([]outboxdriver.Table, error) {
 			return outboxpgx.FindTables(ctx, pool, patterns...)
 		}
