@@ -396,9 +396,21 @@ func TestRelayTablesDroppedTable(t *testing.T) {
 // (its connections blackholed: nothing forwarded, nothing closed) while producers write
 // to three tables. The standby process takes over every table once the database ends
 // the silent sessions (--leader-timeout), and after healing nothing is lost and each
-// table keeps its order per aggregate on first delivery.
+// table keeps its order per aggregate on first delivery. In both relay modes.
 func TestRelayTablesPartitioned(t *testing.T) {
 	t.Parallel()
+	for _, mode := range []string{"poll", "cdc"} {
+		t.Run(mode, func(t *testing.T) {
+			t.Parallel()
+			relayTablesPartitioned(t, mode)
+		})
+	}
+}
+
+// relayTablesPartitioned is TestRelayTablesPartitioned in one relay mode; in CDC
+// mode both processes read from one shared slot, which the database frees when the
+// cut-off process's stream stays silent past --leader-timeout.
+func relayTablesPartitioned(t *testing.T, mode string) {
 	url := testenv.DatabaseURL(t)
 	pool := testenv.Pool(t, url)
 	ctx := context.Background()
@@ -410,9 +422,23 @@ func TestRelayTablesPartitioned(t *testing.T) {
 	if cutURL == url {
 		t.Skipf("the database URL %s is not on 127.0.0.1:5432: no proxy in front of it", url)
 	}
+	extra := []string{"--mode", mode}
+	if mode == "cdc" {
+		testenv.LogicalReplication(t, pool)
+		slot := prefix + "_slot"
+		t.Cleanup(func() {
+			if err := testenv.DropSlot(context.Background(), pool, slot); err != nil {
+				t.Error(err)
+			}
+		})
+		if stdout, stderr, code := runCLI(t, nil, "migrate", "--db", url, "--tables", prefix+"_*.outbox", "--cdc", "--slot", slot); code != 0 {
+			t.Fatalf("migrate --tables --cdc: %s%s", stdout, stderr)
+		}
+		extra = append(extra, "--slot", slot)
+	}
 	args := func(db, addr string) []string {
-		return []string{"--db", db, "--tables", prefix + "_*.outbox", "--broker", ns.url, "--topic-template", ns.template(),
-			"--leader-timeout", "3s", "--http", addr}
+		return append([]string{"--db", db, "--tables", prefix + "_*.outbox", "--broker", ns.url, "--topic-template", ns.template(),
+			"--leader-timeout", "3s", "--http", addr}, extra...)
 	}
 	addrA, addrB := fmt.Sprintf("127.0.0.1:%d", testenv.FreePort(t)), fmt.Sprintf("127.0.0.1:%d", testenv.FreePort(t))
 	ready := func(addr string) string { return httpBody(addr, "/readyz") }
@@ -453,7 +479,7 @@ func TestRelayTablesPartitioned(t *testing.T) {
 		got = ready(addrB)
 		return strings.Count(got, " active") == 3
 	}, func() string { return got + "\n" + b.output() })
-	t.Logf("the standby led every table %v after the cut (--leader-timeout 3s)", time.Since(cut).Round(time.Millisecond))
+	t.Logf("%s: the standby led every table %v after the cut (--leader-timeout 3s)", mode, time.Since(cut).Round(time.Millisecond))
 	wg.Wait()
 	for _, table := range tables {
 		waitUnpublished(t, pool, table, 0, 60*time.Second)
