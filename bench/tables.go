@@ -22,6 +22,7 @@ import (
 	"github.com/outboxd/outbox/internal/testenv"
 	"github.com/outboxd/outbox/outboxdriver"
 	"github.com/outboxd/outbox/outboxdriver/outboxpgx"
+	"github.com/outboxd/outbox/pgcdc"
 )
 
 // tablesBench is `bench tables`: one `outbox relay --tables` process over many
@@ -35,6 +36,8 @@ func tablesBench(dbURL, natsURL string, args []string) error {
 	seconds := fs.Int("seconds", 20, "length of the steady phase")
 	backlog := fs.Int("backlog", 100000, "events put at once in one table while a quiet one is written to")
 	maxConns := fs.Int("max-conns", 8, "the relay's --max-conns")
+	mode := fs.String("mode", "poll", "the relay's --mode: poll, or cdc (one slot and publication for every table)")
+	maxPending := fs.Int("max-pending", 0, "with -mode cdc: the relay's --max-pending (0: its default)")
 	_ = fs.Parse(args)
 	ctx := context.Background()
 	cfg, err := pgxpool.ParseConfig(dbURL)
@@ -98,9 +101,18 @@ func tablesBench(dbURL, natsURL string, args []string) error {
 	if strings.Contains(dbURL, "?") {
 		sep = "&"
 	}
-	cmd := exec.Command(bin, "relay", "--http=", "--db", dbURL+sep+"application_name="+app, "--broker", natsURL,
-		"--tables", prefix+"_*.outbox", "--max-conns", fmt.Sprint(*maxConns), "--topic-template", prefix+".${aggregatetype}",
-		"--log-level", env("BENCH_RELAY_LOG", "warn"))
+	relayArgs := []string{"relay", "--http=", "--db", dbURL + sep + "application_name=" + app, "--broker", natsURL,
+		"--tables", prefix + "_*.outbox", "--max-conns", fmt.Sprint(*maxConns), "--topic-template", prefix + ".${aggregatetype}",
+		"--log-level", env("BENCH_RELAY_LOG", "warn"), "--mode", *mode}
+	if *mode == "cdc" {
+		slot := prefix + "_slot"
+		relayArgs = append(relayArgs, "--slot", slot)
+		if *maxPending > 0 {
+			relayArgs = append(relayArgs, "--max-pending", fmt.Sprint(*maxPending))
+		}
+		defer dropSlot(pool, slot)
+	}
+	cmd := exec.Command(bin, relayArgs...)
 	cmd.Stderr = os.Stderr
 	if err := cmd.Start(); err != nil {
 		return err
@@ -209,7 +221,10 @@ func tablesBench(dbURL, natsURL string, args []string) error {
 
 	// The same rate through one table and a relay of its own.
 	single := exec.Command(bin, "relay", "--http=", "--db", dbURL, "--broker", natsURL, "--table", tables[2].String(),
-		"--topic-template", prefix+".${aggregatetype}", "--log-level", env("BENCH_RELAY_LOG", "warn"))
+		"--topic-template", prefix+".${aggregatetype}", "--log-level", env("BENCH_RELAY_LOG", "warn"), "--mode", *mode)
+	if *mode == "cdc" {
+		defer dropSlot(pool, pgcdc.DefaultSlot(tables[2]))
+	}
 	single.Stderr = os.Stderr
 	if err := single.Start(); err != nil {
 		return err
@@ -269,4 +284,14 @@ func (a *arrivals) latencies(committed *sync.Map, n int, timeout time.Duration) 
 	}
 	sort.Slice(lat, func(i, j int) bool { return lat[i] < lat[j] })
 	return lat, nil
+}
+
+// dropSlot drops a replication slot and its publication, once no relay streams
+// from it: a slot left behind keeps WAL for ever.
+func dropSlot(pool *pgxpool.Pool, slot string) {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if err := testenv.DropSlot(ctx, pool, slot); err != nil {
+		fmt.Fprintln(os.Stderr, "bench:", err)
+	}
 }

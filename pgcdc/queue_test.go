@@ -141,3 +141,59 @@ func TestQueueDelayedEventHoldsNothing(t *testing.T) {
 		t.Fatalf("once due took %v, want the delayed event", idxs(got))
 	}
 }
+
+// Two tables on one ledger: the stream's position waits for the slower table, each
+// table's own progress only for its own events (what a stream read again skips).
+func TestSharedLedgerAndOwnProgress(t *testing.T) {
+	l := newLedger(100, 0)
+	fast, slow := newTableQueue(l), newTableQueue(l)
+	slow.push(row("s1"), time.Time{}, nil, 1, true)
+	slow.committed(10)
+	l.mark(11)
+	fast.push(row("f1"), time.Time{}, nil, 2, true)
+	fast.push(row("f2"), time.Time{}, nil, 2, true)
+	fast.committed(20)
+	l.mark(21)
+	fast.push(row("f3"), time.Time{}, nil, 3, true)
+	fast.committed(30)
+	l.mark(31)
+	now := time.Now()
+	out, _ := fast.take(10, 0, now, nil)
+	if len(out) != 3 {
+		t.Fatalf("the fast table took %d of its 3 events", len(out))
+	}
+	fast.done(out[1:2]) // f2 alone: nothing of the fast table is whole yet
+	if got := fast.ownDone(); got != 0 {
+		t.Fatalf("fast table's progress %d with f1 not done", got)
+	}
+	fast.done(out[:1])
+	if got := fast.ownDone(); got != 20 {
+		t.Fatalf("fast table's progress %d, want 20", got)
+	}
+	fast.done(out[2:])
+	if got, conf := fast.ownDone(), l.confirmedLSN(); got != 30 || conf != 0 {
+		t.Fatalf("fast table's progress %d (want 30), stream confirmed %d (want 0: the slow table's event is not done)", got, conf)
+	}
+	if n := fast.openEvents() + slow.openEvents(); n != 1 {
+		t.Fatalf("%d events open, want the slow table's one", n)
+	}
+	s, _ := slow.take(10, 0, now, nil)
+	slow.done(s)
+	if got, conf := slow.ownDone(), l.confirmedLSN(); got != 10 || conf != 31 {
+		t.Fatalf("slow table's progress %d (want 10), stream confirmed %d (want 31)", got, conf)
+	}
+	// A table let go: its events count as done, those claimed once given back.
+	slow.push(row("s2"), time.Time{}, nil, 4, true)
+	slow.push(row("s3"), time.Time{}, nil, 4, true)
+	slow.committed(40)
+	l.mark(41)
+	claimed, _ := slow.take(1, 0, now, nil)
+	slow.drop()
+	if conf := l.confirmedLSN(); conf != 31 {
+		t.Fatalf("confirmed %d with a claimed event out", conf)
+	}
+	slow.giveBack(claimed)
+	if conf := l.confirmedLSN(); conf != 41 {
+		t.Fatalf("confirmed %d after the dropped table's claim came back, want 41", conf)
+	}
+}
