@@ -20,14 +20,55 @@ type ledger struct {
 	capacity int        // most events not yet done
 	maxBytes int        // most payload bytes not yet done (0: no bound); one event always fits
 
-	nextIdx     uint64
+	positions     // reached: the latest confirmable position
+	open      int // events not yet done
+	openBytes int // their payloads' bytes
+	closed    bool
+}
+
+// positions numbers events in order and tells the latest checkpoint reached: one
+// before which every event is done, whatever order they finish in. The ledger keeps
+// the stream's (what may be confirmed), each queue its table's own.
+type positions struct {
+	next        uint64              // the next event's index
 	doneUpTo    uint64              // every index below is done
 	doneAbove   map[uint64]struct{} // done indexes at or above doneUpTo
-	checkpoints []checkpoint        // in order; popped when confirmable
-	confirmed   uint64              // the latest confirmable position
-	open        int                 // events not yet done
-	openBytes   int                 // their payloads' bytes
-	closed      bool
+	checkpoints []checkpoint        // in order; popped when reached
+	reached     uint64              // the latest checkpoint's position reached
+}
+
+// checkpoint records lsn as reached once every event numbered so far is done.
+func (p *positions) checkpoint(lsn uint64) {
+	if n := len(p.checkpoints); n > 0 && p.checkpoints[n-1].idx == p.next {
+		p.checkpoints[n-1].lsn = max(p.checkpoints[n-1].lsn, lsn)
+	} else {
+		p.checkpoints = append(p.checkpoints, checkpoint{idx: p.next, lsn: lsn})
+	}
+	p.advance()
+}
+
+// finish records the event numbered idx as done.
+func (p *positions) finish(idx uint64) {
+	if p.doneAbove == nil {
+		p.doneAbove = map[uint64]struct{}{}
+	}
+	p.doneAbove[idx] = struct{}{}
+	for {
+		if _, ok := p.doneAbove[p.doneUpTo]; !ok {
+			break
+		}
+		delete(p.doneAbove, p.doneUpTo)
+		p.doneUpTo++
+	}
+}
+
+func (p *positions) advance() {
+	n := 0
+	for n < len(p.checkpoints) && p.checkpoints[n].idx <= p.doneUpTo {
+		p.reached = max(p.reached, p.checkpoints[n].lsn)
+		n++
+	}
+	p.checkpoints = p.checkpoints[n:]
 }
 
 // queue holds one table's events read from the stream until the broker acknowledged
@@ -41,28 +82,19 @@ type queue struct {
 	pmu     sync.Mutex
 	pending []*entry // waiting to be claimed, in index order
 	gone    bool     // dropped: events given back count as done
-	own     progress // the table's own: how far its events are done (Shared)
-	open    int      // the table's events not yet done
+	// own numbers the table's events in its own order: how far they are done (on a
+	// stream of many tables it runs ahead of the stream's position, held back by
+	// the slowest table, and is what the table records as done_lsn, so that a
+	// stream read again after a crash skips what it had already sent).
+	own  positions
+	open int // the table's events not yet done
 
 	avail chan struct{} // a non-blocking "there is something to claim" hint
 }
 
-// progress is one table's counterpart of the ledger's positions, in its own event
-// order: the latest commit position at or before which every one of its events is
-// done. On a stream of many tables it runs ahead of the stream's confirmed position
-// (held back by the slowest table), and is what the table records (done_lsn) so that
-// a stream read again after a crash skips what it had already sent.
-type progress struct {
-	next        uint64              // the index of the table's next event
-	doneUpTo    uint64              // every index below is done
-	doneAbove   map[uint64]struct{} // done indexes at or above doneUpTo
-	checkpoints []checkpoint        // commits, in order; popped when done
-	done        uint64              // the latest commit position all of whose events are done
-}
-
 type entry struct {
 	idx         uint64
-	own         uint64 // the index in its table's own order (progress)
+	own         uint64 // the index in its table's own order (queue.own)
 	row         outboxdriver.Row
 	availableAt time.Time
 	reject      error  // goes to the dead letters instead of the broker
@@ -79,7 +111,7 @@ type checkpoint struct {
 }
 
 func newLedger(capacity, maxBytes int) *ledger {
-	l := &ledger{capacity: capacity, maxBytes: maxBytes, doneAbove: map[uint64]struct{}{}}
+	l := &ledger{capacity: capacity, maxBytes: maxBytes}
 	l.space = sync.NewCond(&l.mu)
 	return l
 }
@@ -155,13 +187,7 @@ func (q *queue) openEvents() int {
 func (q *queue) committed(lsn uint64) {
 	q.pmu.Lock()
 	defer q.pmu.Unlock()
-	p := &q.own
-	if n := len(p.checkpoints); n > 0 && p.checkpoints[n-1].idx == p.next {
-		p.checkpoints[n-1].lsn = max(p.checkpoints[n-1].lsn, lsn)
-	} else {
-		p.checkpoints = append(p.checkpoints, checkpoint{idx: p.next, lsn: lsn})
-	}
-	p.advance()
+	q.own.checkpoint(lsn)
 }
 
 // ownDone is the latest commit position at or before which every event of this
@@ -169,16 +195,7 @@ func (q *queue) committed(lsn uint64) {
 func (q *queue) ownDone() uint64 {
 	q.pmu.Lock()
 	defer q.pmu.Unlock()
-	return q.own.done
-}
-
-func (p *progress) advance() {
-	n := 0
-	for n < len(p.checkpoints) && p.checkpoints[n].idx <= p.doneUpTo {
-		p.done = max(p.done, p.checkpoints[n].lsn)
-		n++
-	}
-	p.checkpoints = p.checkpoints[n:]
+	return q.own.reached
 }
 
 // done records the queue's events as finished, for the table and for the stream.
@@ -187,21 +204,10 @@ func (q *queue) done(es []*entry) {
 		return
 	}
 	q.pmu.Lock()
-	p := &q.own
-	if p.doneAbove == nil {
-		p.doneAbove = map[uint64]struct{}{}
-	}
 	for _, e := range es {
-		p.doneAbove[e.own] = struct{}{}
+		q.own.finish(e.own)
 	}
-	for {
-		if _, ok := p.doneAbove[p.doneUpTo]; !ok {
-			break
-		}
-		delete(p.doneAbove, p.doneUpTo)
-		p.doneUpTo++
-	}
-	p.advance()
+	q.own.advance()
 	q.open -= len(es)
 	q.pmu.Unlock()
 	q.ledger.done(es)
@@ -211,8 +217,8 @@ func (q *queue) done(es []*entry) {
 func (l *ledger) number(payload int) uint64 {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	idx := l.nextIdx
-	l.nextIdx++
+	idx := l.next
+	l.next++
 	l.open++
 	l.openBytes += payload
 	return idx
@@ -223,19 +229,14 @@ func (l *ledger) number(payload int) uint64 {
 func (l *ledger) mark(lsn uint64) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	if n := len(l.checkpoints); n > 0 && l.checkpoints[n-1].idx == l.nextIdx {
-		l.checkpoints[n-1].lsn = max(l.checkpoints[n-1].lsn, lsn)
-	} else {
-		l.checkpoints = append(l.checkpoints, checkpoint{idx: l.nextIdx, lsn: lsn})
-	}
-	l.advance()
+	l.checkpoint(lsn)
 }
 
 // confirmedLSN is the latest position whose events are all done (0: none yet).
 func (l *ledger) confirmedLSN() uint64 {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	return l.confirmed
+	return l.reached
 }
 
 func (q *queue) hint() {
@@ -319,30 +320,12 @@ func (l *ledger) done(es []*entry) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	for _, e := range es {
-		l.doneAbove[e.idx] = struct{}{}
-	}
-	l.open -= len(es)
-	for _, e := range es {
+		l.finish(e.idx)
 		l.openBytes -= len(e.row.Payload)
 	}
-	for {
-		if _, ok := l.doneAbove[l.doneUpTo]; !ok {
-			break
-		}
-		delete(l.doneAbove, l.doneUpTo)
-		l.doneUpTo++
-	}
+	l.open -= len(es)
 	l.advance()
 	l.space.Broadcast()
-}
-
-func (l *ledger) advance() {
-	n := 0
-	for n < len(l.checkpoints) && l.checkpoints[n].idx <= l.doneUpTo {
-		l.confirmed = max(l.confirmed, l.checkpoints[n].lsn)
-		n++
-	}
-	l.checkpoints = l.checkpoints[n:]
 }
 
 // close wakes a reader waiting for space: the stream is going away.

@@ -16,7 +16,7 @@ func row(agg string) outboxdriver.Row {
 // the events finish in (failure class 4: confirming too early).
 func TestQueueConfirmsOnlyAfterEverythingBefore(t *testing.T) {
 	q := newQueue(100, 0)
-	q.confirmed = 10
+	q.reached = 10
 	q.push(row("a"), time.Time{}, nil, 0, false)
 	q.push(row("b"), time.Time{}, nil, 0, false)
 	q.mark(20) // commit of a, b

@@ -120,11 +120,9 @@ func (s *Source) start(ctx context.Context, lead outboxdriver.Leadership, timeou
 	if err != nil {
 		return nil, err
 	}
-	lost := si.lost(streamed)
-	if lost && !s.cfg.RecreateSlot {
+	if si.lost(streamed) && !s.cfg.RecreateSlot {
 		return nil, si.lostError(s.cfg.Slot)
 	}
-
 	conn, err := s.connect(ctx, timeout)
 	if err != nil {
 		return nil, err
@@ -135,22 +133,11 @@ func (s *Source) start(ctx context.Context, lead outboxdriver.Leadership, timeou
 			_ = conn.Close(context.WithoutCancel(ctx))
 		}
 	}()
-	if lost {
-		s.log.Warn("pgcdc: recreating the lost replication slot; every unpublished row in the table will be published again", "slot", s.cfg.Slot)
-		if si.exists {
-			if err := pglogrepl.DropReplicationSlot(ctx, conn, s.cfg.Slot, pglogrepl.DropReplicationSlotOptions{}); err != nil {
-				return nil, fmt.Errorf("pgcdc: drop lost slot: %w", err)
-			}
-		}
-		si = slotInfo{}
-	}
-	if !si.exists {
-		if si.confirmed, err = createSlot(ctx, conn, s.cfg.Slot, s.log, s); err != nil {
-			return nil, err
-		}
+	if si, err = prepareSlot(ctx, conn, si, streamed, s.cfg.Slot, s.log, s); err != nil {
+		return nil, err
 	}
 	l := newLedger(s.cfg.MaxPending, s.cfg.MaxPendingBytes)
-	l.confirmed = uint64(si.confirmed)
+	l.reached = uint64(si.confirmed)
 	q := newTableQueue(l)
 	t := newTerm(ctx, &stream{conn: conn, dec: NewDecoder(s.table, s.table.MessagePrefix), l: l,
 		route: func(*Change) (*queue, error) { return q, nil }, statusEvery: s.cfg.StatusInterval,
@@ -171,6 +158,29 @@ func (s *Source) start(ctx context.Context, lead outboxdriver.Leadership, timeou
 	go t.run()
 	s.log.Info("pgcdc: streaming", "slot", s.cfg.Slot, "from", si.confirmed, "backfill_until_seq", sess.backfillUntil)
 	return sess, nil
+}
+
+// prepareSlot replaces a lost slot and creates a missing one (with conn, a
+// replication connection), registering it with tables, and returns where it
+// stands.
+func prepareSlot(ctx context.Context, conn *pgconn.PgConn, si slotInfo, streamed bool, slot string, log *slog.Logger, tables ...*Source) (slotInfo, error) {
+	if si.lost(streamed) {
+		log.Warn("pgcdc: recreating the lost replication slot; every unpublished row of its tables will be published again", "slot", slot)
+		if si.exists {
+			if err := pglogrepl.DropReplicationSlot(ctx, conn, slot, pglogrepl.DropReplicationSlotOptions{}); err != nil {
+				return si, fmt.Errorf("pgcdc: drop lost slot: %w", err)
+			}
+		}
+		si = slotInfo{}
+	}
+	if !si.exists {
+		lsn, err := createSlot(ctx, conn, slot, log, tables...)
+		if err != nil {
+			return si, err
+		}
+		si = slotInfo{exists: true, confirmed: lsn}
+	}
+	return si, nil
 }
 
 // newTerm prepares the term of stream st (the caller starts it with go run). It

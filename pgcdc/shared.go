@@ -395,6 +395,36 @@ func (sh *Shared) Run(ctx context.Context) error {
 	}
 }
 
+// registrations lists the CDC bookkeeping tables (<table>_cdc) of the database that
+// record the slot, and reports whether any of them had streamed from it.
+func (sh *Shared) registrations(ctx context.Context) (regs []string, streamed bool, err error) {
+	rows, err := sh.pool.Query(ctx, `SELECT format('%I.%I', n.nspname, c.relname) FROM pg_class c
+  JOIN pg_namespace n ON n.oid = c.relnamespace
+WHERE c.relkind IN ('r', 'p') AND c.relname LIKE '%\_cdc'
+  AND EXISTS (SELECT FROM pg_attribute a WHERE a.attrelid = c.oid AND a.attname = 'backfilled_at' AND NOT a.attisdropped)
+  AND EXISTS (SELECT FROM pg_attribute a WHERE a.attrelid = c.oid AND a.attname = 'slot' AND NOT a.attisdropped)`)
+	if err != nil {
+		return nil, false, fmt.Errorf("pgcdc: %w", interpret(err))
+	}
+	names, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		return nil, false, fmt.Errorf("pgcdc: %w", interpret(err))
+	}
+	for _, name := range names {
+		var done *bool
+		err := sh.pool.QueryRow(ctx, `SELECT backfilled_at IS NOT NULL FROM `+name+` WHERE slot = $1`, sh.cfg.Slot).Scan(&done)
+		if errors.Is(err, pgx.ErrNoRows) {
+			continue
+		}
+		if err != nil {
+			return nil, false, fmt.Errorf("pgcdc: %s: %w", name, interpret(err))
+		}
+		regs = append(regs, name)
+		streamed = streamed || *done
+	}
+	return regs, streamed, nil
+}
+
 // progressEvery is how often each table's progress is recorded.
 const progressEvery = time.Second
 
@@ -443,16 +473,17 @@ func (sh *Shared) startTerm(ctx context.Context) (*term, error) {
 	if si.active {
 		return nil, nil
 	}
+	// The tables the slot served, added here or not yet: a slot that is gone must
+	// be recognised as lost even before they are added, and a new slot must have
+	// each of them publish the rows written before it (its backfill).
+	var regs []string
 	streamed := false
-	for _, s := range tables {
-		done, err := s.streamedBefore(ctx)
-		if err != nil {
+	if !si.exists || si.walStatus == "lost" {
+		if regs, streamed, err = sh.registrations(ctx); err != nil {
 			return nil, err
 		}
-		streamed = streamed || done
 	}
-	lost := si.lost(streamed)
-	if lost && !sh.cfg.RecreateSlot {
+	if si.lost(streamed) && !sh.cfg.RecreateSlot {
 		return nil, si.lostError(sh.cfg.Slot)
 	}
 	conn, err := sh.connect(ctx)
@@ -465,22 +496,18 @@ func (sh *Shared) startTerm(ctx context.Context) (*term, error) {
 			_ = conn.Close(context.WithoutCancel(ctx))
 		}
 	}()
-	if lost {
-		sh.log.Warn("pgcdc: recreating the lost replication slot; every unpublished row of every table will be published again")
-		if si.exists {
-			if _, err := sh.pool.Exec(ctx, `SELECT pg_drop_replication_slot($1)`, sh.cfg.Slot); err != nil {
-				return nil, fmt.Errorf("pgcdc: drop lost slot: %w", interpret(err))
+	if !si.exists || si.lost(streamed) {
+		for _, reg := range regs {
+			if _, err := sh.pool.Exec(ctx, `UPDATE `+reg+` SET backfill_until = NULL, backfilled_at = NULL, done_lsn = NULL WHERE slot = $1`, sh.cfg.Slot); err != nil {
+				return nil, fmt.Errorf("pgcdc: %w", interpret(err))
 			}
 		}
-		si = slotInfo{}
 	}
-	if !si.exists {
-		if si.confirmed, err = createSlot(ctx, conn, sh.cfg.Slot, sh.cfg.Logger, tables...); err != nil {
-			return nil, err
-		}
+	if si, err = prepareSlot(ctx, conn, si, streamed, sh.cfg.Slot, sh.cfg.Logger, tables...); err != nil {
+		return nil, err
 	}
 	l := newLedger(sh.cfg.MaxPending, sh.cfg.MaxPendingBytes)
-	l.confirmed = uint64(si.confirmed)
+	l.reached = uint64(si.confirmed)
 	var t *term
 	route := func(ch *Change) (*queue, error) { return sh.route(t, ch) }
 	t = newTerm(ctx, &stream{conn: conn, dec: NewSharedDecoder(func(prefix string) bool { return sh.accepts(t, prefix) }), l: l, route: route,

@@ -2,6 +2,7 @@ package pgcdc_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"slices"
@@ -425,5 +426,52 @@ func TestSharedSlotWaitsForItsTables(t *testing.T) {
 	msgs := waitMessages(t, ba3, 10)
 	if first := string(msgs[0].Payload); !strings.Contains(first, "5") {
 		t.Fatalf("after the restart a's first event is %s, want its 6th: the stream sent again what it had confirmed", first)
+	}
+}
+
+// TestSharedSlotLost: a shared slot dropped after it streamed (a failover, an
+// invalidation) stops the stream with ErrSlotLost, and RecreateSlot recovers: a new
+// slot, and every table's unpublished rows published by its backfill.
+func TestSharedSlotLost(t *testing.T) {
+	a := setup(t, outboxdriver.WriteRows)
+	ctx := context.Background()
+	slot := sharedSlot(a)
+	t.Cleanup(func() { dropSlot(t, a.pool, slot) })
+	se := startShared(t, a.pool, pgcdc.SharedConfig{Slot: slot}, nil)
+	b1 := memory.New(0)
+	r := a.startRelay(t, se.add(t, a), b1, nil)
+	a.produce(t, 2, 5)
+	waitMessages(t, b1, 10)
+	if err := r.Stop(ctx); err != nil {
+		t.Fatal(err)
+	}
+	se.stop()
+	if err := testenv.DropSlot(ctx, a.pool, slot); err != nil {
+		t.Fatal(err)
+	}
+	a.produceFrom(t, 2, 5, 5) // unpublished when the slot is found gone
+
+	sh, err := pgcdc.NewShared(a.pool, &pgcdc.SharedConfig{Slot: slot, Logger: quiet()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := sh.Add(ctx, a.admin(t), a.table); err != nil {
+		t.Fatal(err)
+	}
+	rctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	if err := sh.Run(rctx); !errors.Is(err, pgcdc.ErrSlotLost) {
+		t.Fatalf("a stream of a dropped slot: %v, want ErrSlotLost", err)
+	}
+	se2 := startShared(t, a.pool, pgcdc.SharedConfig{Slot: slot, RecreateSlot: true}, nil)
+	b2 := memory.New(0)
+	a.startRelay(t, se2.add(t, a), b2, nil)
+	next := map[string]int{"agg-0": 5, "agg-1": 5} // the unpublished ones, in order
+	for _, m := range waitMessages(t, b2, 10) {
+		var i int
+		if _, err := fmt.Sscanf(string(m.Payload), `{"i": %d}`, &i); err != nil || i != next[m.AggregateID] {
+			t.Fatalf("after recreating the slot %s got %s, want i %d", m.AggregateID, m.Payload, next[m.AggregateID])
+		}
+		next[m.AggregateID]++
 	}
 }
