@@ -86,8 +86,14 @@ type queue struct {
 	// stream of many tables it runs ahead of the stream's position, held back by
 	// the slowest table, and is what the table records as done_lsn, so that a
 	// stream read again after a crash skips what it had already sent).
-	own  positions
-	open int // the table's events not yet done
+	own   positions
+	open  int // the table's events not yet done
+	bytes int // their payloads' bytes
+	// parked (Shared): the table held the stream's room without progress; its
+	// later events are skipped until the stream is read again (drained is called
+	// once nothing of it is open), and its open ones no longer count in the ledger.
+	parked  bool
+	drained func()
 
 	avail chan struct{} // a non-blocking "there is something to claim" hint
 }
@@ -171,8 +177,41 @@ func (q *queue) push(row outboxdriver.Row, availableAt time.Time, reject error, 
 	q.pending = append(q.pending, &entry{idx: idx, own: q.own.next, row: row, availableAt: availableAt, reject: reject, xid: xid, inserted: inserted})
 	q.own.next++
 	q.open++
+	q.bytes += len(row.Payload)
 	q.pmu.Unlock()
 	q.hint()
+}
+
+// park skips the table's later events and takes its open ones out of the ledger's
+// count, so the stream reads on for the other tables; drained is called once
+// nothing of it is open (at once if nothing is).
+func (q *queue) park(drained func()) {
+	q.pmu.Lock()
+	if q.parked {
+		q.pmu.Unlock()
+		return
+	}
+	q.parked, q.drained = true, drained
+	n, b := q.open, q.bytes
+	q.pmu.Unlock()
+	q.forgive(n, b)
+	if n == 0 {
+		drained()
+	}
+}
+
+func (q *queue) isParked() bool {
+	q.pmu.Lock()
+	defer q.pmu.Unlock()
+	return q.parked
+}
+
+// ownDoneCount is how many of the table's events are done in its own order (what
+// shows it progressing).
+func (q *queue) ownDoneCount() uint64 {
+	q.pmu.Lock()
+	defer q.pmu.Unlock()
+	return q.own.doneUpTo
 }
 
 // openEvents is how many of the table's events are not done yet.
@@ -187,6 +226,9 @@ func (q *queue) openEvents() int {
 func (q *queue) committed(lsn uint64) {
 	q.pmu.Lock()
 	defer q.pmu.Unlock()
+	if q.parked {
+		return // its events of that transaction may have been skipped
+	}
 	q.own.checkpoint(lsn)
 }
 
@@ -206,11 +248,20 @@ func (q *queue) done(es []*entry) {
 	q.pmu.Lock()
 	for _, e := range es {
 		q.own.finish(e.own)
+		q.bytes -= len(e.row.Payload)
 	}
 	q.own.advance()
 	q.open -= len(es)
+	parked := q.parked
+	var drained func()
+	if parked && q.open == 0 {
+		drained, q.drained = q.drained, nil
+	}
 	q.pmu.Unlock()
-	q.ledger.done(es)
+	q.finishAll(es, !parked)
+	if drained != nil {
+		drained()
+	}
 }
 
 // number gives the next event its index, counting it open.
@@ -312,8 +363,10 @@ func (q *queue) giveBack(es []*entry) {
 	q.hint()
 }
 
-// done records events as finished (acknowledged, or in the dead letters).
-func (l *ledger) done(es []*entry) {
+// finishAll records events as finished (acknowledged, or in the dead letters);
+// counted says they still count as open (a parked table's were taken out of the
+// count already).
+func (l *ledger) finishAll(es []*entry, counted bool) {
 	if len(es) == 0 {
 		return
 	}
@@ -321,11 +374,33 @@ func (l *ledger) done(es []*entry) {
 	defer l.mu.Unlock()
 	for _, e := range es {
 		l.finish(e.idx)
-		l.openBytes -= len(e.row.Payload)
+		if counted {
+			l.openBytes -= len(e.row.Payload)
+		}
 	}
-	l.open -= len(es)
+	if counted {
+		l.open -= len(es)
+	}
 	l.advance()
 	l.space.Broadcast()
+}
+
+// forgive takes n open events (of bytes payload) out of the count: a parked
+// table's, which no longer hold the stream's room.
+func (l *ledger) forgive(n, bytes int) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.open -= n
+	l.openBytes -= bytes
+	l.space.Broadcast()
+}
+
+// hold numbers a placeholder that is never done: no position at or after it is
+// confirmed (a parked table's skipped events come after it).
+func (l *ledger) hold() {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.next++
 }
 
 // close wakes a reader waiting for space: the stream is going away.

@@ -19,6 +19,9 @@ import (
 	"github.com/outboxd/outbox/outboxdriver"
 )
 
+// ParkAfterDefault is SharedConfig.ParkAfter's default.
+const ParkAfterDefault = 5 * time.Second
+
 // SharedSlotDefault is the slot (and publication) of a Shared stream when none is
 // given.
 const SharedSlotDefault = "outbox_tables"
@@ -48,6 +51,14 @@ type SharedConfig struct {
 	// connection takes, when the Shared's pool goes through a transaction-pooling
 	// proxy (PgBouncer), which cannot carry replication (nil: the Shared's pool).
 	Direct *pgxpool.Pool
+	// ParkAfter is how long reading may wait for one table that holds the most
+	// events and gets none of them done (its relay cannot lead, its broker refuses
+	// them): past it the table is parked, so the stream reads on for the others. A
+	// parked table's later events are skipped, the slot's position stays before
+	// them, and once its relay has caught up the stream is read again from the
+	// slot's position (each other table skipping what it had done). Default
+	// ParkAfterDefault; negative: never.
+	ParkAfter time.Duration
 	// Retry is how often a standby (or a stream that failed) tries the slot again.
 	// Default one second.
 	Retry time.Duration
@@ -113,6 +124,7 @@ func NewShared(pool *pgxpool.Pool, cfg *SharedConfig) (*Shared, error) {
 	c.MaxPendingBytes = cmp.Or(c.MaxPendingBytes, MaxPendingBytesDefault)
 	c.StatusInterval = cmp.Or(c.StatusInterval, StatusIntervalDefault)
 	c.ClaimLinger = cmp.Or(c.ClaimLinger, ClaimLingerDefault)
+	c.ParkAfter = cmp.Or(c.ParkAfter, ParkAfterDefault)
 	if c.MaxPending < 1 || c.StatusInterval < 0 {
 		return nil, errors.New("pgcdc: MaxPending must be positive and StatusInterval not negative")
 	}
@@ -378,6 +390,9 @@ func (sh *Shared) Run(ctx context.Context) error {
 			standby = false
 			sh.follow(ctx, t)
 			sh.endTerm(t)
+			if t.rewind.Load() && ctx.Err() == nil {
+				continue // at once: the tables wait for it
+			}
 			if err := t.alive(); ctx.Err() == nil {
 				sh.log.Error("pgcdc: the shared stream ended; starting it again", "err", err)
 			}
@@ -445,13 +460,34 @@ func (sh *Shared) follow(ctx context.Context, t *term) {
 		case <-tick.C:
 			save()
 		case <-t.done:
+			sh.keepProgress(t)
 			save()
 			return
 		case <-ctx.Done():
 			save()
 			t.cancel()
 			<-t.done
+			sh.keepProgress(t)
 			return
+		}
+	}
+}
+
+// keepProgress carries each table's progress on term t over to the next term: what
+// a stream read again skips.
+func (sh *Shared) keepProgress(t *term) {
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	if sh.term != t {
+		return
+	}
+	for s, q := range sh.queues {
+		d := q.ownDone()
+		for {
+			old := s.doneLSN.Load()
+			if old >= d || s.doneLSN.CompareAndSwap(old, d) {
+				break
+			}
 		}
 	}
 }
@@ -512,7 +548,7 @@ func (sh *Shared) startTerm(ctx context.Context) (*term, error) {
 	route := func(ch *Change) (*queue, error) { return sh.route(t, ch) }
 	t = newTerm(ctx, &stream{conn: conn, dec: NewSharedDecoder(func(prefix string) bool { return sh.accepts(t, prefix) }), l: l, route: route,
 		statusEvery: sh.cfg.StatusInterval, log: sh.log, failpoint: sh.cfg.Failpoint, bad: skipBad(&sh.skipped, sh.log),
-		behind: func() { sh.behind(t) }})
+		behind: func(first bool) { sh.behind(t, first) }})
 	sh.mu.Lock()
 	sh.term, sh.queues = t, map[*Source]*queue{}
 	sh.mu.Unlock()
@@ -550,16 +586,19 @@ func (sh *Shared) endTerm(t *term) {
 	}
 }
 
-// behind tells, when reading the stream stops for want of room, which table holds
-// the most events waiting for the broker: every table's events wait behind it.
-func (sh *Shared) behind(t *term) {
+// behind runs while reading the stream waits for room (first: it just started). It
+// names the table holding the most events not yet done, and parks it once it got
+// none of them done for ParkAfter: every other table's later events wait behind
+// it otherwise.
+func (sh *Shared) behind(t *term, first bool) {
 	var most *Source
+	var hog *queue
 	n := 0
 	sh.mu.Lock()
 	if sh.term == t {
 		for s, q := range sh.queues {
-			if k := q.openEvents(); k > n {
-				most, n = s, k
+			if k := q.openEvents(); k > n && !q.isParked() {
+				most, hog, n = s, q, k
 			}
 		}
 	}
@@ -567,8 +606,33 @@ func (sh *Shared) behind(t *term) {
 	if most == nil {
 		return
 	}
-	sh.log.Warn("pgcdc: reading the shared stream waits for one table: it holds the most events not yet acknowledged, and every table's later events wait behind them (raise --max-pending, or see why its relay is slow or not leading)",
-		"table", most.table.String(), "waiting", n)
+	if first {
+		sh.log.Warn("pgcdc: reading the shared stream waits for one table: it holds the most events not yet acknowledged, and every table's later events wait behind them (raise --max-pending, or see why its relay is slow or not leading)",
+			"table", most.table.String(), "waiting", n)
+	}
+	if sh.cfg.ParkAfter < 0 || t.parked != nil {
+		return
+	}
+	done := hog.ownDoneCount()
+	if hog != t.hog || done != t.hogDone {
+		t.hog, t.hogDone, t.hogSince = hog, done, time.Now() // a new hog, or it progressed
+		return
+	}
+	if time.Since(t.hogSince) < sh.cfg.ParkAfter {
+		return
+	}
+	sh.log.Warn("pgcdc: parking a table that holds the shared stream without progress: its later events are read again once its relay catches up; the slot's position waits for them meanwhile",
+		"table", most.table.String(), "waiting", n, "for", sh.cfg.ParkAfter)
+	t.parked = most
+	t.l.hold()
+	hog.park(func() {
+		// Caught up: read the stream again from the slot's position, every
+		// table skipping what it had done.
+		if t.rewind.CompareAndSwap(false, true) {
+			sh.log.Info("pgcdc: a parked table caught up; reading the shared stream again from the slot's position", "table", most.table.String())
+			t.cancel()
+		}
+	})
 }
 
 // accepts reports whether a logical message's prefix is a table's here, or may be
@@ -696,6 +760,9 @@ func (sh *Shared) queueOf(t *term, key string, ch *Change) (q *queue, known bool
 	if q == nil {
 		q = newTableQueue(t.l)
 		sh.queues[s] = q
+	}
+	if q.isParked() {
+		return nil, true // read again once it caught up
 	}
 	return q, true
 }

@@ -475,3 +475,50 @@ func TestSharedSlotLost(t *testing.T) {
 		next[m.AggregateID]++
 	}
 }
+
+// TestSharedSlotParksAStuckTable: a table that cannot get its events done (its relay
+// cannot lead) fills the stream's room; after ParkAfter it is parked, and the other
+// tables' events flow again. Once its relay leads and has caught up, the stream is
+// read again from the slot's position: it gets every event it missed, in order, and
+// the others send nothing again.
+func TestSharedSlotParksAStuckTable(t *testing.T) {
+	a, b := setup(t, outboxdriver.WriteRows), setup(t, outboxdriver.WriteMessage)
+	ctx := context.Background()
+	slot := sharedSlot(a)
+	t.Cleanup(func() { dropSlot(t, a.pool, slot) })
+	lock, err := b.admin(t).AcquireLeadership(ctx, nil)
+	if err != nil || lock == nil {
+		t.Fatalf("holding b's relay lock: %v, %v", lock, err)
+	}
+	released := false
+	t.Cleanup(func() {
+		if !released {
+			_ = lock.Release(context.Background())
+		}
+	})
+	se := startShared(t, a.pool, pgcdc.SharedConfig{Slot: slot, MaxPending: 20, ParkAfter: 300 * time.Millisecond}, nil)
+	ba, bb := memory.New(0), memory.New(0)
+	ra := a.startRelay(t, se.add(t, a), ba, nil)
+	rb := a.startRelay(t, se.add(t, b), bb, &relay.Config{LeaderRetry: 100 * time.Millisecond})
+	testenv.WaitTell(t, ctx, "a's relay leading", func() bool { return ra.Stats().Leader }, func() string { return "standby" })
+
+	b.produce(t, 2, 30) // 60 events: three times the room, none of them done
+	a.produce(t, 3, 10)
+	checkDelivery(t, waitMessages(t, ba, 30), 3, 10) // flowing past the parked b
+	if n := len(bb.Messages()); n != 0 || rb.Stats().Leader {
+		t.Fatalf("b's relay published %d events without its lock", n)
+	}
+
+	released = true
+	if err := lock.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	msgs := waitMessages(t, bb, 60)
+	checkDelivery(t, msgs, 2, 30)
+	a.produceFrom(t, 3, 10, 5)
+	checkDelivery(t, waitMessages(t, ba, 45), 3, 15)
+	time.Sleep(300 * time.Millisecond) // a repeat of a's would show up now
+	if n := len(ba.Messages()); n != 45 {
+		t.Fatalf("a's relay published %d events, want 45: the stream read again sent some of a's again", n)
+	}
+}

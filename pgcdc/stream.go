@@ -26,7 +26,7 @@ type stream struct {
 	statusEvery time.Duration
 	log         *slog.Logger
 	bad         func(lsn uint64, err error) // an undecodable event, skipped
-	behind      func()                      // reading starts waiting for acknowledgements (nil: log it)
+	behind      func(first bool)            // reading waits for acknowledgements, called as it starts (first) and on (nil: log it)
 	failpoint   func(string)
 
 	touched []*queue // the queues the transaction being read pushed into
@@ -75,13 +75,13 @@ func (s *stream) run(ctx context.Context) error {
 			nextStatus = time.Now().Add(s.statusEvery)
 		}
 		if !s.l.waitSpace(nextStatus) {
-			if !waiting {
-				waiting = true
-				if s.behind != nil {
-					s.behind()
-				} else {
-					s.log.Info("pgcdc: reading waits: as many events as --max-pending (or --max-pending-bytes) wait for the broker")
-				}
+			first := !waiting
+			waiting = true
+			switch {
+			case s.behind != nil:
+				s.behind(first)
+			case first:
+				s.log.Info("pgcdc: reading waits: as many events as --max-pending (or --max-pending-bytes) wait for the broker")
 			}
 			continue // the relay is behind: keep the server informed, read nothing
 		}

@@ -71,6 +71,7 @@ type relayOptions struct {
 	tables       []outboxdriver.TablePattern
 	tablesRescan time.Duration
 	maxConns     int
+	parkAfter    time.Duration // --tables --mode cdc: pgcdc.SharedConfig.ParkAfter
 	// routerFor builds a table's router with --tables (nil: outbox's own format):
 	// CloudEvents' source and Debezium's columns are the table's own.
 	routerFor func(ctx context.Context, pool *pgxpool.Pool, t outboxdriver.Table) (relay.Router, error)
@@ -92,6 +93,7 @@ func parseRelayFlags(args []string, stderr io.Writer) (*relayOptions, error) {
 	fs.BoolVar(&cdcCfg.RecreateSlot, "recreate-slot", false, "cdc: replace a lost slot and publish every unpublished row still in the table again (docs/cdc.md)")
 	fs.IntVar(&cdcCfg.MaxPending, "max-pending", pgcdc.MaxPendingDefault, "cdc: most events read from the WAL and not yet acknowledged (bounds memory)")
 	fs.IntVar(&cdcCfg.MaxPendingBytes, "max-pending-bytes", pgcdc.MaxPendingBytesDefault, "cdc: most payload bytes of those events, past the first 100; -1: no bound")
+	parkAfter := fs.Duration("park-after", pgcdc.ParkAfterDefault, "cdc with --tables: park a table that holds the shared stream's room this long without getting an event done (its relay cannot lead, its broker refuses), so the others read on; it is read again once caught up (negative: never)")
 	batch := fs.Int("batch-size", relay.BatchSizeDefault, "most events claimed and published at once")
 	leaderTimeout := fs.Duration("leader-timeout", relay.LeaderTimeoutDefault, "how long the database keeps the leadership of an active relay that stopped proving it is alive (paused, cut off); a standby takes over after it")
 	batchBytes := fs.Int("max-batch-bytes", relay.BatchBytesDefault, "most payload bytes claimed at once (a larger event still goes, alone); -1: no bound")
@@ -184,8 +186,11 @@ func parseRelayFlags(args []string, stderr io.Writer) (*relayOptions, error) {
 			// cost little.
 			*poll = tablesPollIntervalDefault
 		}
-	} else if flagSet(fs, "max-conns") || flagSet(fs, "tables-rescan") {
-		return nil, usageErr("--max-conns and --tables-rescan go with --tables")
+	} else if flagSet(fs, "max-conns") || flagSet(fs, "tables-rescan") || flagSet(fs, "park-after") {
+		return nil, usageErr("--max-conns, --tables-rescan and --park-after go with --tables")
+	}
+	if flagSet(fs, "park-after") && *mode != "cdc" {
+		return nil, usageErr("--park-after goes with --mode cdc")
 	}
 	logger, err := newLogger(stderr, *logLevel, *logFormat)
 	if err != nil {
@@ -288,7 +293,7 @@ func parseRelayFlags(args []string, stderr io.Writer) (*relayOptions, error) {
 	return &relayOptions{dsn: *dsn, leaderDSN: *leaderDSN, brokerURL: *brokerURL, mode: *mode, configPath: *configPath, table: table, cfg: cfg,
 		cdc: cdcCfg, broker: *bo, routerOpts: routerOpts, leaseTTL: *leaseTTL, httpAddr: *httpAddr, uiToken: *uiToken,
 		ui: *ui, uiHosts: uiHosts, allowNewerSchema: *allowNewer, logger: logger,
-		tables: tables, tablesRescan: *tablesRescan, maxConns: *maxConns, routerFor: routerFor}, nil
+		tables: tables, tablesRescan: *tablesRescan, maxConns: *maxConns, routerFor: routerFor, parkAfter: *parkAfter}, nil
 }
 
 // relayService is a built relay and what it holds open.
