@@ -91,6 +91,26 @@ func publicationTables(t *testing.T, pool *pgxpool.Pool, pub string) []string {
 	return out
 }
 
+// holdLock holds table e's relay lock, as another relay would, until release (or
+// the test's end): its relays here stand by.
+func holdLock(t *testing.T, e *cdcEnv) (release func()) {
+	t.Helper()
+	lock, err := e.admin(t).AcquireLeadership(context.Background(), nil)
+	if err != nil || lock == nil {
+		t.Fatalf("holding %s's relay lock: %v, %v", e.table, lock, err)
+	}
+	var once sync.Once
+	release = func() {
+		once.Do(func() {
+			if err := lock.Release(context.Background()); err != nil {
+				t.Error(err)
+			}
+		})
+	}
+	t.Cleanup(release)
+	return release
+}
+
 func sorted(s ...string) []string {
 	slices.Sort(s)
 	return s
@@ -311,16 +331,7 @@ func TestSharedSlotStuckTable(t *testing.T) {
 	ctx := context.Background()
 	slot := sharedSlot(a)
 	t.Cleanup(func() { dropSlot(t, a.pool, slot) })
-	lock, err := b.admin(t).AcquireLeadership(ctx, nil)
-	if err != nil || lock == nil {
-		t.Fatalf("holding b's relay lock: %v, %v", lock, err)
-	}
-	released := false
-	t.Cleanup(func() {
-		if !released {
-			_ = lock.Release(context.Background())
-		}
-	})
+	release := holdLock(t, b)
 	se := startShared(t, a.pool, pgcdc.SharedConfig{Slot: slot}, nil)
 	ba, bb := memory.New(0), memory.New(0)
 	ra := a.startRelay(t, se.add(t, a), ba, nil)
@@ -364,10 +375,7 @@ func TestSharedSlotStuckTable(t *testing.T) {
 	ba2, bb2 := memory.New(0), memory.New(0)
 	a.startRelay(t, se2.add(t, a), ba2, nil)
 	srcB := se2.add(t, b)
-	released = true
-	if err := lock.Release(ctx); err != nil {
-		t.Fatal(err)
-	}
+	release()
 	a.startRelay(t, srcB, bb2, nil)
 	checkDelivery(t, waitMessages(t, bb2, 10), 2, 5)
 	time.Sleep(300 * time.Millisecond) // a repeat of a's would show up now
@@ -486,16 +494,7 @@ func TestSharedSlotParksAStuckTable(t *testing.T) {
 	ctx := context.Background()
 	slot := sharedSlot(a)
 	t.Cleanup(func() { dropSlot(t, a.pool, slot) })
-	lock, err := b.admin(t).AcquireLeadership(ctx, nil)
-	if err != nil || lock == nil {
-		t.Fatalf("holding b's relay lock: %v, %v", lock, err)
-	}
-	released := false
-	t.Cleanup(func() {
-		if !released {
-			_ = lock.Release(context.Background())
-		}
-	})
+	release := holdLock(t, b)
 	se := startShared(t, a.pool, pgcdc.SharedConfig{Slot: slot, MaxPending: 20, ParkAfter: 300 * time.Millisecond}, nil)
 	ba, bb := memory.New(0), memory.New(0)
 	ra := a.startRelay(t, se.add(t, a), ba, nil)
@@ -509,10 +508,7 @@ func TestSharedSlotParksAStuckTable(t *testing.T) {
 		t.Fatalf("b's relay published %d events without its lock", n)
 	}
 
-	released = true
-	if err := lock.Release(ctx); err != nil {
-		t.Fatal(err)
-	}
+	release()
 	msgs := waitMessages(t, bb, 60)
 	checkDelivery(t, msgs, 2, 30)
 	a.produceFrom(t, 3, 10, 5)

@@ -415,26 +415,20 @@ func relayTablesPartitioned(t *testing.T, mode string) {
 	pool := testenv.Pool(t, url)
 	ctx := context.Background()
 	prefix := testenv.UniqueName("mp")
-	tables := prefixedTables(t, pool, url, prefix, 3)
+	var tables []outboxdriver.Table
+	extra := []string{"--mode", mode}
+	if mode == "cdc" {
+		var slot string
+		tables, slot = cdcTables(t, url, pool, prefix, 3)
+		extra = append(extra, "--slot", slot)
+	} else {
+		tables = prefixedTables(t, pool, url, prefix, 3)
+	}
 	ns := newNATSScope(t)
 	proxy := testenv.NewProxy(t, "127.0.0.1:5432")
 	cutURL := strings.Replace(url, "127.0.0.1:5432", proxy.Addr(), 1)
 	if cutURL == url {
 		t.Skipf("the database URL %s is not on 127.0.0.1:5432: no proxy in front of it", url)
-	}
-	extra := []string{"--mode", mode}
-	if mode == "cdc" {
-		testenv.LogicalReplication(t, pool)
-		slot := "outbox_outbox_test_" + prefix // .ci/run drops a test slot left behind
-		t.Cleanup(func() {
-			if err := testenv.DropSlot(context.Background(), pool, slot); err != nil {
-				t.Error(err)
-			}
-		})
-		if stdout, stderr, code := runCLI(t, nil, "migrate", "--db", url, "--tables", prefix+"_*.outbox", "--cdc", "--slot", slot); code != 0 {
-			t.Fatalf("migrate --tables --cdc: %s%s", stdout, stderr)
-		}
-		extra = append(extra, "--slot", slot)
 	}
 	args := func(db, addr string) []string {
 		return append([]string{"--db", db, "--tables", prefix + "_*.outbox", "--broker", ns.url, "--topic-template", ns.template(),

@@ -7,10 +7,31 @@ import (
 	"syscall"
 	"testing"
 
+	"github.com/jackc/pgx/v5/pgxpool"
+
 	"github.com/outboxd/outbox/internal/testenv"
 	"github.com/outboxd/outbox/outboxdriver"
 	"github.com/outboxd/outbox/pgcdc"
 )
+
+// cdcTables makes n tables as prefixedTables does, and their shared slot and
+// publication with `outbox migrate --tables --cdc`, dropped when the test ends.
+func cdcTables(t *testing.T, url string, pool *pgxpool.Pool, prefix string, n int) ([]outboxdriver.Table, string) {
+	t.Helper()
+	testenv.LogicalReplication(t, pool)
+	tables := prefixedTables(t, pool, url, prefix, n)
+	slot := "outbox_outbox_test_" + prefix // .ci/run drops a test slot left behind
+	t.Cleanup(func() {
+		if err := testenv.DropSlot(context.Background(), pool, slot); err != nil {
+			t.Error(err)
+		}
+	})
+	stdout, stderr, code := runCLI(t, nil, "migrate", "--db", url, "--tables", prefix+"_*.outbox", "--cdc", "--slot", slot)
+	if code != 0 || !strings.Contains(stdout, fmt.Sprintf("replication slot %s ready for %d tables", slot, n)) {
+		t.Fatalf("migrate --tables --cdc: %s%s", stdout, stderr)
+	}
+	return tables, slot
+}
 
 // TestRelayTablesCDC: `outbox relay --tables --mode cdc` reads every table from one
 // slot and one publication, over one replication connection, each table in order
@@ -22,21 +43,10 @@ func TestRelayTablesCDC(t *testing.T) {
 	t.Parallel()
 	url := testenv.DatabaseURL(t)
 	pool := testenv.Pool(t, url)
-	testenv.LogicalReplication(t, pool)
 	ctx := context.Background()
 	prefix := testenv.UniqueName("mc")
-	tables := prefixedTables(t, pool, url, prefix, 3)
-	slot := "outbox_outbox_test_" + prefix // .ci/run drops a test slot left behind
-	t.Cleanup(func() {
-		if err := testenv.DropSlot(context.Background(), pool, slot); err != nil {
-			t.Error(err)
-		}
-	})
+	tables, slot := cdcTables(t, url, pool, prefix, 3)
 	pattern := prefix + "_*.outbox"
-	stdout, stderr, code := runCLI(t, nil, "migrate", "--db", url, "--tables", pattern, "--cdc", "--slot", slot)
-	if code != 0 || !strings.Contains(stdout, "replication slot "+slot+" ready for 3 tables") {
-		t.Fatalf("migrate --tables --cdc: %s%s", stdout, stderr)
-	}
 	ns := newNATSScope(t)
 	addr := fmt.Sprintf("127.0.0.1:%d", testenv.FreePort(t))
 	p := startRelayProc(t, nil, "--db", url, "--tables", pattern, "--mode", "cdc", "--slot", slot, "--broker", ns.url,
@@ -92,7 +102,7 @@ func TestRelayTablesCDC(t *testing.T) {
 
 	_ = p.cmd.Process.Signal(syscall.SIGTERM)
 	<-p.done
-	stdout, stderr, code = runCLI(t, nil, "migrate", "--db", url, "--tables", pattern, "--drop-cdc", "--slot", slot)
+	stdout, stderr, code := runCLI(t, nil, "migrate", "--db", url, "--tables", pattern, "--drop-cdc", "--slot", slot)
 	if code != 0 || !strings.Contains(stdout, "4 tables: dropped replication slot "+slot+" and publication "+slot) {
 		t.Fatalf("migrate --tables --drop-cdc: %s%s", stdout, stderr)
 	}
@@ -113,19 +123,9 @@ func TestRelayTablesCDCKill(t *testing.T) {
 		t.Run(strings.Split(fp, ":")[0], func(t *testing.T) {
 			url := testenv.DatabaseURL(t)
 			pool := testenv.Pool(t, url)
-			testenv.LogicalReplication(t, pool)
 			prefix := testenv.UniqueName("mx")
-			tables := prefixedTables(t, pool, url, prefix, 3)
-			slot := "outbox_outbox_test_" + prefix // .ci/run drops a test slot left behind
-			t.Cleanup(func() {
-				if err := testenv.DropSlot(context.Background(), pool, slot); err != nil {
-					t.Error(err)
-				}
-			})
+			tables, slot := cdcTables(t, url, pool, prefix, 3)
 			pattern := prefix + "_*.outbox"
-			if stdout, stderr, code := runCLI(t, nil, "migrate", "--db", url, "--tables", pattern, "--cdc", "--slot", slot); code != 0 {
-				t.Fatalf("migrate --tables --cdc: %s%s", stdout, stderr)
-			}
 			ns := newNATSScope(t)
 			const n, batch = 1000, 50
 			args := []string{"--db", url, "--tables", pattern, "--mode", "cdc", "--slot", slot, "--broker", ns.url,
