@@ -47,11 +47,10 @@ type term struct {
 	registered map[string]bool // Shared: tables asked about (by its reader only)
 
 	// Shared, by its reader only: the table holding the most events while reading
-	// waits, how far it was done when first seen so, and when; the table parked.
+	// waits, how far it was done when first seen so, and when.
 	hog      *queue
 	hogDone  uint64
 	hogSince time.Time
-	parked   *Source
 	rewind   atomic.Bool // ended to be read again from the slot's position (a parked table caught up)
 }
 

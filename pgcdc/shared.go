@@ -610,7 +610,7 @@ func (sh *Shared) behind(t *term, first bool) {
 		sh.log.Warn("pgcdc: reading the shared stream waits for one table: it holds the most events not yet acknowledged, and every table's later events wait behind them (raise --max-pending, or see why its relay is slow or not leading)",
 			"table", most.table.String(), "waiting", n)
 	}
-	if sh.cfg.ParkAfter < 0 || t.parked != nil {
+	if sh.cfg.ParkAfter < 0 {
 		return
 	}
 	done := hog.ownDoneCount()
@@ -623,7 +623,6 @@ func (sh *Shared) behind(t *term, first bool) {
 	}
 	sh.log.Warn("pgcdc: parking a table that holds the shared stream without progress: its later events are read again once its relay catches up; the slot's position waits for them meanwhile",
 		"table", most.table.String(), "waiting", n, "for", sh.cfg.ParkAfter)
-	t.parked = most
 	t.l.hold()
 	hog.park(func() {
 		// Caught up: read the stream again from the slot's position, every

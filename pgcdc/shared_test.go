@@ -484,33 +484,36 @@ func TestSharedSlotLost(t *testing.T) {
 	}
 }
 
-// TestSharedSlotParksAStuckTable: a table that cannot get its events done (its relay
-// cannot lead) fills the stream's room; after ParkAfter it is parked, and the other
-// tables' events flow again. Once its relay leads and has caught up, the stream is
-// read again from the slot's position: it gets every event it missed, in order, and
-// the others send nothing again.
+// TestSharedSlotParksAStuckTable: tables that cannot get their events done (their
+// relays cannot lead) fill the stream's room; after ParkAfter each is parked in turn,
+// and the other table's events flow again. Once their relays lead and have caught
+// up, the stream is read again from the slot's position: they get every event they
+// missed, in order, and the other table sends nothing again.
 func TestSharedSlotParksAStuckTable(t *testing.T) {
-	a, b := setup(t, outboxdriver.WriteRows), setup(t, outboxdriver.WriteMessage)
+	a, b, c := setup(t, outboxdriver.WriteRows), setup(t, outboxdriver.WriteMessage), setup(t, outboxdriver.WriteRows)
 	ctx := context.Background()
 	slot := sharedSlot(a)
 	t.Cleanup(func() { dropSlot(t, a.pool, slot) })
-	release := holdLock(t, b)
+	releaseB, releaseC := holdLock(t, b), holdLock(t, c)
 	se := startShared(t, a.pool, pgcdc.SharedConfig{Slot: slot, MaxPending: 20, ParkAfter: 300 * time.Millisecond}, nil)
-	ba, bb := memory.New(0), memory.New(0)
+	ba, bb, bc := memory.New(0), memory.New(0), memory.New(0)
 	ra := a.startRelay(t, se.add(t, a), ba, nil)
 	rb := a.startRelay(t, se.add(t, b), bb, &relay.Config{LeaderRetry: 100 * time.Millisecond})
+	a.startRelay(t, se.add(t, c), bc, &relay.Config{LeaderRetry: 100 * time.Millisecond})
 	testenv.WaitTell(t, ctx, "a's relay leading", func() bool { return ra.Stats().Leader }, func() string { return "standby" })
 
-	b.produce(t, 2, 30) // 60 events: three times the room, none of them done
+	b.produce(t, 2, 30) // 60 events each: three times the room, none of them done
+	c.produce(t, 2, 30)
 	a.produce(t, 3, 10)
-	checkDelivery(t, waitMessages(t, ba, 30), 3, 10) // flowing past the parked b
-	if n := len(bb.Messages()); n != 0 || rb.Stats().Leader {
-		t.Fatalf("b's relay published %d events without its lock", n)
+	checkDelivery(t, waitMessages(t, ba, 30), 3, 10) // flowing past the parked b and c
+	if n := len(bb.Messages()) + len(bc.Messages()); n != 0 || rb.Stats().Leader {
+		t.Fatalf("b's and c's relays published %d events without their locks", n)
 	}
 
-	release()
-	msgs := waitMessages(t, bb, 60)
-	checkDelivery(t, msgs, 2, 30)
+	releaseB()
+	releaseC()
+	checkDelivery(t, waitMessages(t, bb, 60), 2, 30)
+	checkDelivery(t, waitMessages(t, bc, 60), 2, 30)
 	a.produceFrom(t, 3, 10, 5)
 	checkDelivery(t, waitMessages(t, ba, 45), 3, 15)
 	time.Sleep(300 * time.Millisecond) // a repeat of a's would show up now
