@@ -88,7 +88,7 @@ func parseRelayFlags(args []string, stderr io.Writer) (*relayOptions, error) {
 	mode := fs.String("mode", "poll", "poll (claim rows with FOR UPDATE SKIP LOCKED) or cdc (PostgreSQL: read the events from the WAL by logical replication)")
 	allowNewer := fs.Bool("allow-newer-schema", false, "start on a table a newer version migrated (a rollback: migrations only add, so an older relay runs on it; docs/upgrading.md)")
 	var cdcCfg pgcdc.Config
-	fs.StringVar(&cdcCfg.Slot, "slot", "", "cdc: the replication slot (default outbox_<schema>_<table>)")
+	fs.StringVar(&cdcCfg.Slot, "slot", "", "cdc: the replication slot (default outbox_<schema>_<table>; with --tables "+pgcdc.SharedSlotDefault+", one for every table)")
 	fs.StringVar(&cdcCfg.Publication, "publication", "", "cdc: the publication (default: the slot's name)")
 	fs.BoolVar(&cdcCfg.RecreateSlot, "recreate-slot", false, "cdc: replace a lost slot and publish every unpublished row still in the table again (docs/cdc.md)")
 	fs.IntVar(&cdcCfg.MaxPending, "max-pending", pgcdc.MaxPendingDefault, "cdc: most events read from the WAL and not yet acknowledged (bounds memory)")
