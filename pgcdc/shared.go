@@ -222,14 +222,11 @@ func interpretErr(err error) error {
 // ensurePublication creates the publication, of no table yet, when missing: the
 // stream of a slot needs its publication, and tables join it as they are added.
 func (sh *Shared) ensurePublication(ctx context.Context) error {
-	var exists bool
-	if err := sh.pool.QueryRow(ctx, `SELECT EXISTS (SELECT FROM pg_publication WHERE pubname = $1)`, sh.cfg.Publication).Scan(&exists); err != nil {
-		return fmt.Errorf("pgcdc: %w", interpret(err))
+	exists, err := publicationExists(ctx, sh.pool, sh.cfg.Publication)
+	if err != nil || exists {
+		return err
 	}
-	if exists {
-		return nil
-	}
-	_, err := sh.pool.Exec(ctx, `CREATE PUBLICATION `+pgx.Identifier{sh.cfg.Publication}.Sanitize()+` WITH (publish = 'insert', publish_via_partition_root = true)`)
+	_, err = sh.pool.Exec(ctx, `CREATE PUBLICATION `+pgx.Identifier{sh.cfg.Publication}.Sanitize()+` WITH (publish = 'insert', publish_via_partition_root = true)`)
 	var pgErr *pgconn.PgError
 	if errors.As(err, &pgErr) && (pgErr.Code == "42710" || pgErr.Code == "23505") { // created meanwhile
 		return nil
@@ -346,17 +343,13 @@ func (sh *Shared) Retire(ctx context.Context) (Retired, error) {
 		return r, fmt.Errorf("%w (slot %q)", ErrSlotActive, sh.cfg.Slot)
 	}
 	if si.exists {
-		if _, err := sh.pool.Exec(ctx, `SELECT pg_drop_replication_slot($1)`, sh.cfg.Slot); err != nil {
-			var pgErr *pgconn.PgError
-			if errors.As(err, &pgErr) && pgErr.Code == "55006" { // object_in_use: started since
-				return r, fmt.Errorf("%w (slot %q)", ErrSlotActive, sh.cfg.Slot)
-			}
-			return r, fmt.Errorf("pgcdc: drop slot: %w", interpret(err))
+		if err := dropSlot(ctx, sh.pool, sh.cfg.Slot); err != nil {
+			return r, err
 		}
 		r.Slot = true
 	}
-	if err := sh.pool.QueryRow(ctx, `SELECT EXISTS (SELECT FROM pg_publication WHERE pubname = $1)`, sh.cfg.Publication).Scan(&r.Publication); err != nil {
-		return r, fmt.Errorf("pgcdc: %w", interpret(err))
+	if r.Publication, err = publicationExists(ctx, sh.pool, sh.cfg.Publication); err != nil {
+		return r, err
 	}
 	if _, err := sh.pool.Exec(ctx, `DROP PUBLICATION IF EXISTS `+pgx.Identifier{sh.cfg.Publication}.Sanitize()); err != nil {
 		return r, fmt.Errorf("pgcdc: drop publication: %w", interpret(err))
@@ -482,13 +475,7 @@ func (sh *Shared) keepProgress(t *term) {
 		return
 	}
 	for s, q := range sh.queues {
-		d := q.ownDone()
-		for {
-			old := s.doneLSN.Load()
-			if old >= d || s.doneLSN.CompareAndSwap(old, d) {
-				break
-			}
-		}
+		s.doneUpTo(q.ownDone())
 	}
 }
 
@@ -766,6 +753,17 @@ func (sh *Shared) queueOf(t *term, key string, ch *Change) (q *queue, known bool
 	return q, true
 }
 
+// doneUpTo records that every event of the table committed at or before lsn is
+// done (it only moves forward).
+func (s *Source) doneUpTo(lsn uint64) {
+	for {
+		old := s.doneLSN.Load()
+		if old >= lsn || s.doneLSN.CompareAndSwap(old, lsn) {
+			return
+		}
+	}
+}
+
 // loadDone reads how far the table's events were done by an earlier stream.
 func (s *Source) loadDone(ctx context.Context) error {
 	var done *string
@@ -815,12 +813,7 @@ func (sh *Shared) saveProgress(ctx context.Context, t *term) error {
 		return fmt.Errorf("pgcdc: recording the tables' progress: %w", interpret(err))
 	}
 	for _, st := range steps {
-		for {
-			old := st.s.doneLSN.Load()
-			if old >= st.done || st.s.doneLSN.CompareAndSwap(old, st.done) {
-				break
-			}
-		}
+		st.s.doneUpTo(st.done)
 	}
 	return nil
 }

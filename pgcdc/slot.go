@@ -200,14 +200,14 @@ WHERE slot = $1`, slot); err != nil {
 }
 
 func (s *Source) ensurePublication(ctx context.Context) error {
-	var n int
-	if err := s.pool.QueryRow(ctx, `SELECT count(*) FROM pg_publication WHERE pubname = $1`, s.cfg.Publication).Scan(&n); err != nil {
-		return fmt.Errorf("pgcdc: %w", err)
+	exists, err := publicationExists(ctx, s.pool, s.cfg.Publication)
+	if err != nil {
+		return err
 	}
-	if n > 0 {
+	if exists {
 		return s.checkPublication(ctx)
 	}
-	_, err := s.pool.Exec(ctx, `CREATE PUBLICATION `+pgx.Identifier{s.cfg.Publication}.Sanitize()+` FOR TABLE `+s.qTable+
+	_, err = s.pool.Exec(ctx, `CREATE PUBLICATION `+pgx.Identifier{s.cfg.Publication}.Sanitize()+` FOR TABLE `+s.qTable+
 		` WITH (publish = 'insert', publish_via_partition_root = true)`)
 	var pgErr *pgconn.PgError
 	if errors.As(err, &pgErr) && pgErr.Code == "42710" { // created meanwhile by another relay
@@ -253,6 +253,28 @@ func (s *Source) checkPublication(ctx context.Context) error {
 	return nil
 }
 
+func publicationExists(ctx context.Context, pool *pgxpool.Pool, name string) (bool, error) {
+	var exists bool
+	if err := pool.QueryRow(ctx, `SELECT EXISTS (SELECT FROM pg_publication WHERE pubname = $1)`, name).Scan(&exists); err != nil {
+		return false, fmt.Errorf("pgcdc: %w", interpret(err))
+	}
+	return exists, nil
+}
+
+// dropSlot drops a slot that was not active a moment ago: PostgreSQL refuses if a
+// relay started streaming since (ErrSlotActive).
+func dropSlot(ctx context.Context, pool *pgxpool.Pool, slot string) error {
+	_, err := pool.Exec(ctx, `SELECT pg_drop_replication_slot($1)`, slot)
+	var pgErr *pgconn.PgError
+	switch {
+	case errors.As(err, &pgErr) && pgErr.Code == "55006": // object_in_use
+		return fmt.Errorf("%w (slot %q)", ErrSlotActive, slot)
+	case err != nil:
+		return fmt.Errorf("pgcdc: drop slot: %w", interpret(err))
+	}
+	return nil
+}
+
 // ErrSlotActive: a relay streams from the slot; stop it first.
 var ErrSlotActive = errors.New("a relay streams from the replication slot: stop every CDC relay of the table first")
 
@@ -276,27 +298,22 @@ func (s *Source) Retire(ctx context.Context) (Retired, error) {
 	if si.active {
 		return r, fmt.Errorf("%w (slot %q)", ErrSlotActive, s.cfg.Slot)
 	}
-	var pubs int
-	if err := s.pool.QueryRow(ctx, `SELECT count(*) FROM pg_publication WHERE pubname = $1`, s.cfg.Publication).Scan(&pubs); err != nil {
-		return r, fmt.Errorf("pgcdc: %w", interpret(err))
+	pub, err := publicationExists(ctx, s.pool, s.cfg.Publication)
+	if err != nil {
+		return r, err
 	}
-	if pubs > 0 {
+	if pub {
 		if err := s.checkPublication(ctx); err != nil {
 			return r, err
 		}
 	}
 	if si.exists {
-		// Not active a moment ago; PostgreSQL refuses the drop if a relay started since.
-		if _, err := s.pool.Exec(ctx, `SELECT pg_drop_replication_slot($1)`, s.cfg.Slot); err != nil {
-			var pgErr *pgconn.PgError
-			if errors.As(err, &pgErr) && pgErr.Code == "55006" { // object_in_use
-				return r, fmt.Errorf("%w (slot %q)", ErrSlotActive, s.cfg.Slot)
-			}
-			return r, fmt.Errorf("pgcdc: drop slot: %w", interpret(err))
+		if err := dropSlot(ctx, s.pool, s.cfg.Slot); err != nil {
+			return r, err
 		}
 		r.Slot = true
 	}
-	if pubs > 0 {
+	if pub {
 		if _, err := s.pool.Exec(ctx, `DROP PUBLICATION IF EXISTS `+pgx.Identifier{s.cfg.Publication}.Sanitize()); err != nil {
 			return r, fmt.Errorf("pgcdc: drop publication: %w", interpret(err))
 		}
