@@ -356,6 +356,11 @@ type ClaimParams struct {
 	// without them, and their aggregates' later events, which must wait for them.
 	// Sources without Capabilities.Split return ErrNotSupported when it is set.
 	Skip []Aggregate
+	// Ahead are the seqs of rows the claiming relay holds in earlier claims, sent or
+	// being sent, and not yet marked: the one exception to the head rule (ClaimHeads).
+	// A row whose earlier unpublished events are all here or in the claim itself is
+	// taken; its batch goes out only after theirs was acknowledged and marked.
+	Ahead []int64
 }
 
 // Aggregate names one aggregate, the unit of ordering.

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/outboxd/outbox/broker"
+	"github.com/outboxd/outbox/internal/wire"
 	"github.com/outboxd/outbox/outboxdriver"
 )
 
@@ -47,6 +48,11 @@ func (f *flight) decide(i int, res broker.Result) {
 // the background; the hooks hear of it once every answer came. A row the router
 // refuses fails permanently, decided at once.
 func (r *Relay) startPublish(work context.Context, rows []outboxdriver.Row) *flight {
+	if n := r.late.mark(rows); n > 0 {
+		r.stats.late.Add(int64(n))
+		r.log.Warn("relay: events committed after a later event of their aggregate was published; sent marked late",
+			"events", n, "header", wire.HeaderLate+": "+wire.LateCommitted)
+	}
 	msgs, idx, results := r.route(rows)
 	f := &flight{rows: rows, results: results, decided: make([]bool, len(rows)),
 		news: make(chan struct{}, 1), done: make(chan struct{})}

@@ -25,6 +25,7 @@ type Relay struct {
 	tmpl  *broker.Template
 	esc   func(string) string
 	log   *slog.Logger
+	late  *lateMarks
 
 	stats stats
 
@@ -36,10 +37,10 @@ type Relay struct {
 }
 
 type stats struct {
-	published, failed, batches, dead, cleaned atomic.Int64
-	brokerDownSince                           atomic.Int64 // unix nanos; 0 while the broker answers
-	partitions                                atomic.Int64 // partitions owned in a group
-	leader                                    atomic.Bool
+	published, failed, batches, dead, cleaned, late atomic.Int64
+	brokerDownSince                                 atomic.Int64 // unix nanos; 0 while the broker answers
+	partitions                                      atomic.Int64 // partitions owned in a group
+	leader                                          atomic.Bool
 }
 
 // Stats are counters since the relay was built.
@@ -49,6 +50,9 @@ type Stats struct {
 	Batches   int64 // batches published
 	Dead      int64 // events this relay moved to the dead letters
 	Cleaned   int64 // published rows deleted after the retention
+	// Late counts events sent marked late (outbox-late: committed-late): their
+	// transaction committed after a later event of their aggregate was published.
+	Late int64
 	// BrokerDownSince is when the broker became unreachable (zero while it answers).
 	BrokerDownSince time.Time
 	Leader          bool // whether this relay is the active one now (a group member: active)
@@ -68,7 +72,7 @@ func New(store outboxdriver.Source, pub broker.Publisher, cfg *Config) (*Relay, 
 	if err != nil {
 		return nil, err
 	}
-	r := &Relay{store: store, pub: pub, cfg: c, tmpl: tmpl, log: c.Logger}
+	r := &Relay{store: store, pub: pub, cfg: c, tmpl: tmpl, log: c.Logger, late: newLateMarks()}
 	if e, ok := pub.(broker.TopicEscaper); ok {
 		r.esc = e.EscapeTopicToken
 	}
@@ -125,6 +129,7 @@ func (r *Relay) Stats() Stats {
 		Batches:   r.stats.batches.Load(),
 		Dead:      r.stats.dead.Load(),
 		Cleaned:   r.stats.cleaned.Load(),
+		Late:      r.stats.late.Load(),
 		BrokerDownSince: func() time.Time {
 			if ns := r.stats.brokerDownSince.Load(); ns != 0 {
 				return time.Unix(0, ns)
@@ -277,11 +282,11 @@ type claimResult struct {
 
 // startClaim claims the next batch in the background, under work; the claim is kept
 // alive (keepClaim) until it is completed or released, or the term (termCtx) ends.
-func (r *Relay) startClaim(termCtx, ctx context.Context, t term, skip []outboxdriver.Aggregate) chan claimResult {
+func (r *Relay) startClaim(termCtx, ctx context.Context, t term, skip []outboxdriver.Aggregate, ahead []int64) chan claimResult {
 	ch := make(chan claimResult, 1)
 	p := t.claimParams(r.cfg.BatchSize) // taken now: the term may change before the claim runs
 	p.MaxBytes = max(r.cfg.MaxBatchBytes, 0)
-	p.Skip = skip
+	p.Skip, p.Ahead = skip, ahead
 	p.FlowPastDeadLetters = r.cfg.FlowPastDeadLetters
 	if cr, ok := r.cfg.Router.(ColumnRouter); ok {
 		p.Columns = cr.Columns()
@@ -339,6 +344,8 @@ type pipeline struct {
 	stopBg    func()
 	next      chan claimResult // the prefetched claim, if any
 	fly       flying           // the slow keys' rows still out (flight.go)
+	inHand    []int64          // the seqs of the batch in hand
+	marking   []sentAhead      // the batches whose write-back may be under way
 	marks     sync.WaitGroup   // the last batch's write-back
 	markFail  atomic.Bool      // it failed: its rows go out again
 	bo        *backoff
@@ -392,7 +399,48 @@ func (p *pipeline) claim() (claimResult, time.Duration) {
 	return cr, time.Since(start)
 }
 
-func (p *pipeline) prefetch() { p.next = p.r.startClaim(p.ctx, p.work, p.t, p.fly.skip()) }
+func (p *pipeline) prefetch() { p.next = p.r.startClaim(p.ctx, p.work, p.t, p.fly.skip(), p.ahead()) }
+
+// sentAhead is a batch whose write-back ends when ended is closed.
+type sentAhead struct {
+	seqs  []int64
+	ended <-chan struct{}
+}
+
+// ahead is what a claim made now may pass (ClaimParams.Ahead): the rows of the batch
+// in hand and of the write-backs under way, which reach the broker, acknowledged and
+// marked, before any row of that claim does; or the claim is given back (a failure,
+// a failed mark, a lost lease).
+func (p *pipeline) ahead() []int64 {
+	live := p.marking[:0]
+	n := len(p.inHand)
+	for _, b := range p.marking {
+		select {
+		case <-b.ended:
+		default:
+			live, n = append(live, b), n+len(b.seqs)
+		}
+	}
+	clear(p.marking[len(live):])
+	p.marking = live
+	if n == 0 {
+		return nil
+	}
+	out := make([]int64, 0, n)
+	out = append(out, p.inHand...)
+	for _, b := range p.marking {
+		out = append(out, b.seqs...)
+	}
+	return out
+}
+
+func seqs(rows []outboxdriver.Row) []int64 {
+	out := make([]int64, len(rows))
+	for i := range rows {
+		out[i] = rows[i].Seq
+	}
+	return out
+}
 
 // dropPrefetched gives the prefetched claim's rows back, if there is one.
 func (p *pipeline) dropPrefetched() {
@@ -423,6 +471,8 @@ func (p *pipeline) idle() {
 func (p *pipeline) batch(cr claimResult, claimWait time.Duration) {
 	r, rows := p.r, cr.claim.Rows()
 	r.cfg.Failpoint(FailpointAfterClaim)
+	p.inHand = seqs(rows)
+	defer func() { p.inHand = nil }()
 	// A claim cut short by MaxBatchBytes may still lock rows it did not read: no
 	// prefetch past them, and the next claim only after this one's mark.
 	cut := r.cfg.MaxBatchBytes > 0 && payloadBytes(rows) >= r.cfg.MaxBatchBytes
@@ -470,6 +520,7 @@ func (p *pipeline) batch(cr claimResult, claimWait time.Duration) {
 	params, failed, unavailable := r.outcome(rows, results)
 	r.count(params, failed, unavailable)
 	marked := r.writeBack(p.work, &p.marks, &p.markFail, cr.claim, params, len(rows), claimWait, pubTime)
+	p.marking = append(p.marking, sentAhead{seqs: p.inHand, ended: marked})
 	if s != nil {
 		s.marks = marked
 		r.log.Info("relay: slow keys left in flight; the rest of the batch goes on", "keys", len(s.keys), "rows", len(s.idx))
@@ -639,6 +690,7 @@ func (r *Relay) writeBack(work context.Context, marks *sync.WaitGroup, failed *a
 // dead (refused permanently, or out of attempts).
 func (r *Relay) outcome(rows []outboxdriver.Row, results []broker.Result) (p *outboxdriver.CompleteParams, failed int, unavailable bool) {
 	p = &outboxdriver.CompleteParams{Completion: r.cfg.Completion, Published: make([]string, 0, len(rows))}
+	r.late.published(rows, func(i int) bool { return results[i].Err == nil })
 	now := time.Now()
 	var failedKeys map[string]bool
 	for i, res := range results {

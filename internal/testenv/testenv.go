@@ -5,6 +5,7 @@ package testenv
 
 import (
 	"context"
+	"database/sql"
 	"log/slog"
 	"net"
 	"os"
@@ -13,6 +14,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+	_ "github.com/jackc/pgx/v5/stdlib" // SQL's driver
 
 	"github.com/outboxd/outbox/internal/testname"
 )
@@ -126,4 +128,16 @@ func QuietLogger() *slog.Logger {
 		return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug}))
 	}
 	return slog.New(slog.DiscardHandler)
+}
+
+// SQL returns a database/sql handle (pgx's stdlib driver) on url, closed when the
+// test ends.
+func SQL(t testing.TB, url string) *sql.DB {
+	t.Helper()
+	db, err := sql.Open("pgx", url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = db.Close() })
+	return db
 }

@@ -30,6 +30,11 @@ const (
 	// LateReplayed: a dead letter replayed after its aggregate's later events went on
 	// past it (--flow-past-dead-letters).
 	LateReplayed = "replayed"
+	// LateCommitted: its transaction committed after a later event of its aggregate
+	// was published (writers that did not serialize the aggregate's transactions, so
+	// commit order differs from write order). The relay that published the later
+	// event marks it.
+	LateCommitted = "committed-late"
 )
 
 // MaxHeaderNameBytes is the longest header name every broker carries (an AMQP table

@@ -36,6 +36,9 @@ type Harness[TTx any] struct {
 	MultipleClaims bool
 	// ConcurrentWriters says two write transactions can be open at once (not SQLite).
 	ConcurrentWriters bool
+	// HoldRow, if set, holds the row of event id with lock from a session of its own,
+	// as an operator or another tool would, until release is called.
+	HoldRow func(ctx context.Context, id string, lock RowLock) (release func(), err error)
 	// NonUniqueIDs says the table cannot refuse a second event with the same id
 	// (a partitioned table's keys include the partition column).
 	NonUniqueIDs bool
@@ -55,6 +58,9 @@ func Run[TTx any](t *testing.T, newHarness NewFunc[TTx]) {
 		{"GroupFencing", testGroupFencing[TTx]},
 		{"GroupFencingArchive", testGroupFencingArchive[TTx]},
 		{"ClaimSkipsLocked", testSkipLocked[TTx]},
+		{"ClaimTakesHeads", testHeadRule[TTx]},
+		{"ClaimHeadsLiveness", testHeadRuleLiveness[TTx]},
+		{"ClaimAhead", testClaimAhead[TTx]},
 		{"LateCommitNotSkipped", testLateCommit[TTx]},
 		{"CompleteMarksAndDeletes", testComplete[TTx]},
 		{"CompleteArchives", testCompleteArchive[TTx]},

@@ -263,32 +263,10 @@ func (d *Driver) Claim(ctx context.Context, p *outboxdriver.ClaimParams) (outbox
 		_ = c.Release(ctx)
 		return nil, interpretError(err)
 	}
-	skip, args := "", []any{p.Limit}
-	if len(p.Skip) > 0 {
-		skip, args = "\n  AND "+outboxdriver.SkipSQL(len(p.Skip)), append(outboxdriver.SkipArgs(p.Skip), args...)
-	}
-	rows, err := tx.QueryContext(ctx, `SELECT `+rowColumns+` FROM `+d.q+` AS o
-WHERE o.published_at IS NULL AND (o.available_at IS NULL OR o.available_at <= UTC_TIMESTAMP(6))
-  AND `+outboxdriver.NotBehindFailingSQL(d.q)+`
-  AND `+outboxdriver.NotHeldSQL(d.qDead)+skip+`
-ORDER BY o.seq LIMIT ? FOR UPDATE SKIP LOCKED`, args...)
+	c.rows, err = outboxdriver.ClaimHeads(ctx, p, func(ctx context.Context, q *outboxdriver.ClaimParams, after int64) ([]outboxdriver.Row, []int64, error) {
+		return d.claimQuery(ctx, tx, q, after)
+	})
 	if err != nil {
-		_ = c.Release(ctx)
-		return nil, interpretError(err)
-	}
-	bytes := 0
-	for !p.Enough(bytes) && rows.Next() {
-		r, err := scanRow(rows)
-		if err != nil {
-			_ = rows.Close()
-			_ = c.Release(ctx)
-			return nil, interpretError(err)
-		}
-		c.rows = append(c.rows, r)
-		bytes += len(r.Payload)
-	}
-	rows.Close()
-	if err := rows.Err(); err != nil {
 		_ = c.Release(ctx)
 		return nil, interpretError(err)
 	}
@@ -298,6 +276,40 @@ ORDER BY o.seq LIMIT ? FOR UPDATE SKIP LOCKED`, args...)
 		}
 	}
 	return c, nil
+}
+
+// claimQuery runs the claim statement once (outboxdriver.ClaimQuery).
+func (d *Driver) claimQuery(ctx context.Context, tx *sql.Tx, p *outboxdriver.ClaimParams, after int64) ([]outboxdriver.Row, []int64, error) {
+	skip, args := "", []any{after}
+	if len(p.Skip) > 0 {
+		skip, args = "\n  AND "+outboxdriver.SkipSQL(len(p.Skip)), append(args, outboxdriver.SkipArgs(p.Skip)...)
+	}
+	rows, err := tx.QueryContext(ctx, `SELECT `+rowColumns+`,
+  COALESCE(`+outboxdriver.PrevSQL(d.q, "(e.available_at IS NULL OR e.available_at <= UTC_TIMESTAMP(6))")+`, 0)
+FROM `+d.q+` AS o
+WHERE o.published_at IS NULL AND (o.available_at IS NULL OR o.available_at <= UTC_TIMESTAMP(6)) AND o.seq > ?
+  AND `+outboxdriver.NotBehindFailingSQL(d.q)+`
+  AND `+outboxdriver.NotHeldSQL(d.qDead)+skip+`
+ORDER BY o.seq LIMIT ? FOR UPDATE SKIP LOCKED`, append(args, p.Limit)...)
+	if err != nil {
+		return nil, nil, err
+	}
+	defer rows.Close()
+	var (
+		out   []outboxdriver.Row
+		prevs []int64
+		bytes int
+	)
+	for !p.Enough(bytes) && rows.Next() {
+		var prev int64
+		r, err := scanRow(rows, &prev)
+		if err != nil {
+			return nil, nil, err
+		}
+		out, prevs = append(out, r), append(prevs, prev)
+		bytes += len(r.Payload)
+	}
+	return out, prevs, rows.Err()
 }
 
 func seconds(d time.Duration) int64 { return int64((d + time.Second - 1) / time.Second) }
@@ -702,6 +714,7 @@ func (m migrator) migrations() ([]migrations.Migration, error) {
 		"IDIndex":          quote(t.Derived("_id")),
 		"UnpublishedIndex": quote(t.Derived("_unpublished_idx")),
 		"FailingIndex":     quote(t.Derived("_failing_idx")),
+		"HeadIndex":        quote(t.Derived("_head_idx")),
 		"DeadHoldIndex":    quote(t.Derived("_dead_holds_idx")),
 	})
 }
@@ -774,7 +787,7 @@ func (m migrator) Migrate(ctx context.Context) ([]int, error) {
 			if strings.TrimSpace(stmt) == "" {
 				continue
 			}
-			if _, err := conn.ExecContext(ctx, stmt); err != nil {
+			if _, err := conn.ExecContext(ctx, stmt); err != nil && !duplicateIndex(err) {
 				return err
 			}
 		}
@@ -783,6 +796,14 @@ func (m migrator) Migrate(ctx context.Context) ([]int, error) {
 		_, err := conn.ExecContext(ctx, "INSERT INTO "+m.versionTable()+" (version, applied_at) VALUES (?, UTC_TIMESTAMP(6))", v)
 		return err
 	})
+}
+
+// duplicateIndex reports MySQL's "duplicate key name" (1061): MySQL 8 has no CREATE
+// INDEX IF NOT EXISTS, so an index a step made before its version was recorded is
+// there already, as the step wants.
+func duplicateIndex(err error) bool {
+	var me *mysql.MySQLError
+	return errors.As(err, &me) && me.Number == 1061
 }
 
 func stripComments(s string) string {

@@ -38,6 +38,7 @@ func TestConformance(t *testing.T) {
 				return err
 			},
 			Reopen:            func(t outboxdriver.Table) outboxdriver.Driver[*sql.Tx] { return outboxmysql.New(db, &t) },
+			HoldRow:           testenv.HoldRow(db, "`"+name+"`", "LOCK IN SHARE MODE", "?"),
 			MultipleClaims:    true,
 			ConcurrentWriters: true,
 		}

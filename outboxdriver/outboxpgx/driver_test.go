@@ -57,6 +57,7 @@ func conformance(t *testing.T, partitioned, shared bool) {
 				return err
 			},
 			Reopen:            func(t outboxdriver.Table) outboxdriver.Driver[pgx.Tx] { return open(t) },
+			HoldRow:           testenv.HoldRow(testenv.SQL(t, url), pgx.Identifier{table.Schema, table.Name}.Sanitize(), "FOR SHARE", "$1::uuid"),
 			MultipleClaims:    true,
 			ConcurrentWriters: true,
 			NonUniqueIDs:      partitioned,

@@ -41,6 +41,7 @@ func TestConformance(t *testing.T) {
 				return err
 			},
 			Reopen:            func(t outboxdriver.Table) outboxdriver.Driver[*sql.Tx] { return outboxsql.New(db, &t) },
+			HoldRow:           testenv.HoldRow(db, pgx.Identifier{table.Schema, table.Name}.Sanitize(), "FOR SHARE", "$1::uuid"),
 			MultipleClaims:    true,
 			ConcurrentWriters: true,
 		}

@@ -270,8 +270,29 @@ func (d *Driver) Claim(ctx context.Context, p *outboxdriver.ClaimParams) (outbox
 	}
 	d.claimMu.Lock()
 	defer d.claimMu.Unlock()
+	c := &claim{d: d}
+	var err error
+	c.rows, err = outboxdriver.ClaimHeads(ctx, p, d.claimQuery)
+	if err != nil {
+		return nil, interpretError(err)
+	}
+	if len(c.rows) > 0 {
+		seqs := make([]int64, len(c.rows))
+		for i := range c.rows {
+			seqs[i] = c.rows[i].Seq
+		}
+		d.inFlight[c] = seqs
+	}
+	return c, nil
+}
+
+// claimQuery runs the claim statement once (outboxdriver.ClaimQuery), under claimMu:
+// due rows, not behind a failing row of their aggregate, not held by a dead letter,
+// not in flight in another claim.
+func (d *Driver) claimQuery(ctx context.Context, p *outboxdriver.ClaimParams, after int64) ([]outboxdriver.Row, []int64, error) {
 	var where strings.Builder
-	args := []any{}
+	now := nowMillis()
+	args := []any{now, now, after}
 	if len(d.inFlight) > 0 {
 		var seqs []int64
 		for _, c := range d.inFlight {
@@ -285,28 +306,30 @@ func (d *Driver) Claim(ctx context.Context, p *outboxdriver.ClaimParams) (outbox
 		where.WriteString(" AND " + outboxdriver.SkipSQL(len(p.Skip)))
 		args = append(args, outboxdriver.SkipArgs(p.Skip)...)
 	}
-	args = append([]any{nowMillis()}, append(args, p.Limit)...)
-	// Due rows, not behind a failing row of their aggregate, not held by a dead letter.
-	rows, err := d.db.QueryContext(ctx, `SELECT seq, id, aggregatetype, aggregateid, type, payload, payload IS NULL, headers, tracingspancontext, created_at, attempts
-FROM `+d.q+` AS o WHERE published_at IS NULL AND available_at <= ?
+	rows, err := d.db.QueryContext(ctx, `SELECT seq, id, aggregatetype, aggregateid, type, payload, payload IS NULL, headers, tracingspancontext, created_at, attempts,
+  coalesce(`+outboxdriver.PrevSQL(d.q, "e.available_at <= ?")+`, 0)
+FROM `+d.q+` AS o WHERE published_at IS NULL AND available_at <= ? AND seq > ?
   AND `+outboxdriver.NotBehindFailingSQL(d.q)+`
-  AND `+outboxdriver.NotHeldSQL(d.qDead)+where.String()+` ORDER BY seq LIMIT ?`, args...)
+  AND `+outboxdriver.NotHeldSQL(d.qDead)+where.String()+` ORDER BY seq LIMIT ?`, append(args, p.Limit)...)
 	if err != nil {
-		return nil, interpretError(err)
+		return nil, nil, err
 	}
 	defer rows.Close()
-	c := &claim{d: d}
-	bytes := 0
+	var (
+		out   []outboxdriver.Row
+		prevs []int64
+		bytes int
+	)
 	for !p.Enough(bytes) && rows.Next() {
 		var (
 			r              outboxdriver.Row
 			payload        []byte
 			null           bool
 			headers, trace sql.NullString
-			created        int64
+			created, prev  int64
 		)
-		if err := rows.Scan(&r.Seq, &r.ID, &r.AggregateType, &r.AggregateID, &r.Type, &payload, &null, &headers, &trace, &created, &r.Attempts); err != nil {
-			return nil, interpretError(err)
+		if err := rows.Scan(&r.Seq, &r.ID, &r.AggregateType, &r.AggregateID, &r.Type, &payload, &null, &headers, &trace, &created, &r.Attempts, &prev); err != nil {
+			return nil, nil, err
 		}
 		r.Payload, r.PayloadNull = payload, null
 		if headers.Valid {
@@ -314,20 +337,10 @@ FROM `+d.q+` AS o WHERE published_at IS NULL AND available_at <= ?
 		}
 		r.TraceContext = trace.String
 		r.CreatedAt = time.UnixMilli(created)
-		c.rows = append(c.rows, r)
+		out, prevs = append(out, r), append(prevs, prev)
 		bytes += len(payload)
 	}
-	if err := rows.Err(); err != nil {
-		return nil, interpretError(err)
-	}
-	if len(c.rows) > 0 {
-		seqs := make([]int64, len(c.rows))
-		for i := range c.rows {
-			seqs[i] = c.rows[i].Seq
-		}
-		d.inFlight[c] = seqs
-	}
-	return c, nil
+	return out, prevs, rows.Err()
 }
 
 type claim struct {
@@ -584,6 +597,7 @@ func (m migrator) migrations() ([]migrations.Migration, error) {
 		"UnpublishedIndex": quote(m.d.table.Derived("_unpublished_idx")),
 		"LeaderTable":      m.d.qLead,
 		"FailingIndex":     quote(m.d.table.Derived("_failing_idx")),
+		"HeadIndex":        quote(m.d.table.Derived("_head_idx")),
 		"DeadTable":        m.d.qDead,
 		"DeadHoldIndex":    quote(m.d.table.Derived("_dead_holds_idx")),
 	})

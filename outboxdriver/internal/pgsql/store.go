@@ -95,12 +95,14 @@ func NewStatements(t outboxdriver.Table) (*Statements, error) {
 	s.insert = `INSERT INTO ` + q + ` (id, aggregatetype, aggregateid, type, payload, headers, available_at, tracingspancontext)
 SELECT u.id::uuid, u.at, u.aid, u.t, ` + payloadExpr + `, u.h::jsonb, coalesce(u.av, now()), u.tc
 FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], ` + payloadArg + `, $6::text[], $7::timestamptz[], $8::text[]) AS u(id, at, aid, t, p, h, av, tc)`
-	// A row is claimed when it is due, no earlier row of its aggregate is failing
+	// A row is matched when it is due, no earlier row of its aggregate is failing
 	// (waiting for a retry), and no dead letter holds its aggregate: a failing event
-	// blocks only its own aggregate, in order.
-	s.claim = `SELECT o.seq, o.id::text, o.aggregatetype, o.aggregateid, o.type, o.payload, o.headers::text, o.tracingspancontext, o.created_at, o.attempts, o.partition
+	// blocks only its own aggregate, in order. It is taken under the head rule
+	// (outboxdriver.ClaimHeads), which reads the last column.
+	s.claim = `SELECT o.seq, o.id::text, o.aggregatetype, o.aggregateid, o.type, o.payload, o.headers::text, o.tracingspancontext, o.created_at, o.attempts, o.partition,
+       coalesce(` + outboxdriver.PrevSQL(q, "e.available_at <= now()") + `, 0)
 FROM ` + q + ` AS o
-WHERE o.published_at IS NULL AND o.available_at <= now() AND ($2 <= 0 OR o.seq <= $2)
+WHERE o.published_at IS NULL AND o.available_at <= now() AND ($2 <= 0 OR o.seq <= $2) AND o.seq > $4
   AND ($3::smallint[] IS NULL OR o.partition = ANY($3::smallint[]))
   AND ` + outboxdriver.NotBehindFailingSQL(q) + `
   AND ` + outboxdriver.NotHeldSQL(s.dead) + `
@@ -398,32 +400,31 @@ func (s *Store) Claim(ctx context.Context, p *outboxdriver.ClaimParams) (outboxd
 			return nil, InterpretError(err)
 		}
 	}
-	stmt, args := s.Statements.claimWith(p.Columns), []any{p.Limit, p.MaxSeq, parts}
-	switch {
-	case len(p.Skip) > 0 && p.Group != nil:
-		_ = tx.Rollback(context.WithoutCancel(ctx))
-		return nil, fmt.Errorf("a group member's claim skipping aggregates: %w", outboxdriver.ErrNotSupported)
-	case len(p.Skip) > 0:
-		stmt, args = skipping(stmt), append(args, skipArgs(p.Skip)...)
-	case p.Group != nil:
-		// Only partitions still leased to this relay at the epochs it claims under, as
-		// the statement sees the leases when it runs. A claim a cut-off member sent
-		// before the cut and the server ran after its lease moved (a connection that
-		// delivers late) then locks nothing, so the new owner's claim never skips an
-		// aggregate's earlier row that claim would hold. (Not FOR SHARE: the lease rows
-		// must stay free for a takeover while the claim's batch is out; a claim that
-		// began before the takeover is what the new owner's barrier waits for.)
-		stmt = "WITH " + strings.Replace(s.Statements.heldLeases(4), " FOR SHARE OF l)", ")", 1) + "\n" +
-			strings.Replace(stmt, "\nORDER BY o.seq", "\n  AND o.partition IN (SELECT partition FROM held)\nORDER BY o.seq", 1)
-		args = append(args, (&claim{group: p.Group}).fenceArgs()...)
-	}
-	rows, err := tx.Query(ctx, stmt, args...)
-	if err != nil {
-		_ = tx.Rollback(context.WithoutCancel(ctx))
-		return nil, InterpretError(err)
-	}
 	c := &claim{s: s, tx: tx, group: p.Group}
-	c.rows, err = scanRows(rows, p)
+	c.rows, err = outboxdriver.ClaimHeads(ctx, p, func(ctx context.Context, q *outboxdriver.ClaimParams, after int64) ([]outboxdriver.Row, []int64, error) {
+		stmt, args := s.Statements.claimWith(p.Columns), []any{q.Limit, p.MaxSeq, parts, after}
+		if p.Group != nil {
+			// Only partitions still leased to this relay at the epochs it claims under,
+			// as the statement sees the leases when it runs. A claim a cut-off member
+			// sent before the cut and the server ran after its lease moved (a
+			// connection that delivers late) then locks nothing, so the new owner's
+			// claim never skips an aggregate's earlier row that claim would hold. (Not
+			// FOR SHARE: the lease rows must stay free for a takeover while the
+			// claim's batch is out; a claim that began before the takeover is what the
+			// new owner's barrier waits for.)
+			stmt = "WITH " + strings.Replace(s.Statements.heldLeases(len(args)+1), " FOR SHARE OF l)", ")", 1) + "\n" +
+				strings.Replace(stmt, "\nORDER BY o.seq", "\n  AND o.partition IN (SELECT partition FROM held)\nORDER BY o.seq", 1)
+			args = append(args, (&claim{group: p.Group}).fenceArgs()...)
+		}
+		if len(q.Skip) > 0 {
+			stmt, args = skipping(stmt, len(args)+1), append(args, skipArgs(q.Skip)...)
+		}
+		rows, err := tx.Query(ctx, stmt, args...)
+		if err != nil {
+			return nil, nil, err
+		}
+		return scanRows(rows, q, len(p.Columns))
+	})
 	if err != nil {
 		_ = tx.Rollback(context.WithoutCancel(ctx))
 		return nil, InterpretError(err)
@@ -439,21 +440,25 @@ func (s *Store) Claim(ctx context.Context, p *outboxdriver.ClaimParams) (outboxd
 	return c, nil
 }
 
-func scanRows(rows Rows, p *outboxdriver.ClaimParams) ([]outboxdriver.Row, error) {
+// scanRows reads a claim statement's rows, up to p's bounds, and each one's prev
+// column (outboxdriver.PrevSQL), then cols extra columns.
+func scanRows(rows Rows, p *outboxdriver.ClaimParams, cols int) ([]outboxdriver.Row, []int64, error) {
 	defer rows.Close()
 	// Rows are scanned in place, through one destination list: per row, the
 	// relay's hot path allocates only what the row's values need.
-	out := make([]outboxdriver.Row, 0, min(max(p.Limit, 1), 4096))
+	n := min(max(p.Limit, 1), 4096)
+	out, prevs := make([]outboxdriver.Row, 0, n), make([]int64, 0, n)
 	var (
 		headers   []byte
 		trace     *string
 		partition int16
+		prev      int64
 		extra     []*string
 	)
-	dest := make([]any, 11, 11+2*len(p.Columns))
-	dest[6], dest[7], dest[10] = &headers, &trace, &partition
-	if len(p.Columns) > 0 {
-		extra = make([]*string, 2*len(p.Columns))
+	dest := make([]any, 12, 12+2*cols)
+	dest[6], dest[7], dest[10], dest[11] = &headers, &trace, &partition, &prev
+	if cols > 0 {
+		extra = make([]*string, 2*cols)
 		for i := range extra {
 			dest = append(dest, &extra[i])
 		}
@@ -466,10 +471,11 @@ func scanRows(rows Rows, p *outboxdriver.ClaimParams) ([]outboxdriver.Row, error
 			&r.Seq, &r.ID, &r.AggregateType, &r.AggregateID, &r.Type, &r.Payload, &r.CreatedAt, &r.Attempts
 		headers, trace = nil, nil
 		if err := rows.Scan(dest...); err != nil {
-			return nil, err
+			return nil, nil, err
 		}
-		if len(p.Columns) > 0 {
-			r.Columns = make(map[string]outboxdriver.Value, len(p.Columns))
+		prevs = append(prevs, prev)
+		if cols > 0 {
+			r.Columns = make(map[string]outboxdriver.Value, cols)
 			for i, c := range p.Columns {
 				r.Columns[c] = outboxdriver.ParseValue(*extra[2*i], extra[2*i+1])
 			}
@@ -483,15 +489,15 @@ func scanRows(rows Rows, p *outboxdriver.ClaimParams) ([]outboxdriver.Row, error
 			r.TraceContext = *trace
 		}
 	}
-	return out, rows.Err()
+	return out, prevs, rows.Err()
 }
 
 // skipping is a claim statement that also skips the aggregates of ClaimParams.Skip,
-// given as two arrays ($4 types, $5 ids).
-func skipping(claim string) string {
-	return strings.Replace(claim, "\nORDER BY o.seq", `
-  AND NOT EXISTS (SELECT 1 FROM unnest($4::text[], $5::text[]) AS k(t, i) WHERE k.t = o.aggregatetype AND k.i = o.aggregateid)
-ORDER BY o.seq`, 1)
+// given as two arrays ($n types, $n+1 ids).
+func skipping(claim string, n int) string {
+	return strings.Replace(claim, "\nORDER BY o.seq", fmt.Sprintf(`
+  AND NOT EXISTS (SELECT 1 FROM unnest($%d::text[], $%d::text[]) AS k(t, i) WHERE k.t = o.aggregatetype AND k.i = o.aggregateid)
+ORDER BY o.seq`, n, n+1), 1)
 }
 
 func skipArgs(skip []outboxdriver.Aggregate) []any {
