@@ -29,9 +29,11 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"log/slog"
 	"regexp"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -139,6 +141,10 @@ type Config struct {
 	// for rebuilding a read model from history. Other events are deduplicated as
 	// always.
 	Reprocess bool
+	// Logger hears of every event the version guard skips (Warn) and every event
+	// marked late that it lets through (Info): nothing it decides is silent.
+	// Default slog.Default().
+	Logger *slog.Logger
 	// StartSpan, when set, starts a span for a message (continuing the trace in its
 	// headers) and returns the context the handler runs in and a func ending the span
 	// with the handler's error. outboxotel.InboxSpan provides it for OpenTelemetry.
@@ -151,6 +157,7 @@ var tableRE = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]{0,50}$`)
 type Inbox[TTx any] struct {
 	cfg     Config
 	dialect Dialect
+	stats   struct{ stale, late atomic.Int64 }
 	q       queries
 	begin   func(ctx context.Context) (TTx, error)
 	commit  func(ctx context.Context, tx TTx) error
@@ -166,6 +173,9 @@ func newInbox[TTx any](d Dialect, cfg *Config) (*Inbox[TTx], error) {
 	}
 	if ib.cfg.Table == "" {
 		ib.cfg.Table = TableDefault
+	}
+	if ib.cfg.Logger == nil {
+		ib.cfg.Logger = slog.Default()
 	}
 	if !tableRE.MatchString(ib.cfg.Table) {
 		return nil, fmt.Errorf("inbox: table name %q must match %s", ib.cfg.Table, tableRE)
@@ -259,16 +269,39 @@ func (ib *Inbox[TTx]) RecordTx(ctx context.Context, tx TTx, consumer string, msg
 	if n == 0 {
 		return Duplicate, nil
 	}
-	if ib.cfg.VersionGuard && msg.Seq > 0 && msg.AggregateID != "" && !msg.Late() {
-		n, err := ib.exec(ctx, tx, ib.q.guard, consumer, msg.AggregateType, msg.AggregateID, msg.Seq)
-		if err != nil {
-			return 0, fmt.Errorf("inbox: version guard %s: %w", msg.ID, err)
-		}
-		if n == 0 {
-			return Stale, nil
-		}
+	if !ib.cfg.VersionGuard || msg.Seq <= 0 || msg.AggregateID == "" {
+		return Processed, nil
+	}
+	if msg.Late() {
+		ib.stats.late.Add(1)
+		ib.cfg.Logger.Info("inbox: event marked late by the relay; processed outside the version guard", "consumer", consumer,
+			"id", msg.ID, "aggregatetype", msg.AggregateType, "aggregateid", msg.AggregateID, "seq", msg.Seq, "late", msg.header(broker.HeaderLate))
+		return Processed, nil
+	}
+	n, err = ib.exec(ctx, tx, ib.q.guard, consumer, msg.AggregateType, msg.AggregateID, msg.Seq)
+	if err != nil {
+		return 0, fmt.Errorf("inbox: version guard %s: %w", msg.ID, err)
+	}
+	if n == 0 {
+		ib.stats.stale.Add(1)
+		ib.cfg.Logger.Warn("inbox: event older than one already applied for its aggregate, and not marked late; skipped by the version guard",
+			"consumer", consumer, "id", msg.ID, "aggregatetype", msg.AggregateType, "aggregateid", msg.AggregateID, "seq", msg.Seq)
+		return Stale, nil
 	}
 	return Processed, nil
+}
+
+// GuardStats count the version guard's decisions since the inbox was built, each
+// counted when RecordTx decides it (a transaction rolled back afterwards counts
+// again when its message comes again).
+type GuardStats struct {
+	Stale int64 // older unmarked events skipped
+	Late  int64 // events marked late (outbox-late) processed outside the guard
+}
+
+// GuardStats returns the version guard's counters.
+func (ib *Inbox[TTx]) GuardStats() GuardStats {
+	return GuardStats{Stale: ib.stats.stale.Load(), Late: ib.stats.late.Load()}
 }
 
 // Handle processes msg once for consumer: in one new transaction it records the event

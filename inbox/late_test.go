@@ -100,6 +100,10 @@ func TestVersionGuardTakesLateEvents(t *testing.T) {
 	if o := handle(&old); o != inbox.Stale {
 		t.Fatalf("an older unmarked event after the late ones: %v, want stale", o)
 	}
+	// Neither decision is silent: both are counted (and logged).
+	if got, want := ib.GuardStats(), (inbox.GuardStats{Stale: 1, Late: 2}); got != want {
+		t.Fatalf("guard stats %+v, want %+v", got, want)
+	}
 }
 
 // published is the message of event id the broker holds (nil: none yet).

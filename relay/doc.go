@@ -75,8 +75,13 @@
 //     by a relay that is alive is never taken: the new owner waits until the old one
 //     releases it or its lease expires.
 //  4. Barrier: for a partition just taken, lock every unpublished row of it once
-//     (waiting behind any claim a previous owner still holds), then let go. A paused
-//     owner's claim cannot outlive its lease for long: claims run with
+//     (waiting behind any claim a previous owner still holds), then let go, so the
+//     old claims' marks land before the rows are claimed again (fewer duplicates). It
+//     waits half a lease at most: order does not rest on it but on the head rule (a
+//     claim never takes a row behind an earlier unpublished row of its aggregate that
+//     it does not take too, whoever holds that row), so a row still locked then (a
+//     paused owner, an operator's open transaction) holds back only its aggregate. A
+//     paused owner's claim cannot outlive its lease for long: claims run with
 //     idle_in_transaction_session_timeout = LeaseTTL, so the server ends the session
 //     and its row locks.
 //
@@ -92,7 +97,8 @@
 //     statement. A relay that lost a partition while paused therefore cannot mark or
 //     delete its rows afterwards: the new owner publishes them again (a duplicate within
 //     the in-flight window, absorbed by the broker's dedup id and the inbox), and
-//     order per aggregate holds because only one relay at a time claims a partition.
+//     order per aggregate holds because only one relay at a time claims a partition
+//     and no claim passes a held row of its aggregate.
 //
 // A batch whose publishing outlasts LeaseTTL loses its claim (the server ends the idle
 // transaction) and is published again later: keep LeaseTTL well above the broker's

@@ -63,13 +63,21 @@ func (g *groupTerm) publishable(rows []outboxdriver.Row) bool {
 
 // check heartbeats, works out this relay's share of the partitions (partition p goes
 // to the (p mod n)-th live relay in id order), gives up the rest and leases its share.
-// A partition that changed hands is used only once the previous owner's claims have
-// ended (the barrier), so a paused owner's locked rows are never overtaken.
+// A partition that changed hands waits up to half a lease for the previous owner's
+// claims to end (the barrier), so their marks land before it is claimed again. Order
+// does not rest on the barrier: the head rule never lets a claim take a row behind a
+// held one, whoever holds it, so a barrier still blocked after that (a paused owner,
+// or any session's row lock) lets the partitions go on; only the held rows'
+// aggregates wait for their locks. Each call is bounded by LeaderTimeout.
 func (g *groupTerm) check(ctx context.Context) error {
-	if err := g.member.Check(ctx); err != nil {
+	if err := bounded(ctx, g.r.cfg.LeaderTimeout, g.member.Check); err != nil {
 		return err
 	}
-	m, err := g.gs.Heartbeat(ctx, &outboxdriver.HeartbeatParams{RelayID: g.id, Info: hostInfo(), TTL: g.ttl})
+	var m *outboxdriver.Membership
+	err := bounded(ctx, g.r.cfg.LeaderTimeout, func(ctx context.Context) (err error) {
+		m, err = g.gs.Heartbeat(ctx, &outboxdriver.HeartbeatParams{RelayID: g.id, Info: hostInfo(), TTL: g.ttl})
+		return err
+	})
 	if err != nil {
 		return err
 	}
@@ -81,7 +89,11 @@ func (g *groupTerm) check(ctx context.Context) error {
 		}
 	}
 	renewed := time.Now()
-	leases, err := g.gs.Leases(ctx, &outboxdriver.LeaseParams{RelayID: g.id, Want: want, TTL: g.ttl})
+	var leases []outboxdriver.Lease
+	err = bounded(ctx, g.r.cfg.LeaderTimeout, func(ctx context.Context) (err error) {
+		leases, err = g.gs.Leases(ctx, &outboxdriver.LeaseParams{RelayID: g.id, Want: want, TTL: g.ttl})
+		return err
+	})
 	if err != nil {
 		return err
 	}
@@ -95,12 +107,12 @@ func (g *groupTerm) check(ctx context.Context) error {
 		fresh = append(fresh, l.Partition)
 	}
 	if len(fresh) > 0 {
-		bctx, cancel := context.WithTimeout(ctx, g.ttl/2)
-		err := g.gs.Barrier(bctx, fresh)
-		cancel()
-		if err != nil {
-			g.r.log.Warn("relay: new partitions still locked by their previous owner; retrying", "partitions", len(fresh), "err", err)
-			fresh = nil
+		if err := bounded(ctx, min(g.ttl/2, g.r.cfg.LeaderTimeout), func(ctx context.Context) error { return g.gs.Barrier(ctx, fresh) }); err != nil {
+			if ctx.Err() != nil {
+				return ctx.Err()
+			}
+			g.r.log.Info("relay: rows of new partitions still locked (a previous owner's claim, or another session); "+
+				"going on: their aggregates wait for the locks, the others flow", "partitions", len(fresh), "err", err)
 		}
 		for _, l := range leases {
 			if slices.Contains(fresh, l.Partition) {
@@ -131,7 +143,11 @@ func (r *Relay) runGroup(ctx context.Context) error {
 	bo := r.newBackoff()
 	waiting := false
 	for ctx.Err() == nil {
-		member, err := gs.AcquireMembership(ctx)
+		var member outboxdriver.Leadership
+		err := bounded(ctx, r.cfg.LeaderTimeout, func(ctx context.Context) (err error) {
+			member, err = gs.AcquireMembership(ctx)
+			return err
+		})
 		if err != nil || member == nil {
 			switch {
 			case ctx.Err() != nil:

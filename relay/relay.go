@@ -814,6 +814,13 @@ func (r *Relay) dbCtx(ctx context.Context) (context.Context, context.CancelFunc)
 	return context.WithTimeout(ctx, r.cfg.LeaderTimeout)
 }
 
+// bounded runs call under ctx with a deadline d from now.
+func bounded(ctx context.Context, d time.Duration, call func(ctx context.Context) error) error {
+	ctx, cancel := context.WithTimeout(ctx, d)
+	defer cancel()
+	return call(ctx)
+}
+
 // waitFor waits d, or until a wake-up or ctx ends. It reports whether a wake-up came.
 func (r *Relay) waitFor(ctx context.Context, wake <-chan struct{}, d time.Duration) bool {
 	if d <= 0 {
