@@ -17,6 +17,8 @@ import (
 	"github.com/outboxd/outbox/inbox/natsinbox"
 	"github.com/outboxd/outbox/internal/testenv"
 	"github.com/outboxd/outbox/outboxdriver"
+	"github.com/outboxd/outbox/outboxdriver/outboxdrivertest"
+	"github.com/outboxd/outbox/outboxdriver/outboxmysql"
 	"github.com/outboxd/outbox/outboxdriver/outboxpgx"
 )
 
@@ -41,20 +43,60 @@ func TestOrderBehindHeldRow(t *testing.T) {
 			a2 := writeOne(t, pool, table, "a")
 			b1 := writeOne(t, pool, table, "b")
 			release := holdRow(t, pool, table, a1)
-			startRelayProc(t, nil, append([]string{"--db", url, "--table", table.Schema + "." + table.Name, "--broker", ns.url,
-				"--topic-template", ns.template(), "--poll-interval", "50ms"}, mode...)...)
-			if first := ns.read(t, 1); first[0].ID != b1 {
-				t.Fatalf("first published %s, want b1 %s (a1 %s is held, a2 %s must wait behind it)", first[0].ID, b1, a1, a2)
-			}
-			release()
-			got := ns.read(t, 3)
-			if ids := []string{got[1].ID, got[2].ID}; fmt.Sprint(ids) != fmt.Sprint([]string{a1, a2}) {
-				t.Fatalf("after the lock: %v, want a1 a2 %v", ids, []string{a1, a2})
-			}
-			if handled := consumeGuarded(t, ns, pool, 3); fmt.Sprint(handled) != fmt.Sprint([]string{b1, a1, a2}) {
-				t.Fatalf("the version guard handled %v, want all three %v", handled, []string{b1, a1, a2})
-			}
+			heldRowOrder(t, ns, pool, append([]string{"--db", url, "--table", table.Schema + "." + table.Name}, mode...), release, a1, a2, b1)
 		})
+	}
+}
+
+// TestOrderBehindHeldRowMariaDB: the same on MariaDB, with the row held by another
+// session's SELECT … FOR UPDATE.
+func TestOrderBehindHeldRowMariaDB(t *testing.T) {
+	t.Parallel()
+	db, name := testenv.MariaDB(t, "outbox_")
+	url := "mysql://root@127.0.0.1:3306/test"
+	if _, stderr, code := runCLI(t, nil, "migrate", "--db", url, "--table", name); code != 0 {
+		t.Fatalf("migrate: %s", stderr)
+	}
+	pool := testenv.Pool(t, testenv.DatabaseURL(t)) // the consumer's inbox
+	ns := newNATSScope(t)
+	table := outboxdriver.Table{Name: name}
+	w, err := outbox.NewWriter(outboxmysql.New(db, &table), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	write := func(agg string) string {
+		evs := []outbox.Event{{AggregateType: "order", AggregateID: agg, Type: "Step", Payload: []byte(`{}`)}}
+		if err := w.Write(ctx, evs...); err != nil {
+			t.Fatal(err)
+		}
+		return evs[0].ID
+	}
+	a1, a2, b1 := write("a"), write("a"), write("b")
+	release, err := testenv.HoldRow(db, "`"+name+"`", "LOCK IN SHARE MODE", "?")(ctx, a1, outboxdrivertest.LockForUpdate)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(release)
+	heldRowOrder(t, ns, pool, []string{"--db", url, "--table", name}, release, a1, a2, b1)
+}
+
+// heldRowOrder starts a relay with args while a1 is held, and checks that b1 goes
+// out first, then, once release let a1 go, a1 and a2, and that a consumer's version
+// guard handles all three.
+func heldRowOrder(t *testing.T, ns *natsScope, pool *pgxpool.Pool, args []string, release func(), a1, a2, b1 string) {
+	t.Helper()
+	startRelayProc(t, nil, append(args, "--broker", ns.url, "--topic-template", ns.template(), "--poll-interval", "50ms")...)
+	if first := ns.read(t, 1); first[0].ID != b1 {
+		t.Fatalf("first published %s, want b1 %s (a1 %s is held, a2 %s must wait behind it)", first[0].ID, b1, a1, a2)
+	}
+	release()
+	got := ns.read(t, 3)
+	if ids := []string{got[1].ID, got[2].ID}; fmt.Sprint(ids) != fmt.Sprint([]string{a1, a2}) {
+		t.Fatalf("after the lock: %v, want a1 a2 %v", ids, []string{a1, a2})
+	}
+	if handled := consumeGuarded(t, ns, pool, 3); fmt.Sprint(handled) != fmt.Sprint([]string{b1, a1, a2}) {
+		t.Fatalf("the version guard handled %v, want all three %v", handled, []string{b1, a1, a2})
 	}
 }
 
