@@ -147,7 +147,7 @@ func (s *Source) start(ctx context.Context, lead outboxdriver.Leadership, timeou
 	l.reached = uint64(si.confirmed)
 	q := newTableQueue(l)
 	t := newTerm(ctx, &stream{conn: conn, dec: NewDecoder(s.table, s.table.MessagePrefix), l: l,
-		route: func(*Change) (*queue, error) { return q, nil }, statusEvery: s.cfg.StatusInterval,
+		route: func(*Change) (*queue, error) { return q, nil }, statusEvery: s.cfg.StatusInterval, silence: timeout,
 		log: s.log, failpoint: s.cfg.Failpoint, bad: skipBad(&s.skipped, s.log)})
 	sess, err := s.newSession(ctx, lead, t, q)
 	if err != nil {

@@ -534,7 +534,7 @@ func (sh *Shared) startTerm(ctx context.Context) (*term, error) {
 	var t *term
 	route := func(ch *Change) (*queue, error) { return sh.route(t, ch) }
 	t = newTerm(ctx, &stream{conn: conn, dec: NewSharedDecoder(func(prefix string) bool { return sh.accepts(t, prefix) }), l: l, route: route,
-		statusEvery: sh.cfg.StatusInterval, log: sh.log, failpoint: sh.cfg.Failpoint, bad: skipBad(&sh.skipped, sh.log),
+		statusEvery: sh.cfg.StatusInterval, silence: sh.cfg.Timeout, log: sh.log, failpoint: sh.cfg.Failpoint, bad: skipBad(&sh.skipped, sh.log),
 		behind: func(first bool) { sh.behind(t, first) }})
 	sh.mu.Lock()
 	sh.term, sh.queues = t, map[*Source]*queue{}

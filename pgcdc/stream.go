@@ -1,6 +1,7 @@
 package pgcdc
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -24,7 +25,13 @@ type stream struct {
 	l           *ledger
 	route       func(*Change) (*queue, error) // the queue of an event's table (nil: not relayed here)
 	statusEvery time.Duration
-	log         *slog.Logger
+	// silence is how long the server may send nothing, though asked to answer, before
+	// the connection is taken for dead (0: silenceDefault). A healthy walsender that
+	// has sent everything is silent; a status update that requests a reply makes it
+	// send a keepalive at once, so a black-holed connection is found within this
+	// bound even while the lock session (and so the leadership) still answers.
+	silence time.Duration
+	log     *slog.Logger
 	bad         func(lsn uint64, err error) // an undecodable event, skipped
 	behind      func(first bool)            // reading waits for acknowledgements, called as it starts (first) and on (nil: log it)
 	failpoint   func(string)
@@ -54,13 +61,23 @@ func pluginArgs(publication string) []string {
 	return []string{"proto_version '1'", "publication_names '" + publication + "'", "binary 'true'", "messages 'true'"}
 }
 
+// silenceDefault bounds a silent server when no timeout is configured: PostgreSQL's
+// own default wal_sender_timeout.
+const silenceDefault = time.Minute
+
+// ErrServerSilent ends a stream whose server sent nothing for the silence bound,
+// though asked to answer: a connection cut without a reset (a black hole).
+var ErrServerSilent = errors.New("pgcdc: the replication server went silent")
+
 // run reads until ctx ends (then reports the final position and returns nil) or the
-// connection fails.
+// connection fails or falls silent.
 func (s *stream) run(ctx context.Context) error {
 	nextStatus := time.Now()
 	nc := s.conn.Conn()
 	var deadline time.Time
 	waiting := false
+	silence := cmp.Or(s.silence, silenceDefault)
+	heard := time.Now() // the last message read, or the last time reading resumed
 	// Shutdown interrupts a read in progress.
 	defer context.AfterFunc(ctx, func() { _ = nc.SetReadDeadline(time.Now()) })()
 	for {
@@ -68,13 +85,19 @@ func (s *stream) run(ctx context.Context) error {
 			_ = s.sendStatus(true)
 			return nil
 		}
-		if !time.Now().Before(nextStatus) {
-			if err := s.sendStatus(true); err != nil {
+		if now := time.Now(); !now.Before(nextStatus) {
+			quiet := now.Sub(heard)
+			if quiet > silence {
+				return fmt.Errorf("%w: nothing for %v, though asked to answer; the connection is taken for dead", ErrServerSilent, quiet.Round(time.Millisecond))
+			}
+			// Quiet for a status period: ask for an answer, which a live server gives.
+			if err := s.status(true, quiet >= min(s.statusEvery, silence/4)); err != nil {
 				return err
 			}
-			nextStatus = time.Now().Add(s.statusEvery)
+			nextStatus = now.Add(min(s.statusEvery, silence/4))
 		}
 		if !s.l.waitSpace(nextStatus) {
+			heard = time.Now() // reading nothing, so hearing nothing is no sign
 			first := !waiting
 			waiting = true
 			switch {
@@ -100,6 +123,7 @@ func (s *stream) run(ctx context.Context) error {
 			}
 			return fmt.Errorf("pgcdc: replication stream: %w", err)
 		}
+		heard = time.Now()
 		switch m := msg.(type) {
 		case *pgproto3.CopyData:
 			if len(m.Data) == 0 {
@@ -178,7 +202,10 @@ func (s *stream) handle(data []byte, at uint64) error {
 // acknowledged batch, so a crash repeats at most the batch in flight (or, for a
 // transaction larger than a batch, what of it was already sent: a transaction is
 // confirmed whole).
-func (s *stream) sendStatus(always bool) error {
+func (s *stream) sendStatus(always bool) error { return s.status(always, false) }
+
+// status sends a status update; reply asks the server to answer it at once.
+func (s *stream) status(always, reply bool) error {
 	s.wmu.Lock()
 	defer s.wmu.Unlock()
 	lsn := s.l.confirmedLSN()
@@ -188,6 +215,7 @@ func (s *stream) sendStatus(always bool) error {
 	// The write goes straight to the socket; the reader may be inside a receive.
 	err := pglogrepl.SendStandbyStatusUpdate(context.Background(), s.conn, pglogrepl.StandbyStatusUpdate{
 		WALWritePosition: pglogrepl.LSN(lsn), WALFlushPosition: pglogrepl.LSN(lsn), WALApplyPosition: pglogrepl.LSN(lsn),
+		ReplyRequested: reply,
 	})
 	if err != nil {
 		return fmt.Errorf("pgcdc: standby status update: %w", err)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/tls"
 	"crypto/x509"
+	"errors"
 	"flag"
 	"log/slog"
 	"net"
@@ -11,7 +12,10 @@ import (
 	"net/url"
 	"os"
 	"strings"
+	"syscall"
 	"time"
+
+	natsgo "github.com/nats-io/nats.go"
 
 	"github.com/outboxd/outbox/broker"
 	"github.com/outboxd/outbox/broker/amqp"
@@ -158,6 +162,49 @@ func openBroker(ctx context.Context, rawURL string, o brokerOptions) (broker.Pub
 		return stdout.New(os.Stdout), nil
 	}
 	return nats.Dial(ctx, rawURL, &nats.Config{CreateStream: o.natsCreateStream})
+}
+
+// startBroker opens the relay's publisher. A broker that does not answer at start
+// is no reason to exit (under a supervisor that is a crash loop for as long as the
+// broker is away): the relay starts with a publisher that dials on use
+// (broker.Lazy), backs off as in an outage mid-run, and is not ready until the
+// broker answers. A bad setting still ends the command at once.
+func startBroker(ctx context.Context, rawURL string, o brokerOptions, log *slog.Logger) (broker.Publisher, error) {
+	pub, err := openBroker(ctx, rawURL, o)
+	if err == nil || !unreachable(err) || ctx.Err() != nil {
+		return pub, err
+	}
+	scheme, _ := brokerScheme(rawURL, o)
+	log.Warn("relay: the broker does not answer; starting anyway, publishing once it does (not ready until then)",
+		"broker", redact.Endpoint(rawURL), "err", redact.String(err.Error()))
+	return broker.NewLazy(func(ctx context.Context) (broker.Publisher, error) { return openBroker(ctx, rawURL, o) }, brokerTopics(scheme)), nil
+}
+
+// unreachable reports whether a dial failed for want of an answer (refused, timed
+// out, no server up), not for a setting no retry can fix.
+func unreachable(err error) bool {
+	var opErr *net.OpError
+	return errors.Is(err, broker.ErrUnavailable) || errors.Is(err, context.DeadlineExceeded) ||
+		errors.Is(err, natsgo.ErrNoServers) || errors.Is(err, syscall.ECONNREFUSED) || errors.As(err, &opErr)
+}
+
+// brokerTopics are a scheme's topic rules, known without a connection.
+func brokerTopics(scheme string) broker.Topics {
+	switch scheme {
+	case "nats", "tls":
+		return broker.Topics{Escape: nats.EscapeToken, Validate: nats.ValidateSubject}
+	case "mqtt", "mqtts":
+		return broker.Topics{Escape: mqtt.EscapeToken, Validate: mqtt.ValidateTopic}
+	case "sqs":
+		return broker.Topics{Escape: sqs.EscapeToken, Validate: sqs.ValidateTopic}
+	case "kafka", "kafkas":
+		return broker.Topics{Validate: kafka.ValidateTopic}
+	case "amqp", "amqps":
+		return broker.Topics{Validate: amqp.ValidateTopic}
+	case "pubsub":
+		return broker.Topics{Validate: pubsub.ValidateTopic}
+	}
+	return broker.Topics{}
 }
 
 // openWebhook builds the webhook publisher: the secret from its file when given, and

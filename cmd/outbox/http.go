@@ -15,6 +15,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"golang.org/x/net/netutil"
 
+	"github.com/outboxd/outbox/broker"
 	"github.com/outboxd/outbox/dashboard"
 	"github.com/outboxd/outbox/internal/redact"
 	"github.com/outboxd/outbox/relay"
@@ -30,7 +31,7 @@ import (
 //
 // Probes, scrapes and pages read the table's status through status (a cache:
 // they stay cheap however many come).
-func serveHTTP(ctx context.Context, addr string, reg *prometheus.Registry, status relayprom.StatusReader, r *relay.Relay, dash *dashboard.Dashboard, log *slog.Logger) (func(), error) {
+func serveHTTP(ctx context.Context, addr string, reg *prometheus.Registry, status relayprom.StatusReader, r *relay.Relay, pub broker.Publisher, dash *dashboard.Dashboard, log *slog.Logger) (func(), error) {
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	mux := http.NewServeMux()
 	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
@@ -40,6 +41,10 @@ func serveHTTP(ctx context.Context, addr string, reg *prometheus.Registry, statu
 		defer cancel()
 		if _, err := status.Status(ctx); err != nil {
 			http.Error(w, "database: "+redact.String(err.Error()), http.StatusServiceUnavailable)
+			return
+		}
+		if err := brokerReady(ctx, pub); err != nil {
+			http.Error(w, "broker: "+redact.String(err.Error()), http.StatusServiceUnavailable)
 			return
 		}
 		st := r.Stats()
@@ -64,6 +69,15 @@ func serveHTTP(ctx context.Context, addr string, reg *prometheus.Registry, statu
 		s = dash
 	}
 	return listenAndServe(ctx, addr, mux, s, what, log)
+}
+
+// brokerReady is nil once the relay's publisher exists: one whose broker did not
+// answer at start (broker.Lazy) keeps the relay not ready until it does.
+func brokerReady(ctx context.Context, pub broker.Publisher) error {
+	if l, ok := pub.(*broker.Lazy); ok {
+		return l.Ready(ctx)
+	}
+	return nil
 }
 
 // sampler is a dashboard, which samples for its charts while it is watched.

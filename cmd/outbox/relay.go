@@ -304,6 +304,7 @@ type relayService struct {
 	status  *relayprom.StatusCache
 	reg     *prometheus.Registry
 	replays *replay.Runner // the dashboard's replays (PostgreSQL; nil elsewhere)
+	pub     broker.Publisher
 	closers []func()
 }
 
@@ -387,10 +388,11 @@ func buildRelay(ctx context.Context, o *relayOptions) (_ *relayService, err erro
 		store = src
 	}
 	o.broker.logger = logger
-	pub, err := openBroker(ctx, o.brokerURL, o.broker)
+	pub, err := startBroker(ctx, o.brokerURL, o.broker, logger)
 	if err != nil {
 		return nil, err
 	}
+	svc.pub = pub
 	svc.closers = append(svc.closers, func() { _ = pub.Close() })
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(buildInfo())
@@ -457,7 +459,7 @@ func (s *relayService) serve(ctx context.Context) error {
 		if w := uiTokenWarning(o.httpAddr, o.uiToken); ui && w != "" {
 			logger.Warn(w)
 		}
-		stopHTTP, err := serveHTTP(ctx, o.httpAddr, s.reg, s.status, r, dash, logger)
+		stopHTTP, err := serveHTTP(ctx, o.httpAddr, s.reg, s.status, r, s.pub, dash, logger)
 		if err != nil {
 			return err
 		}

@@ -47,7 +47,7 @@ func runRelayTables(ctx context.Context, o *relayOptions) error {
 	shared := outboxpgx.NewShared(sessions)
 	defer shared.Close()
 	o.broker.logger = logger
-	pub, err := openBroker(ctx, o.brokerURL, o.broker)
+	pub, err := startBroker(ctx, o.brokerURL, o.broker, logger)
 	if err != nil {
 		return err
 	}
@@ -476,6 +476,10 @@ func (s *tableRelays) serveHTTP(ctx context.Context) (func(), error) {
 		defer cancel()
 		if err := s.pool.Ping(ctx); err != nil {
 			http.Error(w, "database: "+redact.String(err.Error()), http.StatusServiceUnavailable)
+			return
+		}
+		if err := brokerReady(ctx, s.pub); err != nil {
+			http.Error(w, "broker: "+redact.String(err.Error()), http.StatusServiceUnavailable)
 			return
 		}
 		s.mu.Lock()
