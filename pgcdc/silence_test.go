@@ -27,7 +27,9 @@ func TestStreamNoticesASilentServer(t *testing.T) {
 	if _, err := pool.Exec(ctx, "CREATE PUBLICATION "+pgx.Identifier{name}.Sanitize()); err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { _, _ = pool.Exec(context.Background(), "DROP PUBLICATION IF EXISTS "+pgx.Identifier{name}.Sanitize()) })
+	t.Cleanup(func() {
+		_, _ = pool.Exec(context.Background(), "DROP PUBLICATION IF EXISTS "+pgx.Identifier{name}.Sanitize())
+	})
 	proxied, proxy := testenv.ProxiedPool(t, url)
 	conn, err := connectReplication(ctx, proxied, 0)
 	if err != nil {

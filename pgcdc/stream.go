@@ -30,11 +30,11 @@ type stream struct {
 	// has sent everything is silent; a status update that requests a reply makes it
 	// send a keepalive at once, so a black-holed connection is found within this
 	// bound even while the lock session (and so the leadership) still answers.
-	silence time.Duration
-	log     *slog.Logger
-	bad         func(lsn uint64, err error) // an undecodable event, skipped
-	behind      func(first bool)            // reading waits for acknowledgements, called as it starts (first) and on (nil: log it)
-	failpoint   func(string)
+	silence   time.Duration
+	log       *slog.Logger
+	bad       func(lsn uint64, err error) // an undecodable event, skipped
+	behind    func(first bool)            // reading waits for acknowledgements, called as it starts (first) and on (nil: log it)
+	failpoint func(string)
 
 	touched []*queue // the queues the transaction being read pushed into
 
