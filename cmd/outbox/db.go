@@ -156,6 +156,7 @@ func openPool(ctx context.Context, flag, dsn string, unnamedStatements bool) (*p
 		// leadership + listener + up to three batches in flight, with room to spare
 		cfg.MaxConns = 8
 	}
+	cfg.ConnConfig.DialFunc = pgDial
 	if unnamedStatements && !strings.Contains(dsn, "default_query_exec_mode") {
 		cfg.ConnConfig.DefaultQueryExecMode = pgx.QueryExecModeExec
 	}
