@@ -58,6 +58,9 @@ func (s *Store) Leases(ctx context.Context, p *outboxdriver.LeaseParams) ([]outb
 		return nil, InterpretError(err)
 	}
 	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
+	if err := boundTx(ctx, tx, ""); err != nil {
+		return nil, InterpretError(err)
+	}
 	if err := tx.Exec(ctx, `UPDATE `+s.Statements.leases+` SET owner = NULL, lease_until = '-infinity'
 WHERE owner = $1 AND NOT (partition = ANY($2::smallint[]))`, p.RelayID, want); err != nil {
 		return nil, InterpretError(err)
@@ -108,11 +111,8 @@ func (s *Store) Barrier(ctx context.Context, partitions []int) error {
 		return InterpretError(err)
 	}
 	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
-	if dl, ok := ctx.Deadline(); ok {
-		ms := max(time.Until(dl).Milliseconds(), 1)
-		if err := tx.Exec(ctx, "SELECT set_config('lock_timeout', $1, true)", strconv.FormatInt(ms, 10)); err != nil {
-			return InterpretError(err)
-		}
+	if err := boundTx(ctx, tx, "lock_timeout"); err != nil {
+		return InterpretError(err)
 	}
 	var n int64
 	err = QueryRow(ctx, tx, `SELECT count(*) FROM (SELECT 1 FROM `+s.Statements.qualified+`
@@ -121,6 +121,20 @@ WHERE partition = ANY($1::smallint[]) AND published_at IS NULL FOR UPDATE) AS lo
 		return fmt.Errorf("partitions %v still locked by a previous owner: %w", partitions, InterpretError(err))
 	}
 	return nil
+}
+
+// boundTx makes the server end tx by ctx's deadline: its statements
+// (statement_timeout, and also the setting named by also, such as lock_timeout) and
+// the transaction itself when its client goes quiet (a cut-off relay must not hold
+// lease or row locks past the bound it works to). Without a deadline it does nothing.
+func boundTx(ctx context.Context, tx Querier, also string) error {
+	dl, ok := ctx.Deadline()
+	if !ok {
+		return nil
+	}
+	ms := strconv.FormatInt(max(time.Until(dl).Milliseconds(), 1), 10)
+	return tx.Exec(ctx, `SELECT set_config('statement_timeout', $1, true), set_config('idle_in_transaction_session_timeout', $1, true),
+       CASE WHEN $2 <> '' THEN set_config($2, $1, true) END`, ms, also)
 }
 
 // Leave implements outboxdriver.GroupStore.
