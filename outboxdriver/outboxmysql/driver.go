@@ -28,6 +28,7 @@ import (
 	"github.com/outboxd/outbox/outboxdriver"
 	"github.com/outboxd/outbox/outboxdriver/internal/migrations"
 	"github.com/outboxd/outbox/outboxdriver/internal/sqldead"
+	"github.com/outboxd/outbox/outboxdriver/internal/sqltx"
 )
 
 //go:embed migrations/*.sql
@@ -362,7 +363,7 @@ func (c *claim) Complete(ctx context.Context, p *outboxdriver.CompleteParams) er
 	c.tx = nil
 	err := c.write(ctx, tx, p)
 	if err == nil {
-		err = tx.Commit()
+		err = sqltx.Commit(ctx, tx)
 	} else {
 		_ = tx.Rollback()
 	}
@@ -431,7 +432,7 @@ func (c *claim) settleTx(ctx context.Context, p *outboxdriver.CompleteParams, ex
 	if err := c.write(ctx, tx, p.Restrict(c.rows, now)); err != nil {
 		return err
 	}
-	return tx.Commit()
+	return sqltx.Commit(ctx, tx)
 }
 
 // write applies p in tx: marks (or deletes) the published rows, and records the
@@ -530,7 +531,7 @@ func (d *Driver) waitForClaims(ctx context.Context, conn *sql.Conn) error {
 		_ = tx.Rollback()
 		return err
 	}
-	return tx.Commit()
+	return sqltx.Commit(ctx, tx)
 }
 
 // fence locks the claim fence in mode. A table made before the migrations table (or

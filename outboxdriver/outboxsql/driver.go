@@ -18,6 +18,7 @@ import (
 
 	"github.com/outboxd/outbox/outboxdriver"
 	"github.com/outboxd/outbox/outboxdriver/internal/pgsql"
+	"github.com/outboxd/outbox/outboxdriver/internal/sqltx"
 )
 
 // Driver binds outbox to a *sql.DB. Build it with New.
@@ -153,8 +154,8 @@ type txAdapter struct {
 	tx *sql.Tx
 }
 
-func (t txAdapter) Commit(context.Context) error   { return t.tx.Commit() }
-func (t txAdapter) Rollback(context.Context) error { return t.tx.Rollback() }
+func (t txAdapter) Commit(ctx context.Context) error { return sqltx.Commit(ctx, t.tx) }
+func (t txAdapter) Rollback(context.Context) error   { return t.tx.Rollback() }
 
 type conn struct {
 	querier
