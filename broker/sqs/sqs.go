@@ -33,6 +33,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"time"
 	"unicode/utf8"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
@@ -50,6 +51,8 @@ const (
 	// since August 2025 take 1 MiB: raise it to the queue's MaximumMessageSize.
 	MaxMessageBytesDefault = 256 << 10
 	MaxInFlightDefault     = 8
+	// TimeoutDefault bounds one SendMessageBatch call (queue lookup included).
+	TimeoutDefault = 30 * time.Second
 	// BatchEntries is the most entries SendMessageBatch takes.
 	BatchEntries = 10
 	// MaxAttributes is the most message attributes a message carries.
@@ -76,6 +79,10 @@ type Config struct {
 	// MaxInFlight is how many SendMessageBatch calls may be in flight at once.
 	// Default MaxInFlightDefault.
 	MaxInFlight int
+	// Timeout bounds each SendMessageBatch call, its queue lookup included: an
+	// endpoint that stops answering (a black hole) is unavailable after it, not a
+	// publish that never returns. Default TimeoutDefault.
+	Timeout time.Duration
 	// CreateQueues creates a queue that does not exist (tests, an emulator); in
 	// production queues are made by their owners, and a missing one defers its
 	// events.
@@ -113,6 +120,9 @@ func New(c *sqs.Client, cfg *Config) (*Publisher, error) {
 	}
 	if p.cfg.MaxInFlight <= 0 {
 		p.cfg.MaxInFlight = MaxInFlightDefault
+	}
+	if p.cfg.Timeout <= 0 {
+		p.cfg.Timeout = TimeoutDefault
 	}
 	if p.cfg.Logger == nil {
 		p.cfg.Logger = slog.New(slog.DiscardHandler)
@@ -202,7 +212,9 @@ func (p *Publisher) queueURL(ctx context.Context, name string) (string, error) {
 	if ok {
 		return u, nil
 	}
-	out, err := p.c.GetQueueUrl(ctx, &sqs.GetQueueUrlInput{QueueName: aws.String(name)})
+	call, cancel := context.WithTimeout(ctx, p.cfg.Timeout)
+	defer cancel()
+	out, err := p.c.GetQueueUrl(call, &sqs.GetQueueUrlInput{QueueName: aws.String(name)})
 	var missing *types.QueueDoesNotExist
 	if errors.As(err, &missing) && p.cfg.CreateQueues {
 		in := &sqs.CreateQueueInput{QueueName: aws.String(name)}
@@ -210,7 +222,7 @@ func (p *Publisher) queueURL(ctx context.Context, name string) (string, error) {
 			in.Attributes = map[string]string{"FifoQueue": "true"}
 		}
 		var created *sqs.CreateQueueOutput
-		if created, err = p.c.CreateQueue(ctx, in); err == nil {
+		if created, err = p.c.CreateQueue(call, in); err == nil {
 			out = &sqs.GetQueueUrlOutput{QueueUrl: created.QueueUrl}
 		}
 	}
@@ -349,7 +361,11 @@ func (p *Publisher) sendBatch(ctx context.Context, b []*entry) []error {
 		in.Entries[j] = e.req
 		in.Entries[j].Id = aws.String(strconv.Itoa(j))
 	}
-	out, err := p.c.SendMessageBatch(ctx, in)
+	// The call's own deadline; classify still asks the caller's ctx, so running out
+	// of it is the endpoint's unavailability, not the caller's cancellation.
+	call, cancel := context.WithTimeout(ctx, p.cfg.Timeout)
+	defer cancel()
+	out, err := p.c.SendMessageBatch(call, in)
 	if err != nil {
 		var missing *types.QueueDoesNotExist
 		if errors.As(err, &missing) {

@@ -3,6 +3,7 @@ package sqs_test
 import (
 	"context"
 	"fmt"
+	"net"
 	"strings"
 	"testing"
 	"time"
@@ -181,6 +182,44 @@ func TestWholeBatchRefusalSplit(t *testing.T) {
 	for i, r := range publish(t, p, msgs...) {
 		if r.Err != nil {
 			t.Errorf("message %d (fits the queue on its own): %v", i, r.Err)
+		}
+	}
+}
+
+// TestSilentEndpointIsUnavailable: an SQS endpoint that takes the connection and
+// never answers (a black hole) makes a publish return within Config.Timeout, each
+// message unavailable (no attempt spent), instead of waiting for ever.
+func TestSilentEndpointIsUnavailable(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var held []net.Conn
+	accepted := make(chan struct{})
+	go func() {
+		defer close(accepted)
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			held = append(held, c) // read nothing, answer nothing
+		}
+	}()
+	defer func() {
+		_ = ln.Close()
+		<-accepted
+		for _, c := range held {
+			_ = c.Close()
+		}
+	}()
+	p, err := sqs.New(sqsemu.Client("http://"+ln.Addr().String()), &sqs.Config{Timeout: 500 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, res := range publish(t, p, broker.Message{ID: "a", Topic: "silent.fifo", Key: "k", Payload: []byte("{}")}) {
+		if !broker.IsUnavailable(res.Err) {
+			t.Fatalf("message %d to a silent endpoint: %v, want unavailable", i, res.Err)
 		}
 	}
 }
