@@ -683,7 +683,12 @@ func (sh *Shared) route(t *term, ch *Change) (*queue, error) {
 	if sh.cfg.Match != nil && sh.cfg.Match(table) && (!declined || time.Since(at) > declinedFor) {
 		sh.log.Info("pgcdc: an event of a table not relayed yet; looking for new tables", "table", key)
 		if sh.cfg.Rescan != nil {
-			if err := sh.cfg.Rescan(t.ctx); err != nil {
+			// On the reader's goroutine: bounded, so the stream's status updates are
+			// late by at most half the server's patience.
+			rctx, cancel := context.WithTimeout(t.ctx, sh.readerCallBound())
+			err := sh.cfg.Rescan(rctx)
+			cancel()
+			if err != nil {
 				return nil, fmt.Errorf("pgcdc: rescan for table %s: %w", key, err)
 			}
 		}
@@ -704,6 +709,11 @@ func (sh *Shared) route(t *term, ch *Change) (*queue, error) {
 	return nil, nil
 }
 
+// readerCallBound bounds a database call made on the stream's reading goroutine:
+// half the server's patience with a silent client (Timeout, or the default
+// wal_sender_timeout), so the stream's status updates are never held back past it.
+func (sh *Shared) readerCallBound() time.Duration { return cmp.Or(sh.cfg.Timeout, silenceDefault) / 2 }
+
 // registered reports whether table exists and is registered with the slot (asked
 // once per table and stream).
 func (sh *Shared) registered(t *term, table outboxdriver.Table) (bool, error) {
@@ -712,12 +722,14 @@ func (sh *Shared) registered(t *term, table outboxdriver.Table) (bool, error) {
 		return reg, nil
 	}
 	cdc := pgx.Identifier{table.Schema, table.Derived("_cdc")}.Sanitize()
+	ctx, cancel := context.WithTimeout(t.ctx, sh.readerCallBound())
+	defer cancel()
 	var exists, reg bool
-	if err := sh.pool.QueryRow(t.ctx, `SELECT to_regclass($1) IS NOT NULL`, cdc).Scan(&exists); err != nil {
+	if err := sh.pool.QueryRow(ctx, `SELECT to_regclass($1) IS NOT NULL`, cdc).Scan(&exists); err != nil {
 		return false, fmt.Errorf("pgcdc: %w", interpret(err))
 	}
 	if exists {
-		if err := sh.pool.QueryRow(t.ctx, `SELECT EXISTS (SELECT FROM `+cdc+` WHERE slot = $1)`, sh.cfg.Slot).Scan(&reg); err != nil {
+		if err := sh.pool.QueryRow(ctx, `SELECT EXISTS (SELECT FROM `+cdc+` WHERE slot = $1)`, sh.cfg.Slot).Scan(&reg); err != nil {
 			return false, fmt.Errorf("pgcdc: %w", interpret(err))
 		}
 	}
