@@ -213,6 +213,9 @@ func parseRelayFlags(args []string, stderr io.Writer) (*relayOptions, error) {
 		return nil, usageErr("--redis-maxlen %d: want a length, or 0 for no trimming", bo.redisMaxLen)
 	case bo.maxMessageBytes < 0:
 		return nil, usageErr("--max-message-bytes %d: want a size, or 0 for the publisher's default", bo.maxMessageBytes)
+	case *maxAttempts < 1:
+		// The library reads 0 as its default; on the command line 0 would silently be 10.
+		return nil, usageErr("--max-attempts %d: want at least 1 (1: the first refusal moves an event to the dead letters)", *maxAttempts)
 	}
 	cfg := &relay.Config{
 		BatchSize:           *batch,
