@@ -175,6 +175,7 @@ func TestBadInputGetsOneClearLine(t *testing.T) {
 		{"nanosecond poll", []string{"relay", "--db", "postgres://u@127.0.0.1:1/x", "--broker", "stdout:", "--poll-interval", "1ns"}, 2, "PollInterval must be at least"},
 		{"endless leader timeout", []string{"relay", "--db", "postgres://u@127.0.0.1:1/x", "--broker", "stdout:", "--leader-timeout", "100000h"}, 2, "LeaderTimeout must be 400ms to 24h"},
 		{"negative retention", []string{"relay", "--db", "postgres://u@127.0.0.1:1/x", "--broker", "stdout:", "--retention", "-1h"}, 2, "--retention"},
+		{"ui off loopback without a token", []string{"ui", "--db", "postgres://u@127.0.0.1:1/x", "--listen", "0.0.0.0:0"}, 2, "is not loopback and there is no --ui-token"},
 		{"zero attempts", []string{"relay", "--db", "postgres://u@127.0.0.1:1/x", "--broker", "stdout:", "--max-attempts", "0"}, 2, "--max-attempts 0: want at least 1"},
 		{"negative batch bytes", []string{"relay", "--db", "postgres://u@127.0.0.1:1/x", "--broker", "stdout:", "--max-batch-bytes", "-5"}, 2, "--max-batch-bytes"},
 		{"negative redis maxlen", []string{"relay", "--db", "postgres://u@127.0.0.1:1/x", "--broker", "stdout:", "--redis-maxlen", "-1"}, 2, "--redis-maxlen"},

@@ -33,6 +33,10 @@ func runUI(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	if *token != "" && len(*token) < dashboard.MinTokenLength {
 		return usageErr("--ui-token: %d characters, want at least %d (a random one: openssl rand -hex 16)", len(*token), dashboard.MinTokenLength)
 	}
+	if *token == "" && !loopbackAddr(*listen) {
+		// As the relay's --http: every payload and dead letter, to anyone who can reach it.
+		return usageErr("--listen %s is not loopback and there is no --ui-token: the dashboard shows every payload; give a token (OUTBOX_UI_TOKEN_FILE), or keep it on loopback behind a TLS proxy", *listen)
+	}
 	logger, err := newLogger(stderr, *logLevel, "text")
 	if err != nil {
 		return err
