@@ -452,8 +452,8 @@ func TestBigPayloadPage(t *testing.T) {
 	}
 	whole, _ := io.ReadAll(resp.Body)
 	resp.Body.Close()
-	if resp.StatusCode != http.StatusOK || len(whole) < 10<<20 || resp.Header.Get("Content-Disposition") == "" {
-		t.Fatalf("download: %d, %d bytes, %q", resp.StatusCode, len(whole), resp.Header.Get("Content-Disposition"))
+	if resp.StatusCode != http.StatusOK || len(whole) < 10<<20 || resp.Header.Get("Content-Disposition") == "" || resp.Header.Get("Cache-Control") != "no-store" {
+		t.Fatalf("download: %d, %d bytes, %q, Cache-Control %q", resp.StatusCode, len(whole), resp.Header.Get("Content-Disposition"), resp.Header.Get("Cache-Control"))
 	}
 }
 

@@ -654,6 +654,7 @@ func (d *Dashboard) eventPayload(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	w.Header().Set("Content-Type", "application/octet-stream")
+	w.Header().Set("Cache-Control", "no-store") // a payload is the business's data: no cache keeps it
 	w.Header().Set("Content-Disposition", `attachment; filename="`+url.PathEscape(e.ID)+`.payload"`)
 	w.Header().Set("Content-Length", strconv.Itoa(len(e.Payload)))
 	_, _ = w.Write(e.Payload)
