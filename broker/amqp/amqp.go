@@ -86,7 +86,7 @@ func Dial(ctx context.Context, url string, cfg *Config) (*Publisher, error) {
 	}
 	if cfg.Dial == nil {
 		if _, err := amqp.ParseURI(url); err != nil {
-			return nil, fmt.Errorf("AMQP URL %s: %w", redact.URL(url), err)
+			return nil, fmt.Errorf("AMQP URL %s: %w", redact.Endpoint(url), err)
 		}
 	}
 	p.conn = broker.NewConn(func(context.Context) (session, error) { return p.open() },
@@ -112,7 +112,7 @@ func (p *Publisher) dial() (*amqp.Connection, error) {
 func (p *Publisher) open() (session, error) {
 	conn, err := p.dial()
 	if err != nil {
-		return session{}, broker.Unavailable(fmt.Errorf("connect to RabbitMQ at %s: %w", redact.URL(p.url), err))
+		return session{}, broker.Unavailable(fmt.Errorf("connect to RabbitMQ at %s: %w", redact.Endpoint(p.url), err))
 	}
 	fail := func(err error) (session, error) {
 		_ = conn.Close()

@@ -117,7 +117,7 @@ func Compression(codec string) (kgo.Opt, error) {
 func ConnectOptions(rawURL string) ([]kgo.Opt, error) {
 	u, err := url.Parse(rawURL)
 	if err != nil || (u.Scheme != "kafka" && u.Scheme != "kafkas") || u.Host == "" {
-		return nil, fmt.Errorf("Kafka URL %q: want kafka://host:9092[,host:9092][?tls=true&sasl=plain]", redact.URL(rawURL))
+		return nil, fmt.Errorf("Kafka URL %q: want kafka://host:9092[,host:9092][?tls=true&sasl=plain]", redact.Endpoint(rawURL))
 	}
 	opts := []kgo.Opt{kgo.SeedBrokers(strings.Split(u.Host, ",")...)}
 	q := u.Query()
@@ -154,7 +154,7 @@ func Dial(ctx context.Context, rawURL string, cfg *Config, extra ...kgo.Opt) (*P
 	}
 	if err := c.Ping(ctx); err != nil {
 		c.Close()
-		return nil, fmt.Errorf("connect to Kafka at %s: %w", redact.URL(rawURL), err)
+		return nil, fmt.Errorf("connect to Kafka at %s: %w", redact.Endpoint(rawURL), err)
 	}
 	p, _ := New(c, cfg)
 	p.own = true

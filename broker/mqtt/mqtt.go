@@ -80,7 +80,7 @@ func Dial(ctx context.Context, rawURL string, cfg *Config) (*Publisher, error) {
 	if cfg.Connect == nil {
 		u, err := url.Parse(rawURL)
 		if err != nil || (u.Scheme != "mqtt" && u.Scheme != "mqtts" && u.Scheme != "tcp") || u.Host == "" {
-			return nil, fmt.Errorf("MQTT URL %q: want mqtt://host:1883 or mqtts://host:8883", redact.URL(rawURL))
+			return nil, fmt.Errorf("MQTT URL %q: want mqtt://host:1883 or mqtts://host:8883", redact.Endpoint(rawURL))
 		}
 		p.addr, p.user, p.tls = u.Host, u.User, u.Scheme == "mqtts"
 		if !strings.Contains(u.Host, ":") {

@@ -160,7 +160,7 @@ func Dial(ctx context.Context, url string, cfg *Config) (*Publisher, error) {
 			nats.ReconnectBufSize(-1),
 		)
 		if err != nil {
-			return session{}, fmt.Errorf("connect to NATS at %s: %w", redact.URL(url), err)
+			return session{}, fmt.Errorf("connect to NATS at %s: %w", redact.Endpoint(url), err)
 		}
 		js, err := jetstream.New(nc, jetstream.WithPublishAsyncTimeout(c.AckTimeout), jetstream.WithPublishAsyncMaxPending(c.MaxPending))
 		if err != nil {
@@ -169,7 +169,7 @@ func Dial(ctx context.Context, url string, cfg *Config) (*Publisher, error) {
 		}
 		if _, err := js.AccountInfo(ctx); err != nil {
 			nc.Close()
-			return session{}, fmt.Errorf("NATS at %s: JetStream is not available: %w", redact.URL(url), err)
+			return session{}, fmt.Errorf("NATS at %s: JetStream is not available: %w", redact.Endpoint(url), err)
 		}
 		return session{nc: nc, js: js, closed: closed}, nil
 	}

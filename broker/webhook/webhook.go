@@ -110,7 +110,7 @@ func (w *window) record(failed bool) (mostFail bool) {
 // nothing is sent until the first Publish, so an unreachable endpoint shows there.
 func Dial(_ context.Context, url string, cfg *Config) (*Publisher, error) {
 	if !strings.HasPrefix(url, "http://") && !strings.HasPrefix(url, "https://") {
-		return nil, fmt.Errorf("webhook: URL %q must be http:// or https://", redact.URL(url))
+		return nil, fmt.Errorf("webhook: URL %q must be http:// or https://", redact.Endpoint(url))
 	}
 	if cfg == nil {
 		return nil, errors.New("webhook: a Config with a signing secret is required")

@@ -73,7 +73,7 @@ func brokerScheme(rawURL string, o brokerOptions) (string, error) {
 		}
 		return scheme, nil
 	}
-	return "", usageErr("--broker %q: unknown scheme (want %s)", redact.URL(rawURL), brokerSchemes)
+	return "", usageErr("--broker %q: unknown scheme (want %s)", redact.Endpoint(rawURL), brokerSchemes)
 }
 
 // defaultTopicTemplate is the topic template for a broker when none is given: MQTT

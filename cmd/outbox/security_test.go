@@ -415,3 +415,32 @@ func TestWriterCannotTakeTheRelaysLock(t *testing.T) {
 		t.Fatalf("the relay met a missing grant:\n%s", p.output())
 	}
 }
+
+// TestBrokerTokenNeverPrinted: a broker URL whose user info is a lone token
+// (nats://TOKEN@host) is a credential like a password: none of relay (which waits
+// for an unreachable broker), verify and replay prints it when the broker does not
+// answer, on a migrated table, so the broker is really dialed.
+func TestBrokerTokenNeverPrinted(t *testing.T) {
+	t.Parallel()
+	url := testenv.DatabaseURL(t)
+	table := migrateSchema(t, url, testenv.Schema(t, url), "outbox")
+	name := table.Schema + "." + table.Name
+	const token = "s3cr3tt0ken"
+	broker := fmt.Sprintf("nats://%s@127.0.0.1:%d", token, testenv.FreePort(t))
+	p := startRelayProc(t, nil, "--db", url, "--table", name, "--broker", broker)
+	testenv.WaitTell(t, context.Background(), "the relay to say the broker does not answer", func() bool {
+		return strings.Contains(p.output(), "the broker does not answer")
+	}, p.output)
+	if strings.Contains(p.output(), token) {
+		t.Fatalf("relay output shows the token:\n%s", p.output())
+	}
+	for _, args := range [][]string{
+		{"verify", "--db", url, "--table", name, "--broker", broker},
+		{"replay", "--db", url, "--table", name, "--broker", broker, "--since", "1h"},
+	} {
+		stdout, stderr, code := runCLI(t, nil, args...)
+		if code == 0 || strings.Contains(stdout+stderr, token) {
+			t.Fatalf("%s: exit %d, want a failure without the token:\n%s%s", args[0], code, stdout, stderr)
+		}
+	}
+}

@@ -109,11 +109,11 @@ func runVerify(ctx context.Context, args []string, stdout, stderr io.Writer) err
 		reader, err = sqsVerifyReader(rctx, *brokerURL, subject)
 	case "http", "https":
 		if *listen == "" || *secret == "" {
-			return usageErr("--broker %s: a webhook is read back by verify itself: give --webhook-listen (where the relay posts) and --webhook-secret", redact.URL(*brokerURL))
+			return usageErr("--broker %s: a webhook is read back by verify itself: give --webhook-listen (where the relay posts) and --webhook-secret", redact.Endpoint(*brokerURL))
 		}
 		reader, err = webhookVerifyReader(*listen, *secret)
 	default:
-		return usageErr("--broker %s: verify reads back from nats://, kafka://, redis://, amqp://, mqtt://, pubsub://, sqs:// and http(s):// (webhooks)", redact.URL(*brokerURL))
+		return usageErr("--broker %s: verify reads back from nats://, kafka://, redis://, amqp://, mqtt://, pubsub://, sqs:// and http(s):// (webhooks)", redact.Endpoint(*brokerURL))
 	}
 	if err != nil {
 		return err
@@ -150,7 +150,7 @@ func runVerify(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	for len(seen) < len(sent) && time.Now().Before(until) {
 		batch, err := reader.next(rctx, time.Until(until))
 		if err != nil && !errors.Is(err, context.DeadlineExceeded) {
-			return fmt.Errorf("read back from %s: %w", redact.URL(*brokerURL), err)
+			return fmt.Errorf("read back from %s: %w", redact.Endpoint(*brokerURL), err)
 		}
 		for _, a := range batch {
 			if want[a.id] {
@@ -294,7 +294,7 @@ func natsVerifyReader(ctx context.Context, rawURL, subject string) (verifyReader
 	since := time.Now()
 	nc, err := nats.Connect(rawURL, nats.Name("outbox verify"))
 	if err != nil {
-		return nil, fmt.Errorf("connect to NATS at %s: %w", redact.URL(rawURL), err)
+		return nil, fmt.Errorf("connect to NATS at %s: %w", redact.Endpoint(rawURL), err)
 	}
 	js, err := jetstream.New(nc)
 	if err != nil {
@@ -358,7 +358,7 @@ func natsVerifyReader(ctx context.Context, rawURL, subject string) (verifyReader
 func amqpVerifyReader(rawURL, exchange, routingKey string) (verifyReader, error) {
 	conn, err := amqp091.Dial(rawURL)
 	if err != nil {
-		return nil, fmt.Errorf("connect to RabbitMQ at %s: %w", redact.URL(rawURL), err)
+		return nil, fmt.Errorf("connect to RabbitMQ at %s: %w", redact.Endpoint(rawURL), err)
 	}
 	ch, err := conn.Channel()
 	if err == nil {
@@ -387,7 +387,7 @@ func amqpVerifyReader(rawURL, exchange, routingKey string) (verifyReader, error)
 func mqttVerifyReader(ctx context.Context, rawURL, topic string) (verifyReader, error) {
 	u, err := url.Parse(rawURL)
 	if err != nil || u.Host == "" {
-		return nil, usageErr("--broker %s: want mqtt://host:1883", redact.URL(rawURL))
+		return nil, usageErr("--broker %s: want mqtt://host:1883", redact.Endpoint(rawURL))
 	}
 	addr := u.Host
 	if u.Port() == "" {
@@ -491,7 +491,7 @@ func webhookVerifyReader(addr, secret string) (verifyReader, error) {
 func pubsubVerifyReader(ctx context.Context, rawURL, topic string) (verifyReader, error) {
 	u, err := url.Parse(rawURL)
 	if err != nil || u.Host == "" {
-		return nil, usageErr("--broker %s: want pubsub://PROJECT", redact.URL(rawURL))
+		return nil, usageErr("--broker %s: want pubsub://PROJECT", redact.Endpoint(rawURL))
 	}
 	c, err := gpubsub.NewClient(ctx, u.Host)
 	if err != nil {
@@ -534,7 +534,7 @@ type redisReader struct {
 func redisVerifyReader(ctx context.Context, rawURL, stream string) (verifyReader, error) {
 	opts, err := goredis.ParseURL(rawURL)
 	if err != nil {
-		return nil, usageErr("--broker %s: %v", redact.URL(rawURL), err)
+		return nil, usageErr("--broker %s: %v", redact.Endpoint(rawURL), err)
 	}
 	c := goredis.NewClient(opts)
 	// Start after the stream's last entry now ("$" on every read would miss entries
@@ -580,7 +580,7 @@ type sqsReader struct {
 func sqsVerifyReader(ctx context.Context, rawURL, queue string) (verifyReader, error) {
 	p, err := sqs.Dial(ctx, rawURL, nil)
 	if err != nil {
-		return nil, usageErr("--broker %s: %v", redact.URL(rawURL), err)
+		return nil, usageErr("--broker %s: %v", redact.Endpoint(rawURL), err)
 	}
 	c := p.Client()
 	out, err := c.GetQueueUrl(ctx, &awssqs.GetQueueUrlInput{QueueName: &queue})
