@@ -236,14 +236,6 @@ func checkText(v string, max int) string {
 	return ""
 }
 
-// ReservedHeader reports whether name is set by the relay or by a broker and so may
-// not be used in Event.Headers.
-func ReservedHeader(name string) bool {
-	l := strings.ToLower(name)
-	switch l {
-	case "id", "eventtype", "aggregatetype", "aggregateid", "traceparent", "tracestate":
-		return true
-	}
-	return strings.HasPrefix(l, "nats-") || strings.HasPrefix(l, "outbox-") || strings.HasPrefix(l, "x-death") ||
-		strings.HasPrefix(l, "webhook-") || strings.HasPrefix(l, "kafka_")
-}
+// ReservedHeader reports whether name is set by the relay, by a broker or by a
+// CloudEvents binding (in any letter case) and so may not be used in Event.Headers.
+func ReservedHeader(name string) bool { return wire.Reserved(name) }

@@ -31,6 +31,7 @@ import (
 	"maps"
 	"slices"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/outboxd/outbox/broker"
@@ -213,13 +214,25 @@ func (r *Router) Route(row *outboxdriver.Row, escape func(string) string) (broke
 	// The event's own headers: plain headers beside the attributes (never over one).
 	// Where attributes carry no prefix (MQTT), every user property reads as an
 	// attribute, so only names valid as one go.
+	// A name taken in another letter case is taken too: brokers and consumers read
+	// header names without regard to case.
 	for _, k := range slices.Sorted(maps.Keys(row.Headers)) {
-		if _, taken := m.Headers[k]; taken || k == wire.HeaderLate || (r.cfg.Binding.Prefix == "" && !extensionName(k)) {
+		if taken(m.Headers, k) || !wire.RowHeaderAllowed(k) || k == wire.HeaderLate || (r.cfg.Binding.Prefix == "" && !extensionName(k)) {
 			continue
 		}
 		add(k, row.Headers[k])
 	}
 	return m, nil
+}
+
+// taken reports whether h has name k in any letter case.
+func taken(h map[string]string, k string) bool {
+	for name := range h {
+		if strings.EqualFold(name, k) {
+			return true
+		}
+	}
+	return false
 }
 
 // extensionName reports whether s is a valid CloudEvents attribute name: ASCII

@@ -48,6 +48,10 @@ func (f *flight) decide(i int, res broker.Result) {
 // the background; the hooks hear of it once every answer came. A row the router
 // refuses fails permanently, decided at once.
 func (r *Relay) startPublish(work context.Context, rows []outboxdriver.Row) *flight {
+	if n, first := dropReservedHeaders(rows); n > 0 {
+		r.log.Warn("relay: row headers named as the wire format's own dropped (they could pass for the relay's); the events go on without them",
+			"headers", n, "first", first)
+	}
 	if n := r.late.mark(rows); n > 0 {
 		r.stats.late.Add(int64(n))
 		r.log.Warn("relay: events committed after a later event of their aggregate was published; sent marked late",

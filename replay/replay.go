@@ -460,7 +460,9 @@ func (r *Replayer) read(ctx context.Context, query string, args []any) ([]outbox
 func (r *Replayer) message(row *outboxdriver.Row, c *Config, esc func(string) string) (broker.Message, error) {
 	h := make(map[string]string, len(row.Headers)+1)
 	for k, v := range row.Headers {
-		h[k] = v
+		if wire.RowHeaderAllowed(k) { // as the relay: no row header passes for its own
+			h[k] = v
+		}
 	}
 	h[HeaderReplay] = c.Name
 	row.Headers = h

@@ -4,7 +4,10 @@
 // standard library.
 package wire
 
-import "unicode/utf8"
+import (
+	"strings"
+	"unicode/utf8"
+)
 
 // The wire format's header names, set by the relay on every message (the root
 // package and package broker both export them from here).
@@ -86,3 +89,28 @@ func isTokenChar(c byte) bool {
 	}
 	return false
 }
+
+// Reserved reports whether a header name is set by the relay, by a broker or by a
+// CloudEvents binding, in any letter case: a row's header of that name could pass
+// for the relay's own (an Outbox-Seq that a version guard believes, a Ce-Source that
+// replaces the event's source). The writer refuses such names; the relay drops them
+// from rows written by plain SQL (RowHeaderAllowed keeps the one the project itself
+// stores).
+func Reserved(name string) bool {
+	l := strings.ToLower(name)
+	switch l {
+	case "id", "eventtype", "aggregatetype", "aggregateid", "traceparent", "tracestate":
+		return true
+	}
+	for _, p := range []string{"nats-", "outbox-", "x-death", "webhook-", "kafka_", "ce-", "ce_", "cloudevents_", "cloudevents:"} {
+		if strings.HasPrefix(l, p) {
+			return true
+		}
+	}
+	return false
+}
+
+// RowHeaderAllowed reports whether a stored row may carry a header of this name: any
+// name that is not Reserved, and HeaderLate exactly as the writer and the drivers
+// store it (a delayed event, a replayed dead letter).
+func RowHeaderAllowed(name string) bool { return name == HeaderLate || !Reserved(name) }
