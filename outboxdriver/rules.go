@@ -30,16 +30,3 @@ const DeadLetterColumns = "id, aggregatetype, aggregateid, type, payload, header
 // the dead letters behind the one holding it, in order. Replaying or purging that one
 // brings them back to the outbox after it (PostgreSQL's Admin does it).
 const WaitingBehindDeadLetter = "waiting behind a dead letter of its aggregate (published once that one is replayed or purged)"
-
-// PrevSQL is the claim's column of the seq of the row's nearest earlier unpublished
-// event of its aggregate that is due or failing (NULL when there is none): the head
-// rule (Heads) reads it. due is the database's test that f is due (f.available_at
-// against its clock); a delayed event that is not yet due (Event.NotBefore, attempts
-// still 0) holds nothing back, as its aggregate's later events do not wait for it. It
-// is a plain read, never a locking one: whoever holds the earlier row, the claim sees
-// that it is there.
-func PrevSQL(table, due string) string {
-	return `(SELECT max(e.seq) FROM ` + table + ` AS e WHERE e.published_at IS NULL
-        AND e.aggregatetype = o.aggregatetype AND e.aggregateid = o.aggregateid AND e.seq < o.seq
-        AND (e.attempts > 0 OR ` + due + `))`
-}

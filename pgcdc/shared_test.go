@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/outboxd/outbox"
@@ -450,6 +451,15 @@ func TestSharedSlotLost(t *testing.T) {
 	r := a.startRelay(t, se.add(t, a), b1, nil)
 	a.produce(t, 2, 5)
 	waitMessages(t, b1, 10)
+	// A slot is known to have streamed once its table's backfill is recorded done;
+	// one dropped before that is taken for new (its table backfills again, which
+	// loses nothing) rather than lost. On a loaded machine the backfill can be
+	// recorded after the first events arrive: wait for it.
+	cdc := pgx.Identifier{a.table.Schema, a.table.Derived("_cdc")}.Sanitize()
+	testenv.Wait(t, ctx, "the table's backfill recorded done", func() bool {
+		var done bool
+		return a.pool.QueryRow(ctx, `SELECT backfilled_at IS NOT NULL FROM `+cdc+` WHERE slot = $1`, slot).Scan(&done) == nil && done
+	})
 	if err := r.Stop(ctx); err != nil {
 		t.Fatal(err)
 	}

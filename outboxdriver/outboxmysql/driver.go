@@ -264,8 +264,11 @@ func (d *Driver) Claim(ctx context.Context, p *outboxdriver.ClaimParams) (outbox
 		_ = c.Release(ctx)
 		return nil, interpretError(err)
 	}
-	c.rows, err = outboxdriver.ClaimHeads(ctx, p, func(ctx context.Context, q *outboxdriver.ClaimParams, after int64) ([]outboxdriver.Row, []int64, error) {
-		return d.claimQuery(ctx, tx, q, after)
+	c.rows, err = outboxdriver.ClaimHeads(ctx, p, outboxdriver.ClaimQueries{
+		Candidates: func(ctx context.Context, q *outboxdriver.ClaimParams, after int64, ahead []int64) ([]outboxdriver.Candidate, error) {
+			return d.candidates(ctx, tx, q, after, ahead)
+		},
+		Lock: func(ctx context.Context, seqs []int64) ([]outboxdriver.Row, error) { return d.lockRows(ctx, tx, seqs) },
 	})
 	if err != nil {
 		_ = c.Release(ctx)
@@ -279,38 +282,64 @@ func (d *Driver) Claim(ctx context.Context, p *outboxdriver.ClaimParams) (outbox
 	return c, nil
 }
 
-// claimQuery runs the claim statement once (outboxdriver.ClaimQuery).
-func (d *Driver) claimQuery(ctx context.Context, tx *sql.Tx, p *outboxdriver.ClaimParams, after int64) ([]outboxdriver.Row, []int64, error) {
-	skip, args := "", []any{after}
-	if len(p.Skip) > 0 {
-		skip, args = "\n  AND "+outboxdriver.SkipSQL(len(p.Skip)), append(args, outboxdriver.SkipArgs(p.Skip)...)
+// candidates reads a claim's candidates (outboxdriver.ClaimQueries): due rows, not
+// behind a failing row of their aggregate, not held by a dead letter, read without
+// locking (a consistent read, whoever holds them).
+func (d *Driver) candidates(ctx context.Context, tx *sql.Tx, p *outboxdriver.ClaimParams, after int64, ahead []int64) ([]outboxdriver.Candidate, error) {
+	var where strings.Builder
+	args := []any{after}
+	if len(ahead) > 0 {
+		where.WriteString("\n  AND o.seq NOT IN (" + sqldead.Placeholders(len(ahead)) + ")")
+		for _, s := range ahead {
+			args = append(args, s)
+		}
 	}
-	rows, err := tx.QueryContext(ctx, `SELECT `+rowColumns+`,
-  COALESCE(`+outboxdriver.PrevSQL(d.q, "(e.available_at IS NULL OR e.available_at <= UTC_TIMESTAMP(6))")+`, 0)
+	if len(p.Skip) > 0 {
+		where.WriteString("\n  AND " + outboxdriver.SkipSQL(len(p.Skip)))
+		args = append(args, outboxdriver.SkipArgs(p.Skip)...)
+	}
+	rows, err := tx.QueryContext(ctx, `SELECT o.seq, o.aggregatetype, o.aggregateid, COALESCE(LENGTH(o.payload), 0)
 FROM `+d.q+` AS o
 WHERE o.published_at IS NULL AND (o.available_at IS NULL OR o.available_at <= UTC_TIMESTAMP(6)) AND o.seq > ?
   AND `+outboxdriver.NotBehindFailingSQL(d.q)+`
-  AND `+outboxdriver.NotHeldSQL(d.qDead)+skip+`
-ORDER BY o.seq LIMIT ? FOR UPDATE SKIP LOCKED`, append(args, p.Limit)...)
+  AND `+outboxdriver.NotHeldSQL(d.qDead)+where.String()+`
+ORDER BY o.seq LIMIT ?`, append(args, p.Limit)...)
 	if err != nil {
-		return nil, nil, err
+		return nil, err
 	}
 	defer rows.Close()
-	var (
-		out   []outboxdriver.Row
-		prevs []int64
-		bytes int
-	)
-	for !p.Enough(bytes) && rows.Next() {
-		var prev int64
-		r, err := scanRow(rows, &prev)
-		if err != nil {
-			return nil, nil, err
+	var out []outboxdriver.Candidate
+	for rows.Next() {
+		var c outboxdriver.Candidate
+		if err := rows.Scan(&c.Seq, &c.Aggregate.Type, &c.Aggregate.ID, &c.Bytes); err != nil {
+			return nil, err
 		}
-		out, prevs = append(out, r), append(prevs, prev)
-		bytes += len(r.Payload)
+		out = append(out, c)
 	}
-	return out, prevs, rows.Err()
+	return out, rows.Err()
+}
+
+// lockRows locks and reads the candidates of seqs no other session holds.
+func (d *Driver) lockRows(ctx context.Context, tx *sql.Tx, seqs []int64) ([]outboxdriver.Row, error) {
+	args := make([]any, len(seqs))
+	for i, s := range seqs {
+		args[i] = s
+	}
+	rows, err := tx.QueryContext(ctx, `SELECT `+rowColumns+` FROM `+d.q+`
+WHERE seq IN (`+sqldead.Placeholders(len(seqs))+`) AND published_at IS NULL ORDER BY seq FOR UPDATE SKIP LOCKED`, args...)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	out := make([]outboxdriver.Row, 0, len(seqs))
+	for rows.Next() {
+		r, err := scanRow(rows)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, r)
+	}
+	return out, rows.Err()
 }
 
 func seconds(d time.Duration) int64 { return int64((d + time.Second - 1) / time.Second) }
@@ -715,7 +744,6 @@ func (m migrator) migrations() ([]migrations.Migration, error) {
 		"IDIndex":          quote(t.Derived("_id")),
 		"UnpublishedIndex": quote(t.Derived("_unpublished_idx")),
 		"FailingIndex":     quote(t.Derived("_failing_idx")),
-		"HeadIndex":        quote(t.Derived("_head_idx")),
 		"DeadHoldIndex":    quote(t.Derived("_dead_holds_idx")),
 	})
 }

@@ -272,7 +272,7 @@ func (d *Driver) Claim(ctx context.Context, p *outboxdriver.ClaimParams) (outbox
 	defer d.claimMu.Unlock()
 	c := &claim{d: d}
 	var err error
-	c.rows, err = outboxdriver.ClaimHeads(ctx, p, d.claimQuery)
+	c.rows, err = outboxdriver.ClaimHeads(ctx, p, outboxdriver.ClaimQueries{Candidates: d.candidates, Lock: d.lockRows})
 	if err != nil {
 		return nil, interpretError(err)
 	}
@@ -286,19 +286,15 @@ func (d *Driver) Claim(ctx context.Context, p *outboxdriver.ClaimParams) (outbox
 	return c, nil
 }
 
-// claimQuery runs the claim statement once (outboxdriver.ClaimQuery), under claimMu:
+// candidates reads a claim's candidates (outboxdriver.ClaimQueries), under claimMu:
 // due rows, not behind a failing row of their aggregate, not held by a dead letter,
-// not in flight in another claim.
-func (d *Driver) claimQuery(ctx context.Context, p *outboxdriver.ClaimParams, after int64) ([]outboxdriver.Row, []int64, error) {
+// whether another claim has them in flight or not (the head rule needs to see them).
+func (d *Driver) candidates(ctx context.Context, p *outboxdriver.ClaimParams, after int64, ahead []int64) ([]outboxdriver.Candidate, error) {
 	var where strings.Builder
 	now := nowMillis()
-	args := []any{now, now, after}
-	if len(d.inFlight) > 0 {
-		var seqs []int64
-		for _, c := range d.inFlight {
-			seqs = append(seqs, c...)
-		}
-		b, _ := json.Marshal(seqs)
+	args := []any{now, after}
+	if len(ahead) > 0 {
+		b, _ := json.Marshal(ahead)
 		where.WriteString(" AND seq NOT IN (SELECT value FROM json_each(?))")
 		args = append(args, string(b))
 	}
@@ -306,30 +302,61 @@ func (d *Driver) claimQuery(ctx context.Context, p *outboxdriver.ClaimParams, af
 		where.WriteString(" AND " + outboxdriver.SkipSQL(len(p.Skip)))
 		args = append(args, outboxdriver.SkipArgs(p.Skip)...)
 	}
-	rows, err := d.db.QueryContext(ctx, `SELECT seq, id, aggregatetype, aggregateid, type, payload, payload IS NULL, headers, tracingspancontext, created_at, attempts,
-  coalesce(`+outboxdriver.PrevSQL(d.q, "e.available_at <= ?")+`, 0)
+	rows, err := d.db.QueryContext(ctx, `SELECT seq, aggregatetype, aggregateid, coalesce(length(payload), 0)
 FROM `+d.q+` AS o WHERE published_at IS NULL AND available_at <= ? AND seq > ?
   AND `+outboxdriver.NotBehindFailingSQL(d.q)+`
   AND `+outboxdriver.NotHeldSQL(d.qDead)+where.String()+` ORDER BY seq LIMIT ?`, append(args, p.Limit)...)
 	if err != nil {
-		return nil, nil, err
+		return nil, err
 	}
 	defer rows.Close()
-	var (
-		out   []outboxdriver.Row
-		prevs []int64
-		bytes int
-	)
-	for !p.Enough(bytes) && rows.Next() {
+	var out []outboxdriver.Candidate
+	for rows.Next() {
+		var c outboxdriver.Candidate
+		if err := rows.Scan(&c.Seq, &c.Aggregate.Type, &c.Aggregate.ID, &c.Bytes); err != nil {
+			return nil, err
+		}
+		out = append(out, c)
+	}
+	return out, rows.Err()
+}
+
+// lockRows reads the rows of seqs still unpublished that no other claim of this
+// process has in flight (SQLite's stand-in for row locks), under claimMu.
+func (d *Driver) lockRows(ctx context.Context, seqs []int64) ([]outboxdriver.Row, error) {
+	busy := map[int64]bool{}
+	for _, c := range d.inFlight {
+		for _, s := range c {
+			busy[s] = true
+		}
+	}
+	free := make([]int64, 0, len(seqs))
+	for _, s := range seqs {
+		if !busy[s] {
+			free = append(free, s)
+		}
+	}
+	if len(free) == 0 {
+		return nil, nil
+	}
+	b, _ := json.Marshal(free)
+	rows, err := d.db.QueryContext(ctx, `SELECT seq, id, aggregatetype, aggregateid, type, payload, payload IS NULL, headers, tracingspancontext, created_at, attempts
+FROM `+d.q+` WHERE seq IN (SELECT value FROM json_each(?)) AND published_at IS NULL ORDER BY seq`, string(b))
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	out := make([]outboxdriver.Row, 0, len(free))
+	for rows.Next() {
 		var (
 			r              outboxdriver.Row
 			payload        []byte
 			null           bool
 			headers, trace sql.NullString
-			created, prev  int64
+			created        int64
 		)
-		if err := rows.Scan(&r.Seq, &r.ID, &r.AggregateType, &r.AggregateID, &r.Type, &payload, &null, &headers, &trace, &created, &r.Attempts, &prev); err != nil {
-			return nil, nil, err
+		if err := rows.Scan(&r.Seq, &r.ID, &r.AggregateType, &r.AggregateID, &r.Type, &payload, &null, &headers, &trace, &created, &r.Attempts); err != nil {
+			return nil, err
 		}
 		r.Payload, r.PayloadNull = payload, null
 		if headers.Valid {
@@ -337,10 +364,9 @@ FROM `+d.q+` AS o WHERE published_at IS NULL AND available_at <= ? AND seq > ?
 		}
 		r.TraceContext = trace.String
 		r.CreatedAt = time.UnixMilli(created)
-		out, prevs = append(out, r), append(prevs, prev)
-		bytes += len(payload)
+		out = append(out, r)
 	}
-	return out, prevs, rows.Err()
+	return out, rows.Err()
 }
 
 type claim struct {
@@ -597,7 +623,6 @@ func (m migrator) migrations() ([]migrations.Migration, error) {
 		"UnpublishedIndex": quote(m.d.table.Derived("_unpublished_idx")),
 		"LeaderTable":      m.d.qLead,
 		"FailingIndex":     quote(m.d.table.Derived("_failing_idx")),
-		"HeadIndex":        quote(m.d.table.Derived("_head_idx")),
 		"DeadTable":        m.d.qDead,
 		"DeadHoldIndex":    quote(m.d.table.Derived("_dead_holds_idx")),
 	})

@@ -24,7 +24,6 @@ func (s *Statements) Migrations() ([]migrations.Migration, error) {
 		"PayloadType":          map[bool]string{true: "bytea", false: "jsonb"}[t.Payload == outboxdriver.PayloadBytes],
 		"UnpublishedIndex":     pgx.Identifier{t.Derived("_unpublished_idx")}.Sanitize(),
 		"FailingIndex":         pgx.Identifier{t.Derived("_failing_idx")}.Sanitize(),
-		"HeadIndex":            pgx.Identifier{t.Derived("_head_idx")}.Sanitize(),
 		"DeadTable":            s.dead,
 		"DeadHoldIndex":        pgx.Identifier{t.Derived("_dead_holds_idx")}.Sanitize(),
 		"Partitioned":          map[bool]string{true: "yes"}[t.Partitioned],

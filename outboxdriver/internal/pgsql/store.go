@@ -36,7 +36,7 @@ type Statements struct {
 	leases       string // quoted partition leases
 	published    string // quoted archive of published rows (completion "archive")
 
-	insert, claim, markPublished, deletePublished, archivePublished, recordFailure, moveDead, status string
+	insert, candidates, claim, markPublished, deletePublished, archivePublished, recordFailure, moveDead, status string
 	// The same write-backs, applied only while the relay holds the partitions' leases
 	// at the epochs it claimed under (several active relays).
 	fencedMark, fencedDelete, fencedArchive, fencedFailure, fencedDead string
@@ -95,18 +95,23 @@ func NewStatements(t outboxdriver.Table) (*Statements, error) {
 	s.insert = `INSERT INTO ` + q + ` (id, aggregatetype, aggregateid, type, payload, headers, available_at, tracingspancontext)
 SELECT u.id::uuid, u.at, u.aid, u.t, ` + payloadExpr + `, u.h::jsonb, coalesce(u.av, now()), u.tc
 FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], ` + payloadArg + `, $6::text[], $7::timestamptz[], $8::text[]) AS u(id, at, aid, t, p, h, av, tc)`
-	// A row is matched when it is due, no earlier row of its aggregate is failing
-	// (waiting for a retry), and no dead letter holds its aggregate: a failing event
-	// blocks only its own aggregate, in order. It is taken under the head rule
-	// (outboxdriver.ClaimHeads), which reads the last column.
-	s.claim = `SELECT o.seq, o.id::text, o.aggregatetype, o.aggregateid, o.type, o.payload, o.headers::text, o.tracingspancontext, o.created_at, o.attempts, o.partition,
-       coalesce(` + outboxdriver.PrevSQL(q, "e.available_at <= now()") + `, 0)
+	// A claim is two reads (outboxdriver.ClaimHeads, the head rule). The candidates:
+	// rows due, no earlier row of their aggregate failing (waiting for a retry), no
+	// dead letter holding their aggregate (a failing event blocks only its own
+	// aggregate, in order), in seq order, read without locking; then the lock of
+	// those no other session holds.
+	s.candidates = `SELECT o.seq, o.aggregatetype, o.aggregateid, coalesce(pg_column_size(o.payload), 0)
 FROM ` + q + ` AS o
 WHERE o.published_at IS NULL AND o.available_at <= now() AND ($2 <= 0 OR o.seq <= $2) AND o.seq > $4
   AND ($3::smallint[] IS NULL OR o.partition = ANY($3::smallint[]))
+  AND ($5::bigint[] IS NULL OR NOT (o.seq = ANY($5::bigint[])))
   AND ` + outboxdriver.NotBehindFailingSQL(q) + `
   AND ` + outboxdriver.NotHeldSQL(s.dead) + `
-ORDER BY o.seq LIMIT $1 FOR UPDATE OF o SKIP LOCKED`
+ORDER BY o.seq LIMIT $1`
+	s.claim = `SELECT o.seq, o.id::text, o.aggregatetype, o.aggregateid, o.type, o.payload, o.headers::text, o.tracingspancontext, o.created_at, o.attempts, o.partition
+FROM ` + q + ` AS o
+WHERE o.seq = ANY($1::bigint[]) AND o.published_at IS NULL
+ORDER BY o.seq FOR UPDATE OF o SKIP LOCKED`
 	s.markPublished = `UPDATE ` + q + ` AS o SET published_at = now(), last_error = NULL WHERE o.id = ANY($1::text[]::uuid[])`
 	s.deletePublished = `DELETE FROM ` + q + ` AS o WHERE o.id = ANY($1::text[]::uuid[])`
 	// The outbox's own columns move; a column added to the table after the archive
@@ -401,29 +406,38 @@ func (s *Store) Claim(ctx context.Context, p *outboxdriver.ClaimParams) (outboxd
 		}
 	}
 	c := &claim{s: s, tx: tx, group: p.Group}
-	c.rows, err = outboxdriver.ClaimHeads(ctx, p, func(ctx context.Context, q *outboxdriver.ClaimParams, after int64) ([]outboxdriver.Row, []int64, error) {
-		stmt, args := s.Statements.claimWith(p.Columns), []any{q.Limit, p.MaxSeq, parts, after}
-		if p.Group != nil {
-			// Only partitions still leased to this relay at the epochs it claims under,
-			// as the statement sees the leases when it runs. A claim a cut-off member
-			// sent before the cut and the server ran after its lease moved (a
-			// connection that delivers late) then locks nothing, so the new owner's
-			// claim never skips an aggregate's earlier row that claim would hold. (Not
-			// FOR SHARE: the lease rows must stay free for a takeover while the
-			// claim's batch is out; a claim that began before the takeover is what the
-			// new owner's barrier waits for.)
-			stmt = "WITH " + strings.Replace(s.Statements.heldLeases(len(args)+1), " FOR SHARE OF l)", ")", 1) + "\n" +
-				strings.Replace(stmt, "\nORDER BY o.seq", "\n  AND o.partition IN (SELECT partition FROM held)\nORDER BY o.seq", 1)
-			args = append(args, (&claim{group: p.Group}).fenceArgs()...)
-		}
-		if len(q.Skip) > 0 {
-			stmt, args = skipping(stmt, len(args)+1), append(args, skipArgs(q.Skip)...)
-		}
-		rows, err := tx.Query(ctx, stmt, args...)
-		if err != nil {
-			return nil, nil, err
-		}
-		return scanRows(rows, q, len(p.Columns))
+	c.rows, err = outboxdriver.ClaimHeads(ctx, p, outboxdriver.ClaimQueries{
+		Candidates: func(ctx context.Context, q *outboxdriver.ClaimParams, after int64, ahead []int64) ([]outboxdriver.Candidate, error) {
+			stmt, args := s.Statements.candidates, []any{q.Limit, p.MaxSeq, parts, after, ahead}
+			if len(q.Skip) > 0 {
+				stmt, args = skipping(stmt, len(args)+1), append(args, skipArgs(q.Skip)...)
+			}
+			rows, err := tx.Query(ctx, stmt, args...)
+			if err != nil {
+				return nil, err
+			}
+			return scanCandidates(rows, q.Limit)
+		},
+		Lock: func(ctx context.Context, seqs []int64) ([]outboxdriver.Row, error) {
+			stmt, args := s.Statements.claimWith(p.Columns), []any{seqs}
+			if p.Group != nil {
+				// Only partitions still leased to this relay at the epochs it claims
+				// under, as the statement sees the leases when it runs. A claim a
+				// cut-off member sent before the cut and the server ran after its
+				// lease moved (a connection that delivers late) then locks nothing.
+				// (Not FOR SHARE: the lease rows must stay free for a takeover while
+				// the claim's batch is out; a claim that began before the takeover is
+				// what the new owner's barrier waits for.)
+				stmt = "WITH " + strings.Replace(s.Statements.heldLeases(len(args)+1), " FOR SHARE OF l)", ")", 1) + "\n" +
+					strings.Replace(stmt, "\nORDER BY o.seq", "\n  AND o.partition IN (SELECT partition FROM held)\nORDER BY o.seq", 1)
+				args = append(args, (&claim{group: p.Group}).fenceArgs()...)
+			}
+			rows, err := tx.Query(ctx, stmt, args...)
+			if err != nil {
+				return nil, err
+			}
+			return scanRows(rows, len(seqs), p.Columns)
+		},
 	})
 	if err != nil {
 		_ = tx.Rollback(context.WithoutCancel(ctx))
@@ -440,48 +454,57 @@ func (s *Store) Claim(ctx context.Context, p *outboxdriver.ClaimParams) (outboxd
 	return c, nil
 }
 
-// scanRows reads a claim statement's rows, up to p's bounds, and each one's prev
-// column (outboxdriver.PrevSQL), then cols extra columns.
-func scanRows(rows Rows, p *outboxdriver.ClaimParams, cols int) ([]outboxdriver.Row, []int64, error) {
+// scanCandidates reads a candidates statement's rows (at most n).
+func scanCandidates(rows Rows, n int) ([]outboxdriver.Candidate, error) {
+	defer rows.Close()
+	out := make([]outboxdriver.Candidate, 0, min(max(n, 1), 4096))
+	for rows.Next() {
+		var c outboxdriver.Candidate
+		if err := rows.Scan(&c.Seq, &c.Aggregate.Type, &c.Aggregate.ID, &c.Bytes); err != nil {
+			return nil, err
+		}
+		out = append(out, c)
+	}
+	return out, rows.Err()
+}
+
+// scanRows reads a claim statement's rows (at most n), each with the extra columns
+// cols (ClaimParams.Columns).
+func scanRows(rows Rows, n int, cols []string) ([]outboxdriver.Row, error) {
 	defer rows.Close()
 	// Rows are scanned in place, through one destination list: per row, the
 	// relay's hot path allocates only what the row's values need.
-	n := min(max(p.Limit, 1), 4096)
-	out, prevs := make([]outboxdriver.Row, 0, n), make([]int64, 0, n)
+	out := make([]outboxdriver.Row, 0, min(max(n, 1), 4096))
 	var (
 		headers   []byte
 		trace     *string
 		partition int16
-		prev      int64
 		extra     []*string
 	)
-	dest := make([]any, 12, 12+2*cols)
-	dest[6], dest[7], dest[10], dest[11] = &headers, &trace, &partition, &prev
-	if cols > 0 {
-		extra = make([]*string, 2*cols)
+	dest := make([]any, 11, 11+2*len(cols))
+	dest[6], dest[7], dest[10] = &headers, &trace, &partition
+	if len(cols) > 0 {
+		extra = make([]*string, 2*len(cols))
 		for i := range extra {
 			dest = append(dest, &extra[i])
 		}
 	}
-	bytes := 0
-	for !p.Enough(bytes) && rows.Next() {
+	for rows.Next() {
 		out = append(out, outboxdriver.Row{})
 		r := &out[len(out)-1]
 		dest[0], dest[1], dest[2], dest[3], dest[4], dest[5], dest[8], dest[9] =
 			&r.Seq, &r.ID, &r.AggregateType, &r.AggregateID, &r.Type, &r.Payload, &r.CreatedAt, &r.Attempts
 		headers, trace = nil, nil
 		if err := rows.Scan(dest...); err != nil {
-			return nil, nil, err
+			return nil, err
 		}
-		prevs = append(prevs, prev)
-		if cols > 0 {
-			r.Columns = make(map[string]outboxdriver.Value, cols)
-			for i, c := range p.Columns {
+		if len(cols) > 0 {
+			r.Columns = make(map[string]outboxdriver.Value, len(cols))
+			for i, c := range cols {
 				r.Columns[c] = outboxdriver.ParseValue(*extra[2*i], extra[2*i+1])
 			}
 		}
 		r.PayloadNull, r.Partition = r.Payload == nil, int(partition)
-		bytes += len(r.Payload)
 		if headers != nil {
 			r.Headers = outboxdriver.ParseHeaders(headers)
 		}
@@ -489,7 +512,7 @@ func scanRows(rows Rows, p *outboxdriver.ClaimParams, cols int) ([]outboxdriver.
 			r.TraceContext = *trace
 		}
 	}
-	return out, prevs, rows.Err()
+	return out, rows.Err()
 }
 
 // skipping is a claim statement that also skips the aggregates of ClaimParams.Skip,
