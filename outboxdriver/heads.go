@@ -111,3 +111,17 @@ func ClaimHeads(ctx context.Context, p *ClaimParams, qs ClaimQueries) ([]Row, er
 	}
 	return kept, nil
 }
+
+// ScanCandidates reads a Candidates query's rows: seq, aggregate type, aggregate id
+// and payload size each, in that order.
+func ScanCandidates(next func() bool, scan func(dest ...any) error, rowsErr func() error) ([]Candidate, error) {
+	var out []Candidate
+	for next() {
+		var c Candidate
+		if err := scan(&c.Seq, &c.Aggregate.Type, &c.Aggregate.ID, &c.Bytes); err != nil {
+			return nil, err
+		}
+		out = append(out, c)
+	}
+	return out, rowsErr()
+}

@@ -308,15 +308,7 @@ ORDER BY o.seq LIMIT ?`, append(args, p.Limit)...)
 		return nil, err
 	}
 	defer rows.Close()
-	var out []outboxdriver.Candidate
-	for rows.Next() {
-		var c outboxdriver.Candidate
-		if err := rows.Scan(&c.Seq, &c.Aggregate.Type, &c.Aggregate.ID, &c.Bytes); err != nil {
-			return nil, err
-		}
-		out = append(out, c)
-	}
-	return out, rows.Err()
+	return outboxdriver.ScanCandidates(rows.Next, rows.Scan, rows.Err)
 }
 
 // lockRows locks and reads the candidates of seqs no other session holds.

@@ -310,15 +310,7 @@ FROM `+d.q+` AS o WHERE published_at IS NULL AND available_at <= ? AND seq > ?
 		return nil, err
 	}
 	defer rows.Close()
-	var out []outboxdriver.Candidate
-	for rows.Next() {
-		var c outboxdriver.Candidate
-		if err := rows.Scan(&c.Seq, &c.Aggregate.Type, &c.Aggregate.ID, &c.Bytes); err != nil {
-			return nil, err
-		}
-		out = append(out, c)
-	}
-	return out, rows.Err()
+	return outboxdriver.ScanCandidates(rows.Next, rows.Scan, rows.Err)
 }
 
 // lockRows reads the rows of seqs still unpublished that no other claim of this

@@ -416,7 +416,8 @@ func (s *Store) Claim(ctx context.Context, p *outboxdriver.ClaimParams) (outboxd
 			if err != nil {
 				return nil, err
 			}
-			return scanCandidates(rows, q.Limit)
+			defer rows.Close()
+			return outboxdriver.ScanCandidates(rows.Next, rows.Scan, rows.Err)
 		},
 		Lock: func(ctx context.Context, seqs []int64) ([]outboxdriver.Row, error) {
 			stmt, args := s.Statements.claimWith(p.Columns), []any{seqs}
@@ -452,20 +453,6 @@ func (s *Store) Claim(ctx context.Context, p *outboxdriver.ClaimParams) (outboxd
 		}
 	}
 	return c, nil
-}
-
-// scanCandidates reads a candidates statement's rows (at most n).
-func scanCandidates(rows Rows, n int) ([]outboxdriver.Candidate, error) {
-	defer rows.Close()
-	out := make([]outboxdriver.Candidate, 0, min(max(n, 1), 4096))
-	for rows.Next() {
-		var c outboxdriver.Candidate
-		if err := rows.Scan(&c.Seq, &c.Aggregate.Type, &c.Aggregate.ID, &c.Bytes); err != nil {
-			return nil, err
-		}
-		out = append(out, c)
-	}
-	return out, rows.Err()
 }
 
 // scanRows reads a claim statement's rows (at most n), each with the extra columns
