@@ -2,13 +2,11 @@ package main
 
 import (
 	"context"
-	"strings"
 	"syscall"
 	"testing"
 	"time"
 
 	"github.com/outboxd/outbox/internal/testenv"
-	"github.com/outboxd/outbox/outboxdriver"
 )
 
 // TestBlackHoledRelay: a relay process whose every database connection goes through
@@ -31,17 +29,8 @@ func TestBlackHoledRelay(t *testing.T) {
 func blackHoled(t *testing.T, mode string) {
 	url := testenv.DatabaseURL(t)
 	pool := testenv.Pool(t, url)
-	proxy := testenv.NewProxy(t, "127.0.0.1:5432")
-	cutURL := strings.Replace(url, "127.0.0.1:5432", proxy.Addr(), 1)
-	if cutURL == url {
-		t.Skipf("the database URL %s is not on 127.0.0.1:5432: no proxy in front of it", url)
-	}
-	var table outboxdriver.Table
-	if mode == "cdc" {
-		table, _ = cdcTable(t, url, pool)
-	} else {
-		table = migrateSchema(t, url, testenv.Schema(t, url), "outbox")
-	}
+	cutURL, proxy := cutDatabase(t, url)
+	table := modeTable(t, url, pool, mode)
 	ns := newNATSScope(t)
 	args := func(db, id string) []string {
 		a := []string{"--db", db, "--table", table.Schema + "." + table.Name, "--broker", ns.url, "--topic-template", ns.template(),

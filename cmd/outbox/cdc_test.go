@@ -36,6 +36,29 @@ func cdcTable(t *testing.T, url string, pool *pgxpool.Pool) (outboxdriver.Table,
 	return table, slot
 }
 
+// modeTable is an outbox table in a schema of the test's own, made for the relay
+// mode: `migrate --cdc` (publication and slot) for "cdc", a plain `migrate` otherwise.
+func modeTable(t *testing.T, url string, pool *pgxpool.Pool, mode string) outboxdriver.Table {
+	t.Helper()
+	if mode == "cdc" {
+		table, _ := cdcTable(t, url, pool)
+		return table
+	}
+	return migrateSchema(t, url, testenv.Schema(t, url), "outbox")
+}
+
+// cutDatabase is the test database's URL through a proxy of its own, which the test
+// can blackhole (skipped when the database is not on 127.0.0.1:5432).
+func cutDatabase(t *testing.T, url string) (string, *testenv.Proxy) {
+	t.Helper()
+	proxy := testenv.NewProxy(t, "127.0.0.1:5432")
+	cutURL := strings.Replace(url, "127.0.0.1:5432", proxy.Addr(), 1)
+	if cutURL == url {
+		t.Skipf("the database URL %s is not on 127.0.0.1:5432: no proxy in front of it", url)
+	}
+	return cutURL, proxy
+}
+
 // writeMode writes n events over aggs aggregates in transactions of 10 with the given
 // write mode, and returns the ids per aggregate in write order.
 func writeMode(t *testing.T, pool *pgxpool.Pool, table outboxdriver.Table, mode outboxdriver.WriteMode, aggs, n int) map[string][]string {

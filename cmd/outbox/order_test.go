@@ -142,12 +142,7 @@ func TestLateCommitReachesHandler(t *testing.T) {
 func lateCommit(t *testing.T, mode string) {
 	url := testenv.DatabaseURL(t)
 	pool := testenv.Pool(t, url)
-	var table outboxdriver.Table
-	if mode == "cdc" {
-		table, _ = cdcTable(t, url, pool)
-	} else {
-		table = migrateSchema(t, url, testenv.Schema(t, url), "outbox")
-	}
+	table := modeTable(t, url, pool, mode)
 	ns := newNATSScope(t)
 	ctx := context.Background()
 	w, err := outbox.NewWriter(outboxpgx.New(pool, &table), nil)

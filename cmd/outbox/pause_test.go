@@ -6,7 +6,6 @@ import (
 	"time"
 
 	"github.com/outboxd/outbox/internal/testenv"
-	"github.com/outboxd/outbox/outboxdriver"
 )
 
 // TestPausedLeader (issue #20): the active relay process is paused with SIGSTOP past
@@ -20,12 +19,7 @@ func TestPausedLeader(t *testing.T) {
 		t.Run(mode, func(t *testing.T) {
 			url := testenv.DatabaseURL(t)
 			pool := testenv.Pool(t, url)
-			var table outboxdriver.Table
-			if mode == "cdc" {
-				table, _ = cdcTable(t, url, pool)
-			} else {
-				table = migrateSchema(t, url, testenv.Schema(t, url), "outbox")
-			}
+			table := modeTable(t, url, pool, mode)
 			ns := newNATSScope(t)
 			args := []string{"--db", url, "--table", table.Schema + "." + table.Name, "--broker", ns.url, "--mode", mode,
 				"--topic-template", ns.template(), "--batch-size", "20", "--poll-interval", "50ms", "--leader-timeout", "2s"}

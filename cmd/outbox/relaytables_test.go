@@ -425,11 +425,7 @@ func relayTablesPartitioned(t *testing.T, mode string) {
 		tables = prefixedTables(t, pool, url, prefix, 3)
 	}
 	ns := newNATSScope(t)
-	proxy := testenv.NewProxy(t, "127.0.0.1:5432")
-	cutURL := strings.Replace(url, "127.0.0.1:5432", proxy.Addr(), 1)
-	if cutURL == url {
-		t.Skipf("the database URL %s is not on 127.0.0.1:5432: no proxy in front of it", url)
-	}
+	cutURL, proxy := cutDatabase(t, url)
 	args := func(db, addr string) []string {
 		return append([]string{"--db", db, "--tables", prefix + "_*.outbox", "--broker", ns.url, "--topic-template", ns.template(),
 			"--leader-timeout", "3s", "--http", addr}, extra...)
