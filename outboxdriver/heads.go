@@ -77,6 +77,9 @@ func ClaimHeads(ctx context.Context, p *ClaimParams, qs ClaimQueries) ([]Row, er
 			b += cands[n].Bytes
 			n++
 		}
+		if n == 0 {
+			return kept, nil
+		}
 		cut := n < len(cands)
 		want := make([]int64, n)
 		for i := range want {
