@@ -3,6 +3,7 @@ package relay
 import (
 	"fmt"
 	"log/slog"
+	"math/rand/v2"
 	"time"
 
 	"github.com/outboxd/outbox/broker"
@@ -164,6 +165,11 @@ type Config struct {
 	// Failpoint, for fault-injection tests only, is called at the named points
 	// (FailpointAfterClaim, FailpointAfterPublish).
 	Failpoint func(name string)
+	// Rand, when set, is the source of every jitter the relay draws (its backoffs and
+	// retry delays); nil: a random one. A deterministic simulation sets it so that a
+	// seed replays its schedule (docs/testing.md). It is used under a lock of the
+	// relay's own.
+	Rand rand.Source
 	// Group, when set, makes this relay one of several active relays of the table,
 	// each owning some of its partitions (the store must be an
 	// outboxdriver.GroupStore: PostgreSQL). Without it one relay is active and the

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/outboxd/outbox/broker"
+	"github.com/outboxd/outbox/internal/simbug"
 	"github.com/outboxd/outbox/internal/wire"
 	"github.com/outboxd/outbox/outboxdriver"
 )
@@ -212,7 +213,7 @@ func (p *pipeline) cut(f *flight, c outboxdriver.Claim) *straggler {
 	}
 	for k := range out {
 		s.keys = append(s.keys, k)
-		p.fly.keys[k] = true
+		p.fly.keys[k] = !simbug.On("straggler-no-skip")
 	}
 	p.fly.rows += len(s.idx)
 	p.fly.n++
@@ -277,6 +278,9 @@ func (p *pipeline) settle(s *straggler) {
 	r := p.r
 	<-s.marks
 	rows, results := pick(s.f, s.idx)
+	if simbug.On("settle-all-published") {
+		results = make([]broker.Result, len(results))
+	}
 	params, failed, unavailable := r.outcome(rows, results)
 	r.count(params, failed, unavailable)
 	settler, _ := s.claim.(outboxdriver.Settler)

@@ -140,7 +140,7 @@ func (r *Relay) runGroup(ctx context.Context) error {
 			r.log.Warn("relay: could not leave the group; its partitions free up when the leases expire", "err", err)
 		}
 	}()
-	bo := r.newBackoff()
+	bo := r.newBackoff("group")
 	waiting := false
 	for ctx.Err() == nil {
 		var member outboxdriver.Leadership

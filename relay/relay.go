@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"hash/fnv"
 	"log/slog"
 	"math/rand/v2"
 	"strings"
@@ -13,6 +14,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/outboxd/outbox/broker"
+	"github.com/outboxd/outbox/internal/simbug"
 	"github.com/outboxd/outbox/outboxdriver"
 )
 
@@ -26,6 +28,8 @@ type Relay struct {
 	esc   func(string) string
 	log   *slog.Logger
 	late  *lateMarks
+	// jitter draws every random wait (Config.Rand).
+	jitter jitter
 
 	stats stats
 
@@ -72,7 +76,7 @@ func New(store outboxdriver.Source, pub broker.Publisher, cfg *Config) (*Relay, 
 	if err != nil {
 		return nil, err
 	}
-	r := &Relay{store: store, pub: pub, cfg: c, tmpl: tmpl, log: c.Logger, late: newLateMarks()}
+	r := &Relay{store: store, pub: pub, cfg: c, tmpl: tmpl, log: c.Logger, late: newLateMarks(), jitter: newJitter(c.Rand)}
 	if e, ok := pub.(broker.TopicEscaper); ok {
 		r.esc = e.EscapeTopicToken
 	}
@@ -190,7 +194,7 @@ func (r *Relay) Run(ctx context.Context) error {
 	if r.cfg.Group != nil {
 		return r.runGroup(ctx)
 	}
-	bo := r.newBackoff()
+	bo := r.newBackoff("leadership")
 	standby := false // said once per wait, not every retry
 	for ctx.Err() == nil {
 		acquired := time.Now()
@@ -354,7 +358,7 @@ type pipeline struct {
 }
 
 func (r *Relay) newPipeline(ctx context.Context, t term) *pipeline {
-	p := &pipeline{r: r, t: t, ctx: ctx, wake: make(chan struct{}, 1), bo: r.newBackoff(), lastCheck: time.Now(),
+	p := &pipeline{r: r, t: t, ctx: ctx, wake: make(chan struct{}, 1), bo: r.newBackoff("pipeline"), lastCheck: time.Now(),
 		fly: flying{keys: map[outboxdriver.Aggregate]bool{}, landed: make(chan *straggler, r.cfg.BatchSize)}}
 	p.work, p.endWork = r.drainContext(ctx)
 	p.stopBg = r.background(ctx, p.wake)
@@ -546,8 +550,12 @@ func (p *pipeline) after(results []broker.Result, failed int, unavailable, full 
 	// A failure: drop the prefetched batch (it may hold later events of a failed key)
 	// and let the marks land, so the next claim sees the failing rows and leaves their
 	// aggregates' later events alone.
-	p.dropPrefetched()
-	p.marks.Wait()
+	if !simbug.On("keep-prefetched") {
+		p.dropPrefetched()
+	}
+	if !simbug.On("no-mark-wait") {
+		p.marks.Wait()
+	}
 	if !unavailable {
 		// Only messages were refused: each waits for its own retry time; every other
 		// aggregate goes on at once.
@@ -696,7 +704,7 @@ func (r *Relay) outcome(rows []outboxdriver.Row, results []broker.Result) (p *ou
 	for i, res := range results {
 		row := &rows[i]
 		key := outboxdriver.AggregateKey(row.AggregateType, row.AggregateID)
-		if res.Err == nil {
+		if res.Err == nil || simbug.On("unavailable-published") && broker.IsUnavailable(res.Err) {
 			p.Published = append(p.Published, row.ID)
 			if failedKeys[key] {
 				// The broker took a later message of a key after refusing an earlier
@@ -713,6 +721,8 @@ func (r *Relay) outcome(rows []outboxdriver.Row, results []broker.Result) (p *ou
 		failedKeys[key] = true
 		f := outboxdriver.Failure{ID: row.ID, Error: ErrorText(res.Err.Error(), maxErrorBytes)}
 		switch {
+		case simbug.On("dead-on-unavailable") && broker.IsUnavailable(res.Err):
+			f.CountAttempt, f.Dead = true, true
 		case broker.IsUnavailable(res.Err), errors.Is(res.Err, context.Canceled), errors.Is(res.Err, context.DeadlineExceeded):
 			unavailable = true // not the event's fault
 		case broker.IsHeldBack(res.Err):
@@ -723,7 +733,7 @@ func (r *Relay) outcome(rows []outboxdriver.Row, results []broker.Result) (p *ou
 			// Attempts grow the wait but stop short of the limit.
 			attempts := row.Attempts + 1
 			f.CountAttempt = attempts < r.cfg.MaxAttempts
-			f.RetryAt = now.Add(max(r.retryDelay(min(attempts, r.cfg.MaxAttempts)), min(broker.RetryAfterOf(res.Err), r.cfg.RetryMax)))
+			f.RetryAt = now.Add(max(r.retryDelay(row.ID, min(attempts, r.cfg.MaxAttempts)), min(broker.RetryAfterOf(res.Err), r.cfg.RetryMax)))
 		case broker.IsPermanent(res.Err):
 			f.CountAttempt, f.Dead, f.HoldKey = true, true, !r.cfg.FlowPastDeadLetters
 		default:
@@ -734,7 +744,7 @@ func (r *Relay) outcome(rows []outboxdriver.Row, results []broker.Result) (p *ou
 				f.Error = fmt.Sprintf("gave up after %d attempts: %s", attempts, f.Error)
 			} else {
 				// The broker's own wait (Retry-After), when longer, wins; capped at RetryMax.
-				f.RetryAt = now.Add(max(r.retryDelay(attempts), min(broker.RetryAfterOf(res.Err), r.cfg.RetryMax)))
+				f.RetryAt = now.Add(max(r.retryDelay(row.ID, attempts), min(broker.RetryAfterOf(res.Err), r.cfg.RetryMax)))
 			}
 		}
 		if f.Dead {
@@ -749,13 +759,13 @@ func (r *Relay) outcome(rows []outboxdriver.Row, results []broker.Result) (p *ou
 
 // retryDelay is the wait before attempt n+1 of an event refused n times: exponential
 // from RetryMin, capped at RetryMax, with jitter (between half and all of it).
-func (r *Relay) retryDelay(n int) time.Duration {
+func (r *Relay) retryDelay(id string, n int) time.Duration {
 	d := r.cfg.RetryMin
 	for i := 1; i < n && d < r.cfg.RetryMax; i++ {
 		d *= 2
 	}
 	d = min(d, r.cfg.RetryMax)
-	return d/2 + rand.N(d/2+1)
+	return d/2 + r.jitter.n(d/2+1, id, uint64(n))
 }
 
 func firstErr(results []broker.Result) error {
@@ -878,7 +888,7 @@ func (r *Relay) listen(ctx context.Context, wake chan<- struct{}) {
 	if !r.store.Capabilities().Listen {
 		return // polling alone
 	}
-	bo := r.newBackoff()
+	bo := r.newBackoff("listen")
 	for ctx.Err() == nil {
 		lctx, cancel := r.dbCtx(ctx)
 		l, err := r.store.Listen(lctx)
@@ -954,8 +964,12 @@ func Message(row *outboxdriver.Row, tmpl *broker.Template, escape func(string) s
 			h[k] = v
 		}
 	}
+	id := row.ID
+	if simbug.On("message-id") {
+		id = fmt.Sprintf("%s-%d", row.ID, row.Attempts) // a new id per attempt: no dedup
+	}
 	return broker.Message{
-		ID:            row.ID,
+		ID:            id,
 		Topic:         tmpl.Execute(broker.TopicFields{AggregateType: row.AggregateType, Type: row.Type}, escape),
 		Key:           row.AggregateID,
 		EventType:     row.Type,
@@ -980,10 +994,13 @@ func sleep(ctx context.Context, d time.Duration) {
 // backoff is exponential with full jitter between BackoffMin and BackoffMax.
 type backoff struct {
 	min, max, cur time.Duration
+	jitter        jitter
+	role          string // whose backoff: the jitter's stream
+	draws         uint64
 }
 
-func (r *Relay) newBackoff() *backoff {
-	return &backoff{min: r.cfg.BackoffMin, max: r.cfg.BackoffMax}
+func (r *Relay) newBackoff(role string) *backoff {
+	return &backoff{min: r.cfg.BackoffMin, max: r.cfg.BackoffMax, jitter: r.jitter, role: role}
 }
 
 func (b *backoff) next() time.Duration {
@@ -992,7 +1009,35 @@ func (b *backoff) next() time.Duration {
 	} else {
 		b.cur = min(b.cur*2, b.max)
 	}
-	return b.cur/2 + rand.N(b.cur/2+1)
+	b.draws++
+	return b.cur/2 + b.jitter.n(b.cur/2+1, b.role, b.draws)
+}
+
+// jitter draws the relay's random waits. By default from the runtime's random
+// source; with Config.Rand, each draw is a function of a seed taken from it, of whose
+// wait it is (a backoff's role and how many it drew, an event's id and attempt), and
+// of nothing else: the order in which goroutines draw cannot change what they get, so
+// a simulation's seed replays its schedule.
+type jitter struct {
+	seed   uint64
+	seeded bool
+}
+
+func newJitter(src rand.Source) jitter {
+	if src == nil {
+		return jitter{}
+	}
+	return jitter{seed: src.Uint64(), seeded: true}
+}
+
+// n returns a duration in [0, d): the k-th draw for key.
+func (j jitter) n(d time.Duration, key string, k uint64) time.Duration {
+	if !j.seeded {
+		return rand.N(d)
+	}
+	h := fnv.New64a()
+	_, _ = h.Write([]byte(key))
+	return time.Duration(rand.New(rand.NewPCG(j.seed^h.Sum64(), k)).Int64N(int64(d)))
 }
 
 func (b *backoff) reset() { b.cur = 0 }

@@ -1,0 +1,619 @@
+package relay_test
+
+import (
+	"context"
+	"database/sql"
+	"flag"
+	"fmt"
+	"log/slog"
+	"maps"
+	"math/rand/v2"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime/debug"
+	"slices"
+	"strconv"
+	"strings"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"github.com/outboxd/outbox"
+	"github.com/outboxd/outbox/outboxdriver"
+	"github.com/outboxd/outbox/outboxdriver/outboxsqlite"
+	"github.com/outboxd/outbox/relay"
+)
+
+// TestSimulation runs the real relay, several processes of it on one SQLite file,
+// in a simulated world (simworld_test.go): virtual time, every store and broker call
+// through one scheduler, and a seeded PRNG choosing the interleaving, the faults
+// (refused, late, hung, answer lost), crashes, restarts and pauses. After the faults
+// stop, every event must be out within a bound worked out from the configuration.
+// Checked after every run:
+//   - every committed good event reached the broker, none before its commit, no
+//     rolled-back one ever;
+//   - per aggregate, first deliveries in write order (a bad event, dead, excepted);
+//   - every bad event is a dead letter with its reason, and no good one is;
+//   - liveness: all of it within simLiveness of the faults' end, in virtual time.
+//
+// Each run prints nothing unless it fails; a failure names its seed and the command
+// that replays it (docs/testing.md). The same seed gives the same schedule: a sample
+// of seeds is run twice and their trace hashes compared.
+var (
+	simSeed = flag.Uint64("sim.seed", 0, "TestSimulation: run this seed only (its trace is printed)")
+	simRuns = flag.Int("sim.runs", 0, "TestSimulation: how many seeds (default: OUTBOX_SIM_RUNS, else a CI sample)")
+	simBase = flag.Uint64("sim.base", 0, "TestSimulation: the first seed of the sample (0: from the clock, a new sample each run)")
+)
+
+// simRunsDefault is how many seeds TestSimulation runs by default: fewer under the
+// race detector, which slows each run twentyfold.
+func simRunsDefault() int {
+	if n, err := strconv.Atoi(os.Getenv("OUTBOX_SIM_RUNS")); err == nil && n > 0 {
+		return n
+	}
+	if raceEnabled { // TestSimulationSlice runs the thousand, without it
+		return 20
+	}
+	return 400
+}
+
+// The world's fixed settings. Times are virtual.
+const (
+	simFaultPhase = 20 * time.Second // faults, crashes and pauses happen in it
+	simLeaseTTL   = 2 * time.Second  // SQLite's leadership lease
+	simMaxBytes   = 256              // the broker's limit: bad events are larger
+	simMaxLate    = 8 * time.Second  // the longest a late call is held (simWorld.verdict)
+)
+
+// simRelayConfig is every process's relay configuration.
+func simRelayConfig(rng *rand.Rand) relay.Config {
+	return relay.Config{
+		BatchSize: 1 + rng.IntN(6), PollInterval: 100 * time.Millisecond,
+		LeaderRetry: 300 * time.Millisecond, LeaderCheck: 200 * time.Millisecond,
+		BackoffMin: 50 * time.Millisecond, BackoffMax: time.Second,
+		RetryMin: 100 * time.Millisecond, RetryMax: 2 * time.Second, MaxAttempts: 1000,
+		StragglerAfter: 200 * time.Millisecond, DrainTimeout: 2 * time.Second,
+		FlowPastDeadLetters: true,
+		Completion:          [...]outboxdriver.Completion{outboxdriver.CompleteMark, outboxdriver.CompleteDelete}[rng.IntN(2)],
+	}
+}
+
+// simLiveness bounds, once the faults stop, how long the relays may take to publish
+// everything: the longest late call still held, then a dead leader's lease, a
+// standby's retry, the longest backoff, the longest retry delay and the broker's
+// answer deadline, one after the other; doubled, for a pass that was already under
+// way when each of them ended.
+func simLiveness(cfg relay.Config) time.Duration {
+	return 2 * (simMaxLate + simLeaseTTL + cfg.LeaderRetry + cfg.BackoffMax + cfg.RetryMax + simAckTimeout)
+}
+
+// simEvent is one event of the script.
+type simEvent struct {
+	ev  outbox.Event
+	bad bool
+}
+
+// simTx is one transaction of the script: its events, committed or rolled back.
+type simTx struct {
+	at       time.Duration
+	events   []simEvent
+	rollback bool
+}
+
+// simAction is a process's fate: crash (and restart after a while), or pause.
+type simAction struct {
+	at    time.Duration
+	crash bool
+	proc  int // index among the live processes, modulo
+	dur   time.Duration
+}
+
+// simScript is everything a seed decides before the run.
+type simScript struct {
+	procs   int
+	faultP  int
+	cfg     relay.Config
+	txs     []simTx
+	actions []simAction
+}
+
+func newSimScript(rng *rand.Rand) *simScript {
+	s := &simScript{procs: 2 + rng.IntN(2), faultP: []int{0, 50, 150, 300}[rng.IntN(4)], cfg: simRelayConfig(rng)}
+	aggs := 1 + rng.IntN(5)
+	for range 3 + rng.IntN(20) {
+		tx := simTx{at: time.Duration(rng.Int64N(int64(simFaultPhase))), rollback: rng.IntN(8) == 0}
+		for range 1 + rng.IntN(4) {
+			bad := rng.IntN(12) == 0
+			payload := fmt.Sprintf(`{"n":%d}`, rng.IntN(1000))
+			if bad {
+				payload = `{"pad":"` + strings.Repeat("x", simMaxBytes) + `"}`
+			}
+			tx.events = append(tx.events, simEvent{bad: bad, ev: outbox.Event{
+				ID: simUUID(rng), AggregateType: "order", AggregateID: fmt.Sprint("a", rng.IntN(aggs)),
+				Type: "T", Payload: []byte(payload),
+			}})
+		}
+		s.txs = append(s.txs, tx)
+	}
+	slices.SortStableFunc(s.txs, func(a, b simTx) int { return int(a.at - b.at) })
+	for range rng.IntN(5) {
+		a := simAction{at: time.Duration(rng.Int64N(int64(simFaultPhase))), crash: rng.IntN(2) == 0, proc: rng.IntN(3)}
+		a.dur = time.Duration(100+rng.IntN(6000)) * time.Millisecond
+		s.actions = append(s.actions, a)
+	}
+	slices.SortStableFunc(s.actions, func(a, b simAction) int { return int(a.at - b.at) })
+	return s
+}
+
+// simUUID is a version-4 UUID drawn from rng: the same seed, the same ids.
+func simUUID(rng *rand.Rand) string {
+	var b [16]byte
+	for i := range b {
+		b[i] = byte(rng.Uint32())
+	}
+	b[6] = b[6]&0x0f | 0x40
+	b[8] = b[8]&0x3f | 0x80
+	return fmt.Sprintf("%x-%x-%x-%x-%x", b[0:4], b[4:6], b[6:8], b[8:10], b[10:])
+}
+
+// simResult is what one run tells the test.
+type simResult struct {
+	hash    uint64
+	failure string // "" when every check held
+	trace   []string
+	reached map[string]int
+}
+
+func TestSimulation(t *testing.T) {
+	seeds := []uint64{*simSeed}
+	if *simSeed == 0 {
+		n := *simRuns
+		if n <= 0 {
+			n = simRunsDefault()
+		}
+		seeds = seeds[:0]
+		base := *simBase
+		if base == 0 {
+			base = uint64(time.Now().UnixNano()) // a new sample each run; a failure names its seed
+		}
+		for i := range n {
+			seeds = append(seeds, base+uint64(i)*0x9e3779b9)
+		}
+	}
+	reached := map[string]int{}
+	replayed, differed := 0, 0
+	for i, seed := range seeds {
+		res := runSim(t, seed)
+		if res.failure != "" {
+			tail := res.trace[max(0, len(res.trace)-150):]
+			t.Fatalf("seed %d: %s\nreplay: go test ./relay -run 'TestSimulation$' -sim.seed=%d -v\nlast %d decisions:\n%s",
+				seed, res.failure, seed, len(tail), strings.Join(tail, "\n"))
+		}
+		for k, v := range res.reached {
+			reached[k] += v
+		}
+		if len(seeds) == 1 {
+			t.Logf("seed %d: trace hash %016x, %d decisions", seed, res.hash, len(res.trace))
+			t.Logf("trace:\n%s", strings.Join(res.trace, "\n"))
+		}
+		// Determinism, on a sample: the same seed, the same schedule.
+		if len(seeds) == 1 || i%10 == 0 {
+			again := runSim(t, seed)
+			replayed++
+			if again.hash != res.hash {
+				differed++
+				t.Logf("seed %d replayed with another trace (%016x, then %016x): %s", seed, res.hash, again.hash, firstDifference(res.trace, again.trace))
+			}
+		}
+	}
+	t.Logf("%d runs; %d replayed, %d with another trace; branches reached: %v", len(seeds), replayed, differed, reached)
+	if len(seeds) >= 50 {
+		for _, b := range simBranches {
+			if reached[b] == 0 {
+				t.Errorf("no run reached %q: the simulator no longer explores it", b)
+			}
+		}
+	}
+}
+
+// simBranches are the rare branches a CI sample must reach, or the simulator has
+// stopped testing what it claims to.
+var simBranches = []string{
+	"takeover", "takeover-from-crashed-or-claiming", "crash-with-claim", "commit-outcome-unknown",
+	"commit-after-caller-gave-up", "publish-answer-lost", "straggler", "settle", "dead-letter", "pause",
+}
+
+func firstDifference(a, b []string) string {
+	for i := range min(len(a), len(b)) {
+		if a[i] != b[i] {
+			return fmt.Sprintf("first at decision %d: %q against %q", i, a[i], b[i])
+		}
+	}
+	return fmt.Sprintf("one trace is a prefix of the other (%d, %d decisions)", len(a), len(b))
+}
+
+// runSim runs one seed in a bubble of its own.
+func runSim(t *testing.T, seed uint64) simResult {
+	var res simResult
+	dir := t.TempDir()
+	// A run takes milliseconds: one that takes a minute is stuck (a goroutine that
+	// never blocks stops virtual time), and says which seed before it dies.
+	watchdog := time.AfterFunc(time.Minute, func() {
+		debug.SetTraceback("all")
+		panic(fmt.Sprintf("TestSimulation: seed %d is stuck (a goroutine never blocks); replay: go test ./relay -run 'TestSimulation$' -sim.seed=%d -v", seed, seed))
+	})
+	defer watchdog.Stop()
+	synctest.Test(t, func(t *testing.T) {
+		res = simulate(t, seed, filepath.Join(dir, "outbox.db"))
+	})
+	return res
+}
+
+// simulate plays seed's script and checks the outcome.
+func simulate(t *testing.T, seed uint64, path string) simResult {
+	rng := rand.New(rand.NewPCG(seed, 0))
+	script := newSimScript(rng)
+	w := newSimWorld(seed, script.faultP)
+	w.note("seed %d: %d processes, faults %d‰, batch %d, %s, %d transactions, %d actions",
+		seed, script.procs, script.faultP, script.cfg.BatchSize, script.cfg.Completion, len(script.txs), len(script.actions))
+	ctx := context.Background()
+
+	// The application: its own handle on the file, writing through the writer.
+	appDB, err := outboxsqlite.Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	app := outboxsqlite.New(appDB, &outboxsqlite.Options{LeaseTTL: simLeaseTTL})
+	m, _ := app.Migrator()
+	if _, err := m.Migrate(ctx); err != nil {
+		t.Fatal(err)
+	}
+	writer, err := outbox.NewWriter(outboxdriver.Driver[*sql.Tx](app), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	appStore, _ := app.Store()
+
+	var procs []*simProc
+	nextID := 0
+	start := func() {
+		p := &simProc{id: nextID}
+		p.life, p.kill = context.WithCancel(ctx)
+		nextID++
+		db, err := outboxsqlite.Open(path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		inner, _ := outboxsqlite.New(db, &outboxsqlite.Options{LeaseTTL: simLeaseTTL}).Store()
+		cfg := script.cfg
+		cfg.Rand = rand.NewPCG(seed, uint64(p.id)+1)
+		cfg.Logger = slog.New(slog.DiscardHandler)
+		r, err := relay.New(&simStore{w: w, p: p, inner: inner}, &simBroker{w: w, p: p, maxBytes: simMaxBytes}, &cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		rctx, cancel := context.WithCancel(ctx)
+		done := make(chan error, 1)
+		go func() { done <- r.Run(rctx) }()
+		p.stop = func() {
+			cancel()
+			if err := <-done; err != nil {
+				w.note("p%d stopped with %v", p.id, err)
+			}
+			_ = db.Close()
+		}
+		procs = append(procs, p)
+		w.note("p%d started", p.id)
+	}
+	crash := func(p *simProc) {
+		w.mu.Lock()
+		p.dead = true
+		if p.claims > 0 {
+			w.reached["crash-with-claim"]++
+		}
+		var gone []*simCall
+		w.pending = slices.DeleteFunc(w.pending, func(c *simCall) bool {
+			if c.proc == p {
+				gone = append(gone, c)
+				return true
+			}
+			return false
+		})
+		w.mu.Unlock()
+		for _, c := range gone {
+			c.verdict <- simVerdict{fault: simRefused}
+		}
+		w.note("p%d crashed", p.id)
+		p.kill()
+		p.stop()
+	}
+	live := func() []*simProc {
+		return slices.DeleteFunc(slices.Clone(procs), func(p *simProc) bool { return p.dead })
+	}
+	for range script.procs {
+		start()
+	}
+
+	// The fault phase: the script's transactions and actions at their times, calls
+	// released one at a time in between.
+	type restart struct{ at time.Time }
+	var restarts []restart
+	bad, good := map[string]bool{}, map[string][]string{} // good: per aggregate, in commit order
+	txs, actions := script.txs, script.actions
+	for {
+		settle()
+		elapsed := time.Since(w.start)
+		switch {
+		case len(txs) > 0 && txs[0].at <= elapsed:
+			tx := txs[0]
+			txs = txs[1:]
+			simWrite(t, w, appDB, writer, tx, bad, good)
+			continue
+		case len(actions) > 0 && actions[0].at <= elapsed:
+			a := actions[0]
+			actions = actions[1:]
+			if l := live(); len(l) > 0 {
+				p := l[a.proc%len(l)]
+				if a.crash {
+					crash(p)
+					restarts = append(restarts, restart{at: time.Now().Add(a.dur)})
+				} else {
+					w.mu.Lock()
+					p.pausedUntil = time.Now().Add(a.dur)
+					w.reached["pause"]++
+					w.mu.Unlock()
+					w.note("p%d paused for %v", p.id, a.dur)
+				}
+			}
+			continue
+		case len(restarts) > 0 && !restarts[0].at.After(time.Now()):
+			restarts = restarts[1:]
+			start()
+			continue
+		}
+		if elapsed >= simFaultPhase && len(txs) == 0 {
+			break
+		}
+		if w.releaseOne() {
+			continue
+		}
+		next := w.start.Add(simFaultPhase)
+		if len(txs) > 0 {
+			next = w.start.Add(txs[0].at)
+		}
+		if len(actions) > 0 && w.start.Add(actions[0].at).Before(next) {
+			next = w.start.Add(actions[0].at)
+		}
+		if len(restarts) > 0 && restarts[0].at.Before(next) {
+			next = restarts[0].at
+		}
+		w.idle(next)
+	}
+
+	// The faults stop: hung calls die, pauses end, the crashed come back.
+	w.mu.Lock()
+	w.healed = true
+	close(w.heal)
+	for _, p := range procs {
+		p.pausedUntil = time.Time{}
+	}
+	w.mu.Unlock()
+	for range restarts {
+		start()
+	}
+	if len(live()) == 0 {
+		start()
+	}
+	w.note("healed")
+	wantDead := 0
+	for range bad {
+		wantDead++
+	}
+	deadline := time.Now().Add(simLiveness(script.cfg))
+	failure := ""
+	lastLook := time.Time{}
+	for {
+		settle()
+		if w.releaseOne() {
+			continue
+		}
+		if time.Since(lastLook) >= 50*time.Millisecond {
+			lastLook = time.Now()
+			st, err := appStore.Status(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if st.Unpublished == 0 && int(st.Dead) == wantDead {
+				break
+			}
+			if time.Now().After(deadline) {
+				failure = fmt.Sprintf("liveness: %v after the faults stopped, %d events unpublished and %d dead (want 0 and %d)",
+					simLiveness(script.cfg), st.Unpublished, st.Dead, wantDead)
+				if st.Unpublished == 0 { // all out: say which event is not where it belongs
+					if f := simCheck(ctx, w, appStore, bad, good); f != "" {
+						failure = f
+					}
+				}
+				break
+			}
+		}
+		w.idle(lastLook.Add(50 * time.Millisecond))
+	}
+	for _, p := range live() {
+		crash(p)
+	}
+	w.bg.Wait()
+	if failure == "" {
+		failure = simCheck(ctx, w, appStore, bad, good)
+	}
+	_ = appDB.Close()
+	return simResult{hash: w.hash, failure: failure, trace: w.trace, reached: w.reached}
+}
+
+// simWrite runs one transaction of the script through the writer.
+func simWrite(t *testing.T, w *simWorld, db *sql.DB, writer *outbox.Writer[*sql.Tx], tx simTx, bad map[string]bool, good map[string][]string) {
+	ctx := context.Background()
+	sqlTx, err := db.BeginTx(ctx, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	evs := make([]outbox.Event, len(tx.events))
+	for i := range tx.events {
+		evs[i] = tx.events[i].ev
+	}
+	if err := writer.WriteTx(ctx, sqlTx, evs...); err != nil {
+		t.Fatal(err)
+	}
+	if tx.rollback {
+		if err := sqlTx.Rollback(); err != nil {
+			t.Fatal(err)
+		}
+		w.mu.Lock()
+		for _, e := range evs {
+			w.rolledBack[e.ID] = true
+		}
+		w.mu.Unlock()
+		w.note("rolled back %d events", len(evs))
+		return
+	}
+	if err := sqlTx.Commit(); err != nil {
+		t.Fatal(err)
+	}
+	w.mu.Lock()
+	now := time.Now()
+	var line []string
+	for _, e := range tx.events {
+		w.committed[e.ev.ID] = now
+		if e.bad {
+			bad[e.ev.ID] = true
+		} else {
+			good[e.ev.AggregateID] = append(good[e.ev.AggregateID], e.ev.ID)
+		}
+		line = append(line, e.ev.AggregateID+"/"+shortID(e.ev.ID))
+	}
+	w.mu.Unlock()
+	w.note("committed %v", line)
+}
+
+// simCheck checks the broker's log and the dead letters against what was committed.
+func simCheck(ctx context.Context, w *simWorld, store outboxdriver.Store, bad map[string]bool, good map[string][]string) string {
+	pos := map[string]int{}
+	for _, ids := range good {
+		for i, id := range ids {
+			pos[id] = i
+		}
+	}
+	delivered := map[string]bool{}
+	for _, m := range w.taken {
+		at, committed := w.committed[m.id]
+		switch {
+		case w.rolledBack[m.id]:
+			return fmt.Sprintf("rolled-back event %s reached the broker (p%d)", shortID(m.id), m.proc)
+		case !committed:
+			return fmt.Sprintf("message %s reached the broker, but no committed event has that id (p%d)", m.id, m.proc)
+		case m.at.Before(at):
+			return fmt.Sprintf("event %s reached the broker before its commit (p%d)", shortID(m.id), m.proc)
+		case bad[m.id]:
+			return fmt.Sprintf("bad event %s reached the broker (p%d)", shortID(m.id), m.proc)
+		}
+		if !delivered[m.id] {
+			ids := good[m.key]
+			for _, earlier := range ids[:pos[m.id]] {
+				if !delivered[earlier] {
+					return fmt.Sprintf("aggregate %s: %s (#%d) reached the broker (p%d, at %v) before %s (#%d) ever had",
+						m.key, shortID(m.id), pos[m.id], m.proc, m.at.Sub(w.start), shortID(earlier), pos[earlier])
+				}
+			}
+		}
+		delivered[m.id] = true
+	}
+	for _, agg := range slices.Sorted(maps.Keys(good)) {
+		for _, id := range good[agg] {
+			if !delivered[id] {
+				return fmt.Sprintf("aggregate %s: event %s was committed but never reached the broker", agg, shortID(id))
+			}
+		}
+	}
+	dead, err := store.ListDead(ctx, nil)
+	if err != nil {
+		return err.Error()
+	}
+	isDead := map[string]bool{}
+	for _, d := range dead {
+		if !bad[d.ID] || !strings.Contains(d.Error, "exceeds the limit") {
+			return fmt.Sprintf("dead letter %s (bad: %v): %q", shortID(d.ID), bad[d.ID], d.Error)
+		}
+		isDead[d.ID] = true
+	}
+	for _, id := range slices.Sorted(maps.Keys(bad)) {
+		if !isDead[id] {
+			return fmt.Sprintf("bad event %s is not a dead letter", shortID(id))
+		}
+	}
+	return ""
+}
+
+// simPlantedBugs are the bugs planted under the simbug build tag (internal/simbug):
+// each must make TestSimulation fail within simSliceBugRuns seeds of a fixed sample.
+var simPlantedBugs = []struct{ name, what string }{
+	{"sequence-no-holdback", "broker.Sequence sends a key's later messages after an earlier one failed"},
+	{"unavailable-published", "the relay counts a message the broker never answered as published"},
+	{"dead-on-unavailable", "the relay moves an event to the dead letters because the broker was unreachable"},
+	{"keep-prefetched", "after a refusal, the relay publishes the batch it prefetched (later events of the refused key)"},
+	{"no-mark-wait", "after a refusal, the relay claims again before the failure's write-back landed"},
+	{"message-id", "the relay sends each attempt under a new message id (no dedup id)"},
+	{"straggler-no-skip", "a slow key's later events are claimed while its answer is still out"},
+	{"settle-all-published", "a slow key's write-back records every row as published, refused ones too"},
+	{"sqlite-pass-failing", "the SQLite claim takes events behind a failing event of their aggregate"},
+	{"dead-marked-published", "the SQLite driver marks a dead letter published instead of moving it"},
+}
+
+// The CI slice: seeds of the clean build, then seeds of each planted bug (a fixed
+// sample, so that "caught" does not depend on luck), without the race detector.
+const (
+	simSliceRuns    = 1000
+	simSliceBugRuns = 400
+	simSliceBugBase = 1
+)
+
+// TestSimulationSlice is the simulator's CI slice: it builds this package's tests
+// with the simbug tag and without the race detector, runs simSliceRuns seeds of the
+// real code on one CPU, then each planted bug, which must be caught.
+func TestSimulationSlice(t *testing.T) {
+	if testing.Short() {
+		t.Skip("-short: the simulator's slice builds and runs a test binary of its own")
+	}
+	bin := filepath.Join(t.TempDir(), "relay-simbug.test")
+	build := exec.Command("go", "test", "-c", "-tags", "simbug", "-o", bin, ".")
+	if out, err := build.CombinedOutput(); err != nil {
+		t.Fatalf("build with the simbug tag: %v\n%s", err, out)
+	}
+	run := func(bug string, runs int, base uint64) (string, error) {
+		cmd := exec.Command(bin, "-test.run", "^TestSimulation$", "-test.count=1", "-test.v",
+			fmt.Sprintf("-sim.runs=%d", runs), fmt.Sprintf("-sim.base=%d", base))
+		cmd.Env = append(os.Environ(), "OUTBOX_SIMBUG="+bug, "GOMAXPROCS=1")
+		out, err := cmd.CombinedOutput()
+		return string(out), err
+	}
+	out, err := run("", simSliceRuns, 0)
+	if err != nil {
+		t.Fatalf("the simulator failed on the real code: %v\n%s", err, out)
+	}
+	if i := strings.Index(out, "runs;"); i >= 0 {
+		t.Logf("clean: %s", strings.SplitN(out[i:], "\n", 2)[0])
+	}
+	for _, bug := range simPlantedBugs {
+		t.Run(bug.name, func(t *testing.T) {
+			out, err := run(bug.name, simSliceBugRuns, simSliceBugBase)
+			if err == nil {
+				t.Fatalf("planted bug %q (%s) was not caught in %d seeds", bug.name, bug.what, simSliceBugRuns)
+			}
+			i := strings.Index(out, "seed ")
+			if i < 0 || !strings.Contains(out, "replay:") {
+				t.Fatalf("planted bug %q failed the run without naming a seed to replay:\n%s", bug.name, out)
+			}
+			t.Logf("caught: %s", strings.SplitN(out[i:], "\n", 2)[0])
+		})
+	}
+}
