@@ -317,6 +317,20 @@ func AggregateKey(aggregateType, aggregateID string) string {
 	return aggregateType + "\x00" + aggregateID
 }
 
+// MaxKeyBytes bounds an aggregate key (type and id together, in bytes) that the
+// stores can index: PostgreSQL's btree refuses an entry over 2704 bytes, and the
+// indexes of failing rows and of dead letters holding their aggregate hold the key.
+// The writer keeps keys far below it (255 and 1024 bytes); a row written by plain
+// SQL may not. An event whose key is longer can neither wait for a retry nor hold its
+// aggregate: the relay moves it to the dead letters at its first failure, holding
+// nothing back.
+const MaxKeyBytes = 2000
+
+// KeyTooLong reports whether an aggregate key is over MaxKeyBytes.
+func KeyTooLong(aggregateType, aggregateID string) bool {
+	return len(aggregateType)+len(aggregateID) > MaxKeyBytes
+}
+
 // LeaseBound is implemented by a Leadership whose bound is its own rather than
 // LeadershipParams.Timeout (SQLite's lease TTL): the relay fences itself by it.
 type LeaseBound interface {
@@ -540,7 +554,20 @@ const DeadLetterRefusedRetry = time.Minute
 // dead letters but the dead-letter table refused: the refusal first, then why it was
 // dying, bounded as every stored error is.
 func DeadLetterRefused(reason string, refusal error) string {
-	s := "the dead-letter table refused it (" + refusal.Error() + "); it was to die for: " + reason
+	return boundedError("the dead-letter table refused it (" + refusal.Error() + "); it was to die for: " + reason)
+}
+
+// ErrorRefused is the error recorded on an event whose failure record was refused
+// (then it is recorded again without counting an attempt): the refusal first, then the
+// failure, bounded as every stored error is.
+func ErrorRefused(reason string, refusal error) string {
+	if strings.HasPrefix(reason, "the dead-letter table refused it") {
+		return boundedError(reason) // already says what was refused
+	}
+	return boundedError("the database refused to record its failure (" + refusal.Error() + "); it failed with: " + reason)
+}
+
+func boundedError(s string) string {
 	s = strings.ToValidUTF8(strings.ReplaceAll(s, "\x00", ""), "\uFFFD")
 	for len(s) > 1000 {
 		_, size := utf8.DecodeLastRuneInString(s)
@@ -553,8 +580,13 @@ func DeadLetterRefused(reason string, refusal error) string {
 // server's idle limit, a cut connection; or one of its statements failed). apply runs
 // one transaction of its own, fenced against newer work (see Restrict). If p fails
 // again as a whole, the published rows are written alone and then each failure on its
-// own; a dead letter the dead-letter table refuses is recorded as a retry with the
-// refusal as its error: a refusal stays with its row, and cannot loop.
+// own, so that one row the database refuses stops no other. A dead letter the
+// dead-letter table refuses is recorded as a retry with the refusal as its error; a
+// failure whose record is refused too (an index refusing the row's key) is recorded
+// as a retry that counts no attempt and so touches no index. Either way the refusal
+// stays with its row, which waits DeadLetterRefusedRetry: nothing is lost, and
+// nothing loops faster than that. Settle returns the refusals it could not record at
+// all.
 func Settle(ctx context.Context, p *CompleteParams, apply func(context.Context, *CompleteParams) error) error {
 	err := apply(ctx, p)
 	if err == nil || len(p.Failed) == 0 || ctx.Err() != nil {
@@ -565,21 +597,41 @@ func Settle(ctx context.Context, p *CompleteParams, apply func(context.Context, 
 			return err
 		}
 	}
+	var errs []error
 	for _, f := range p.Failed {
 		err := apply(ctx, &CompleteParams{Failed: []Failure{f}})
-		if err != nil && f.Dead {
-			f.Dead, f.HoldKey, f.CountAttempt = false, false, true
-			f.Error = DeadLetterRefused(f.Error, err)
-			if at := time.Now().Add(DeadLetterRefusedRetry); f.RetryAt.Before(at) {
-				f.RetryAt = at
-			}
+		if err != nil && f.Dead && ctx.Err() == nil {
+			f = refusedFailure(f, err)
+			f.CountAttempt = true
+			err = apply(ctx, &CompleteParams{Failed: []Failure{f}})
+		}
+		if err != nil && f.CountAttempt && ctx.Err() == nil {
+			f = refusedFailure(f, err)
+			f.CountAttempt = false
 			err = apply(ctx, &CompleteParams{Failed: []Failure{f}})
 		}
 		if err != nil {
-			return err
+			if ctx.Err() != nil {
+				return err
+			}
+			errs = append(errs, fmt.Errorf("event %s: %w", f.ID, err))
 		}
 	}
-	return nil
+	return errors.Join(errs...)
+}
+
+// refusedFailure is f recorded as a retry after its record was refused (err).
+func refusedFailure(f Failure, err error) Failure {
+	if f.Dead {
+		f.Error = DeadLetterRefused(f.Error, err)
+	} else {
+		f.Error = ErrorRefused(f.Error, err)
+	}
+	f.Dead, f.HoldKey = false, false
+	if at := time.Now().Add(DeadLetterRefusedRetry); f.RetryAt.Before(at) {
+		f.RetryAt = at
+	}
+	return f
 }
 
 // Restrict is p limited to the claimed rows a settling transaction may still write:

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/outboxd/outbox/internal/safetext"
 	"github.com/outboxd/outbox/outboxdriver"
 )
 
@@ -89,6 +90,14 @@ func (s *Source) insertDead(ctx context.Context, ds []deadEntry) error {
 	if n == 0 {
 		return nil
 	}
+	// A key too long for an index cannot hold its aggregate (the dead letters' index
+	// of held keys would refuse it): the caller's entries say so too, as it records
+	// the held keys from them.
+	for i := range ds {
+		if ds[i].hold && outboxdriver.KeyTooLong(ds[i].e.row.AggregateType, ds[i].e.row.AggregateID) {
+			ds[i].hold = false
+		}
+	}
 	// The statement deletes the events' rows: it must see them.
 	xids := make([]uint32, n)
 	for i, d := range ds {
@@ -133,8 +142,8 @@ func (s *Source) insertDead(ctx context.Context, ds []deadEntry) error {
 		return fmt.Errorf("pgcdc: dead letters: %w", interpret(err))
 	}
 	for _, d := range ds {
-		s.log.Error("relay: event moved to the dead letters", "id", d.e.row.ID, "aggregatetype", d.e.row.AggregateType,
-			"aggregateid", d.e.row.AggregateID, "holds_key", d.hold, "err", d.err)
+		s.log.Error("relay: event moved to the dead letters", "id", d.e.row.ID, "aggregatetype", safetext.Log(d.e.row.AggregateType),
+			"aggregateid", safetext.Log(d.e.row.AggregateID), "holds_key", d.hold, "err", d.err)
 	}
 	return nil
 }

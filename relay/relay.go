@@ -14,6 +14,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/outboxd/outbox/broker"
+	"github.com/outboxd/outbox/internal/safetext"
 	"github.com/outboxd/outbox/internal/simbug"
 	"github.com/outboxd/outbox/outboxdriver"
 )
@@ -710,7 +711,7 @@ func (r *Relay) outcome(rows []outboxdriver.Row, results []broker.Result) (p *ou
 				// The broker took a later message of a key after refusing an earlier
 				// one it had already been sent with; the publisher could not hold it.
 				r.log.Warn("relay: a later event was published after an earlier event of its aggregate failed",
-					"aggregatetype", row.AggregateType, "aggregateid", row.AggregateID, "id", row.ID)
+					"aggregatetype", safetext.Log(row.AggregateType), "aggregateid", safetext.Log(row.AggregateID), "id", row.ID)
 			}
 			continue
 		}
@@ -747,10 +748,18 @@ func (r *Relay) outcome(rows []outboxdriver.Row, results []broker.Result) (p *ou
 				f.RetryAt = now.Add(max(r.retryDelay(row.ID, attempts), min(broker.RetryAfterOf(res.Err), r.cfg.RetryMax)))
 			}
 		}
+		if f.CountAttempt && outboxdriver.KeyTooLong(row.AggregateType, row.AggregateID) {
+			// A key no index can hold: it can neither wait for a retry (its failing
+			// row would index the key) nor hold back its aggregate (nor would a dead
+			// letter holding it). Its first failure is final.
+			f.Dead, f.HoldKey, f.RetryAt = true, false, time.Time{}
+			f.Error = ErrorText(fmt.Sprintf("its aggregate key of %d bytes is longer than the %d an index can hold, so it cannot wait for a retry: %s",
+				len(row.AggregateType)+len(row.AggregateID), outboxdriver.MaxKeyBytes, f.Error), maxErrorBytes)
+		}
 		if f.Dead {
 			r.stats.dead.Add(1)
-			r.log.Error("relay: event moved to the dead letters", "id", row.ID, "aggregatetype", row.AggregateType,
-				"aggregateid", row.AggregateID, "holds_key", f.HoldKey, "err", f.Error)
+			r.log.Error("relay: moving the event to the dead letters", "id", row.ID, "aggregatetype", safetext.Log(row.AggregateType),
+				"aggregateid", safetext.Log(row.AggregateID), "holds_key", f.HoldKey, "err", f.Error)
 		}
 		p.Failed = append(p.Failed, f)
 	}

@@ -151,7 +151,7 @@ func (p *Publisher) Publish(ctx context.Context, msgs []broker.Message) []broker
 	returned := map[string]amqp.Return{}
 	return broker.Sequence(ctx, msgs, broker.Schedule{}, broker.Sender{
 		Prepare: func(_ context.Context, i int) (err error) {
-			pubs[i], err = p.prepare(&msgs[i])
+			pubs[i], err = p.prepare(&msgs[i], ss.conn.Config.FrameSize)
 			return err
 		},
 		Send: func(ctx context.Context, i int) (broker.Future, error) {
@@ -166,8 +166,9 @@ func (p *Publisher) Publish(ctx context.Context, msgs []broker.Message) []broker
 }
 
 // prepare refuses what AMQP cannot carry (sent, it would close the channel and fail
-// the whole batch with it) and renders the message.
-func (p *Publisher) prepare(m *broker.Message) (amqp.Publishing, error) {
+// the whole batch with it) and renders the message. frameMax is the connection's
+// negotiated frame size (frame_max; 0 or less: no limit).
+func (p *Publisher) prepare(m *broker.Message, frameMax int) (amqp.Publishing, error) {
 	if p.cfg.MaxMessageBytes > 0 && len(m.Payload) > p.cfg.MaxMessageBytes {
 		return amqp.Publishing{}, broker.Permanent(fmt.Errorf("payload of %d bytes exceeds the limit of %d", len(m.Payload), p.cfg.MaxMessageBytes))
 	}
@@ -177,6 +178,11 @@ func (p *Publisher) prepare(m *broker.Message) (amqp.Publishing, error) {
 	headers := amqp.Table{HeaderKey: m.Key}
 	m.EachHeader(func(k, v string) { headers[k] = v })
 	ct := m.MediaType()
+	if n := headerFrameBytes(m.ID, m.EventType, ct, headers); frameMax > 0 && n > frameMax {
+		// The properties travel in one content-header frame, which cannot be split:
+		// RabbitMQ closes the connection on a larger one, failing the whole batch.
+		return amqp.Publishing{}, broker.Permanent(fmt.Errorf("its properties and headers take %d bytes, and one AMQP frame holds %d (frame_max)", n, frameMax))
+	}
 	return amqp.Publishing{
 		MessageId:    m.ID,
 		DeliveryMode: amqp.Persistent,
@@ -225,6 +231,19 @@ func (c confirm) Wait(ctx context.Context) error {
 		return broker.Deferred(fmt.Errorf("%w %q (%s)", ErrUnroutable, r.RoutingKey, r.ReplyText))
 	}
 	return nil
+}
+
+// headerFrameBytes is the size of a message's content-header frame (AMQP 0-9-1
+// 4.2.6): the frame's 8 bytes, the header's 14, then the properties the publisher
+// sets (content type, headers as long strings, delivery mode, message id, timestamp
+// and type).
+func headerFrameBytes(id, typ, contentType string, headers amqp.Table) int {
+	n := 8 + 14 + 1 + len(contentType) + 4 + 1 + 1 + len(id) + 8 + 1 + len(typ)
+	for k, v := range headers {
+		s, _ := v.(string)
+		n += 1 + len(k) + 1 + 4 + len(s)
+	}
+	return n
 }
 
 // checkShortStrings refuses what AMQP carries as a short string (at most 255 bytes):

@@ -17,6 +17,8 @@ import (
 	"database/sql"
 	"encoding/json"
 	"fmt"
+	"log/slog"
+	"os"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -120,6 +122,10 @@ func badRows() []row {
 		bad("type empty", "order", "bad-25", "", j, nil, nil),
 		bad("header name 300 bytes", "order", "bad-26", "T", j, str(`{"`+strings.Repeat("n", 300)+`":"x"}`), nil),
 		bad("type 300 bytes", "order", "bad-27", strings.Repeat("T", 300), j, nil, nil),
+		// Too long for a btree index entry (PostgreSQL's limit is 2704 bytes): a key that
+		// cannot be indexed must still end delivered or dead, not wedge its batch.
+		bad("aggregatetype 3 KB of Unicode", strings.Repeat("ü", 1512), "bad-29", "T", j, nil, nil),
+		bad("aggregateid a million bytes", "order", "bad-30-"+strings.Repeat("k", 1_000_000), "T", j, nil, nil),
 		withID(bad("id not a UUID", "order", "bad-28", "T", j, nil, nil), "id:"+uuid.NewString()[:8]+" \x1b[2K.*>"),
 	}
 }
@@ -253,16 +259,52 @@ func (r *recorder) snapshot() []outboxdriver.Row {
 	return append([]outboxdriver.Row(nil), r.acked...)
 }
 
+// maxLogLine bounds a log line of the relay's: a stored error is at most 1000 bytes,
+// and each of a row's values in a line at most safetext.LogMax.
+const maxLogLine = 4 << 10
+
+// lineMeter is a log handler's writer that keeps the longest line (a slog handler
+// writes one record per Write).
+type lineMeter struct {
+	mu  sync.Mutex
+	max int
+}
+
+func (m *lineMeter) Write(p []byte) (int, error) {
+	m.mu.Lock()
+	m.max = max(m.max, len(p))
+	m.mu.Unlock()
+	if os.Getenv("TEST_DEBUG") != "" {
+		_, _ = os.Stderr.Write(p)
+	}
+	return len(p), nil
+}
+
+func (m *lineMeter) longest() int {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.max
+}
+
 // run relays rows written to d through p with the relay's defaults and checks the
 // invariants.
 func run(t *testing.T, d *db, p *pub) {
 	good := goodRows()
 	written := d.write(t, interleave(good, append(badRows(), junkRows(60)...)))
 	rec := &recorder{}
-	r, err := relay.New(d.store, p.p, &relay.Config{TopicTemplate: p.template, Hooks: rec, Logger: quietLogger()})
+	lines := &lineMeter{}
+	r, err := relay.New(d.store, p.p, &relay.Config{TopicTemplate: p.template, Hooks: rec,
+		Logger: slog.New(slog.NewTextHandler(lines, &slog.HandlerOptions{Level: slog.LevelDebug}))})
 	if err != nil {
 		t.Fatal(err)
 	}
+	defer func() {
+		// A row's value reaches a log line cut (a million-byte key made a 1 MB line
+		// per event, for ever).
+		if n := lines.longest(); n > maxLogLine {
+			t.Errorf("the relay logged a line of %d bytes (at most %d expected)", n, maxLogLine)
+		}
+	}()
 	ctx, cancel := context.WithCancel(context.Background())
 	runErr := make(chan error, 1)
 	go func() { runErr <- r.Run(ctx) }()

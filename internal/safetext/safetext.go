@@ -69,6 +69,23 @@ func Cell(s string, n int) string {
 	return Display(s)
 }
 
+// LogMax is how much of a row's value a log line shows (Log).
+const LogMax = 200
+
+// Log is a row's value for a log line: cut to LogMax bytes, on a rune boundary,
+// saying how long it was. A row may hold a megabyte of key; a line per event must not.
+// (The log handler escapes what acts on a terminal.)
+func Log(s string) string {
+	if len(s) <= LogMax {
+		return s
+	}
+	cut := LogMax
+	for cut > 0 && !utf8.RuneStart(s[cut]) {
+		cut--
+	}
+	return fmt.Sprintf("%s… (%d bytes)", s[:cut], len(s))
+}
+
 // JSON escapes, inside encoded JSON, the runes Display escapes that encoding/json
 // leaves as they are (DEL, C1 controls, bidirectional controls) as \uNNNN: the same
 // values, JSON-equal, that a terminal shows as written.
