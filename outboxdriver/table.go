@@ -35,6 +35,12 @@ const (
 	PayloadBytes PayloadType = "bytes" // bytea: any bytes
 )
 
+// RefusedTable is a table a relay or migrator will not act on, and why.
+type RefusedTable struct {
+	Table  Table
+	Reason string
+}
+
 // Table names an outbox table.
 type Table struct {
 	Schema  string      // "" means DefaultSchema (PostgreSQL) or the connection's database

@@ -61,6 +61,7 @@ func runDLQ(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 		fs.BoolVar(&asJSON, "json", false, "print JSON (each payload's first 4 KiB)")
 		fs.IntVar(&f.Limit, "limit", 100, "at most this many (per table with --tables)")
 		fs.StringVar(&tablesList, "tables", "", tablesFlagHelp+"; lists every table's dead letters, with a TABLE column")
+		fs.String("trust-owner", "", trustOwnerHelp)
 	case "replay", "purge":
 		fs.BoolVar(&all, "all", false, "every dead letter the filters match, even with no filter")
 	case "show":

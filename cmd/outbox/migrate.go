@@ -26,6 +26,7 @@ func runMigrate(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	slot := fs.String("slot", "", "with --cdc or --drop-cdc: the replication slot (default outbox_<schema>_<table>; with --tables "+pgcdc.SharedSlotDefault+", one for every table)")
 	publication := fs.String("publication", "", "with --cdc or --drop-cdc: the publication (default: the slot's name)")
 	tablesList := fs.String("tables", "", tablesFlagHelp+"; a name is created if missing, a pattern upgrades the outbox tables it matches")
+	fs.String("trust-owner", "", trustOwnerHelp)
 	if err := parse(fs, args); err != nil {
 		return err
 	}
@@ -217,6 +218,9 @@ func migrateTables(ctx context.Context, many *manyTables, set func(*outboxdriver
 	if err != nil {
 		return err
 	}
+	if len(tables) == 0 && len(many.refused) > 0 {
+		return fmt.Errorf("every matched table was refused (owned by others; see above)")
+	}
 	if len(tables) == 0 {
 		return usageErr("--tables %s: no outbox table matches (name a table to create it)", patternsString(many.patterns))
 	}
@@ -239,6 +243,9 @@ func migrateTables(ctx context.Context, many *manyTables, set func(*outboxdriver
 	}
 	if len(failed) > 0 {
 		return fmt.Errorf("migrating %d of %d tables failed: %s", len(failed), len(tables), strings.Join(failed, ", "))
+	}
+	if len(many.refused) > 0 {
+		return fmt.Errorf("%d matched tables refused (owned by others; see above): the others are migrated", len(many.refused))
 	}
 	return nil
 }

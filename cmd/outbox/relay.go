@@ -69,6 +69,7 @@ type relayOptions struct {
 	// again every tablesRescan; maxConns caps its database connections (0: the
 	// pool's default).
 	tables       []outboxdriver.TablePattern
+	trustOwners  []string // --trust-owner: besides the current role and its roles
 	tablesRescan time.Duration
 	maxConns     int
 	parkAfter    time.Duration // --tables --mode cdc: pgcdc.SharedConfig.ParkAfter
@@ -122,6 +123,7 @@ func parseRelayFlags(args []string, stderr io.Writer) (*relayOptions, error) {
 	uiToken := fs.String("ui-token", "", "dashboard: the admin token that allows replay and purge (empty: read-only); prefer OUTBOX_UI_TOKEN_FILE")
 	configPath := fs.String("config", "", "a YAML (.yaml) or properties file of flag values and Debezium Outbox Event Router options; flags and OUTBOX_* variables win over it")
 	tablesList := fs.String("tables", "", tablesFlagHelp+"; one process relays each, on one pool and one leadership session, with one wake-up session (poll) or one replication slot and publication for all (cdc; --slot default "+pgcdc.SharedSlotDefault+")")
+	fs.String("trust-owner", "", trustOwnerHelp)
 	tablesRescan := fs.Duration("tables-rescan", 30*time.Second, "with --tables: how often to look for tables created or dropped")
 	maxConns := fs.Int("max-conns", 0, "with --tables: the most database connections the relay opens, whatever the number of tables (0: 8, or the URL's pool_max_conns); at least 3")
 	logLevel := fs.String("log-level", "info", "debug, info, warn or error")
@@ -296,7 +298,7 @@ func parseRelayFlags(args []string, stderr io.Writer) (*relayOptions, error) {
 	return &relayOptions{dsn: *dsn, leaderDSN: *leaderDSN, brokerURL: *brokerURL, mode: *mode, configPath: *configPath, table: table, cfg: cfg,
 		cdc: cdcCfg, broker: *bo, routerOpts: routerOpts, leaseTTL: *leaseTTL, httpAddr: *httpAddr, uiToken: *uiToken,
 		ui: *ui, uiHosts: uiHosts, allowNewerSchema: *allowNewer, logger: logger,
-		tables: tables, tablesRescan: *tablesRescan, maxConns: *maxConns, routerFor: routerFor, parkAfter: *parkAfter}, nil
+		tables: tables, trustOwners: trustedOwners(fs), tablesRescan: *tablesRescan, maxConns: *maxConns, routerFor: routerFor, parkAfter: *parkAfter}, nil
 }
 
 // relayService is a built relay and what it holds open.

@@ -59,7 +59,7 @@ func runRelayTables(ctx context.Context, o *relayOptions) error {
 		return err
 	}
 	set := &tableRelays{o: o, pool: pool, shared: shared, pub: pub, reg: reg, running: map[string]*tableRelay{},
-		retired: retired, retiredAt: map[string]time.Time{},
+		retired: retired, retiredAt: map[string]time.Time{}, refused: map[string]bool{},
 		rescan: make(chan struct{}, 1)}
 	ctx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
@@ -177,8 +177,9 @@ type tableRelays struct {
 	retired   *relayprom.RetiredTables
 	retiredAt map[string]time.Time // when each table was let go (guarded by mu)
 
-	cdc         *pgcdc.Shared // CDC mode: the slot every table is read from (nil: poll mode)
-	reconciling sync.Mutex    // one reconcile at a time: the rescan's, or the stream's
+	cdc         *pgcdc.Shared   // CDC mode: the slot every table is read from (nil: poll mode)
+	reconciling sync.Mutex      // one reconcile at a time: the rescan's, or the stream's
+	refused     map[string]bool // tables refused as owned by others, with the reason: said once (guarded by reconciling)
 }
 
 // startCDC starts the stream of every table's events, from one slot and one
@@ -228,13 +229,25 @@ type tableRelay struct {
 	done    chan struct{}
 }
 
+// sayRefused logs each table refused as owned by others, once per reason (the
+// rescans find it again).
+func (s *tableRelays) sayRefused(refused []outboxdriver.RefusedTable) {
+	for _, r := range refused {
+		key := r.Table.String() + "\x00" + r.Reason
+		if !s.refused[key] {
+			s.refused[key] = true
+			s.o.logger.Error("relay: refusing a table owned by others; it is not relayed", "table", r.Table.String(), "reason", r.Reason)
+		}
+	}
+}
+
 // reconcile starts a relay for each table that matches and has none, and stops the
 // relays of tables gone.
 func (s *tableRelays) reconcile(ctx context.Context) {
 	s.reconciling.Lock()
 	defer s.reconciling.Unlock()
 	fctx, cancel := context.WithTimeout(ctx, 30*time.Second)
-	tables, err := outboxpgx.FindTables(fctx, s.pool, s.o.tables...)
+	tables, refused, err := outboxpgx.FindTrustedTables(fctx, s.pool, s.o.trustOwners, s.o.tables...)
 	cancel()
 	if err != nil {
 		if ctx.Err() == nil {
@@ -242,6 +255,7 @@ func (s *tableRelays) reconcile(ctx context.Context) {
 		}
 		return
 	}
+	s.sayRefused(refused)
 	want := map[string]outboxdriver.Table{}
 	for _, t := range tables {
 		want[t.String()] = t

@@ -444,3 +444,114 @@ func TestBrokerTokenNeverPrinted(t *testing.T) {
 		}
 	}
 }
+
+// TestTablesOwnedByOthers: a role with nothing but CREATE on the database makes its
+// own outbox in a schema --tables matches, with triggers that would run, as whoever
+// touches the table, code that writes who ran it. `migrate --tables`, `status
+// --tables` and `relay --tables`, run as the admin, refuse that table with its reason
+// and never touch it, and act on the others; trusting its owner (--trust-owner) still
+// refuses it for its triggers.
+func TestTablesOwnedByOthers(t *testing.T) {
+	url := testenv.DatabaseURL(t)
+	pool := testenv.Pool(t, url)
+	ctx := context.Background()
+	exec := func(sql string) {
+		t.Helper()
+		if _, err := pool.Exec(ctx, sql); err != nil {
+			t.Fatalf("%s: %v", sql, err)
+		}
+	}
+	prefix := strings.ToLower(testenv.UniqueName("tenant_"))
+	tenant := prefix + "_role"
+	evil, good := prefix+"_evil", prefix+"_good"
+	witness := pgx.Identifier{testenv.Schema(t, url), "witness"}.Sanitize()
+	t.Cleanup(func() {
+		_, _ = pool.Exec(context.Background(), "DROP SCHEMA IF EXISTS "+evil+" CASCADE")
+		_, _ = pool.Exec(context.Background(), "DROP OWNED BY "+tenant)
+		_, _ = pool.Exec(context.Background(), "DROP ROLE IF EXISTS "+tenant)
+	})
+	exec("CREATE ROLE " + tenant + " LOGIN")
+	var db string
+	if err := pool.QueryRow(ctx, "SELECT current_database()").Scan(&db); err != nil {
+		t.Fatal(err)
+	}
+	exec("GRANT CREATE ON DATABASE " + pgx.Identifier{db}.Sanitize() + " TO " + tenant)
+	exec("CREATE TABLE " + witness + " (who text)")
+	exec("GRANT USAGE ON SCHEMA " + strings.Split(witness, ".")[0] + " TO PUBLIC")
+	exec("GRANT INSERT ON " + witness + " TO PUBLIC")
+
+	// The tenant makes its outbox with the documented command, as itself, then arms it.
+	tenantURL, err := neturl.Parse(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tenantURL.User = neturl.User(tenant)
+	tenantPool := testenv.Pool(t, tenantURL.String())
+	if _, err := tenantPool.Exec(ctx, "CREATE SCHEMA "+evil); err != nil {
+		t.Fatal(err)
+	}
+	migrateSchema(t, tenantURL.String(), evil, "outbox")
+	for _, stmt := range []string{
+		`CREATE FUNCTION ` + evil + `.run() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN INSERT INTO ` + witness + ` VALUES (current_user); RETURN NULL; END $$`,
+		"CREATE TRIGGER t AFTER INSERT OR UPDATE OR DELETE ON " + evil + ".outbox_migrations FOR EACH STATEMENT EXECUTE FUNCTION " + evil + ".run()",
+		"CREATE TRIGGER t AFTER UPDATE OR DELETE ON " + evil + ".outbox FOR EACH STATEMENT EXECUTE FUNCTION " + evil + ".run()",
+		"INSERT INTO " + evil + ".outbox (aggregatetype, aggregateid, type, payload) VALUES ('order', 'x', 'T', '{}')",
+	} {
+		if _, err := tenantPool.Exec(ctx, stmt); err != nil {
+			t.Fatalf("%s: %v", stmt, err)
+		}
+	}
+	exec("CREATE SCHEMA " + good)
+	t.Cleanup(func() { _, _ = pool.Exec(context.Background(), "DROP SCHEMA IF EXISTS "+good+" CASCADE") })
+	goodTable := migrateSchema(t, url, good, "outbox")
+	pattern := prefix + "_*.outbox"
+	ran := func() string {
+		t.Helper()
+		var who []string
+		rows, err := pool.Query(ctx, "SELECT who FROM "+witness)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer rows.Close()
+		for rows.Next() {
+			var w string
+			_ = rows.Scan(&w)
+			who = append(who, w)
+		}
+		return strings.Join(who, ", ")
+	}
+
+	// migrate: the admin's documented upgrade of every tenant.
+	stdout, stderr, code := runCLI(t, nil, "migrate", "--db", url, "--tables", pattern)
+	out := stdout + stderr
+	if code == 0 || !strings.Contains(out, "refusing table "+evil+".outbox") || !strings.Contains(out, "owned by role "+tenant) {
+		t.Fatalf("migrate --tables: exit %d, want a refusal naming %s.outbox and its owner:\n%s", code, evil, out)
+	}
+	if who := ran(); who != "" {
+		t.Fatalf("the tenant's trigger ran as %s during migrate", who)
+	}
+	// Trusting the owner is not enough: the triggers are code outbox did not create.
+	stdout, stderr, code = runCLI(t, nil, "migrate", "--db", url, "--tables", pattern, "--trust-owner", tenant)
+	if out := stdout + stderr; code == 0 || !strings.Contains(out, "trigger t on outbox_migrations") {
+		t.Fatalf("migrate --tables --trust-owner: exit %d, want a refusal for the trigger:\n%s", code, out)
+	}
+	stdout, stderr, code = runCLI(t, nil, "status", "--db", url, "--tables", pattern)
+	if code != 0 || strings.Contains(stdout, evil) || !strings.Contains(stdout, good) || !strings.Contains(stderr, "refusing table "+evil+".outbox") {
+		t.Fatalf("status --tables: exit %d, want %s listed and %s refused:\n%s%s", code, good, evil, stdout, stderr)
+	}
+
+	// relay: it relays the good table and leaves the tenant's alone.
+	ns := newNATSScope(t)
+	want := writeEvents(t, pool, goodTable, 2, 20)
+	p := startRelayProc(t, nil, "--db", url, "--tables", pattern, "--broker", ns.url, "--topic-template", ns.template())
+	checkOrder(t, want, ns.read(t, 20))
+	ctx10, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	testenv.WaitTell(t, ctx10, "the refusal logged", func() bool {
+		return strings.Contains(p.output(), "refusing a table owned by others")
+	}, p.output)
+	if who := ran(); who != "" {
+		t.Fatalf("the tenant's trigger ran as %s during the relay:\n%s", who, p.output())
+	}
+}

@@ -15,6 +15,7 @@ func runStatus(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	dsn := fs.String("db", "", dbFlagHelp)
 	tableName := fs.String("table", outboxdriver.DefaultSchema+"."+outboxdriver.DefaultTable, "outbox table, [schema.]name")
 	tablesList := fs.String("tables", "", tablesFlagHelp+"; prints one line per table")
+	fs.String("trust-owner", "", trustOwnerHelp)
 	asJSON := fs.Bool("json", false, "print JSON, for scripts")
 	if err := parse(fs, args); err != nil {
 		return err

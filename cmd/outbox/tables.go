@@ -6,12 +6,14 @@ import (
 	"fmt"
 	"io"
 	"strings"
+	"sync"
 	"text/tabwriter"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/outboxd/outbox/internal/redact"
+	"github.com/outboxd/outbox/internal/safetext"
 	"github.com/outboxd/outbox/outboxdriver"
 	"github.com/outboxd/outbox/outboxdriver/outboxmysql"
 	"github.com/outboxd/outbox/outboxdriver/outboxpgx"
@@ -28,14 +30,40 @@ func flagSet(fs *flag.FlagSet, name string) bool {
 	return set
 }
 
+// trustOwnerHelp is --trust-owner's help, for every command with --tables.
+const trustOwnerHelp = "with --tables on PostgreSQL: roles trusted to own the matched tables, comma-separated, besides the current role and the roles granted to it; a table owned by another role, or carrying a trigger, rule or row-level security policy, is refused (docs/security.md)"
+
+// trustedOwners reads fs's --trust-owner.
+func trustedOwners(fs *flag.FlagSet) []string {
+	f := fs.Lookup("trust-owner")
+	if f == nil {
+		return nil
+	}
+	var out []string
+	for _, r := range strings.Split(f.Value.String(), ",") {
+		if r = strings.TrimSpace(r); r != "" {
+			out = append(out, r)
+		}
+	}
+	return out
+}
+
 // manyTables is an opened --tables: one connection pool, the tables it names.
 type manyTables struct {
 	patterns []outboxdriver.TablePattern
 	// home is the schema a pattern without one means: public on PostgreSQL, the
 	// URL's database on MySQL, main on SQLite.
 	home string
-	// findTables lists the database's outbox tables that match patterns.
-	findTables func(ctx context.Context) ([]outboxdriver.Table, error)
+	// findTables lists the database's outbox tables that match patterns, and those
+	// of them refused as owned by others (PostgreSQL: FindTrustedTables).
+	findTables func(ctx context.Context) ([]outboxdriver.Table, []outboxdriver.RefusedTable, error)
+	// warn is where a refused table is said (the command's stderr).
+	warn io.Writer
+	// refused are the tables refused by the last find; said, those already said (a
+	// dashboard finds the tables at every view).
+	mu      sync.Mutex // guards refused and said: a dashboard's views find at once
+	refused []outboxdriver.RefusedTable
+	said    map[string]bool
 	// driver opens one table's store and migrator on the shared pool.
 	driver func(t outboxdriver.Table) (outboxdriver.Store, outboxdriver.Migrator, error)
 	close  func()
@@ -52,7 +80,7 @@ func openTables(ctx context.Context, fs *flag.FlagSet, dsn, list string) (*manyT
 	if err != nil {
 		return nil, usageErr("--tables: %v", err)
 	}
-	m := &manyTables{patterns: patterns, home: outboxdriver.DefaultSchema}
+	m := &manyTables{patterns: patterns, home: outboxdriver.DefaultSchema, warn: fs.Output(), said: map[string]bool{}}
 	switch scheme, _, _ := strings.Cut(dsn, "://"); scheme {
 	case "postgres", "postgresql":
 		pool, err := openPool(ctx, "--db", dsn, false)
@@ -60,8 +88,9 @@ func openTables(ctx context.Context, fs *flag.FlagSet, dsn, list string) (*manyT
 			return nil, err
 		}
 		m.close, m.pg = pool.Close, pool
-		m.findTables = func(ctx context.Context) ([]outboxdriver.Table, error) {
-			return outboxpgx.FindTables(ctx, pool, patterns...)
+		trust := trustedOwners(fs)
+		m.findTables = func(ctx context.Context) ([]outboxdriver.Table, []outboxdriver.RefusedTable, error) {
+			return outboxpgx.FindTrustedTables(ctx, pool, trust, patterns...)
 		}
 		m.driver = func(t outboxdriver.Table) (outboxdriver.Store, outboxdriver.Migrator, error) {
 			return storeAndMigrator(outboxpgx.New(pool, &t))
@@ -76,8 +105,9 @@ func openTables(ctx context.Context, fs *flag.FlagSet, dsn, list string) (*manyT
 			m.close()
 			return nil, err
 		}
-		m.findTables = func(ctx context.Context) ([]outboxdriver.Table, error) {
-			return outboxmysql.FindTables(ctx, db, patterns...)
+		m.findTables = func(ctx context.Context) ([]outboxdriver.Table, []outboxdriver.RefusedTable, error) {
+			tables, err := outboxmysql.FindTables(ctx, db, patterns...)
+			return tables, nil, err
 		}
 		m.driver = func(t outboxdriver.Table) (outboxdriver.Store, outboxdriver.Migrator, error) {
 			if t.Schema == outboxdriver.DefaultSchema {
@@ -95,8 +125,9 @@ func openTables(ctx context.Context, fs *flag.FlagSet, dsn, list string) (*manyT
 			return nil, err
 		}
 		m.close, m.home = func() { _ = db.Close() }, "main"
-		m.findTables = func(ctx context.Context) ([]outboxdriver.Table, error) {
-			return outboxsqlite.FindTables(ctx, db, patterns...)
+		m.findTables = func(ctx context.Context) ([]outboxdriver.Table, []outboxdriver.RefusedTable, error) {
+			tables, err := outboxsqlite.FindTables(ctx, db, patterns...)
+			return tables, nil, err
 		}
 		m.driver = func(t outboxdriver.Table) (outboxdriver.Store, outboxdriver.Migrator, error) {
 			return storeAndMigrator(outboxsqlite.New(db, &outboxsqlite.Options{Table: t}))
@@ -120,16 +151,28 @@ func storeAndMigrator[TTx any](d outboxdriver.Driver[TTx]) (outboxdriver.Store, 
 // find returns the outbox tables that match, and with create the tables that the
 // literal patterns name even where they do not exist yet (for migrate), in order.
 func (m *manyTables) find(ctx context.Context, create bool) ([]outboxdriver.Table, error) {
-	found, err := m.findTables(ctx)
+	found, refused, err := m.findTables(ctx)
 	if err != nil {
 		return nil, fmt.Errorf("finding the outbox tables: %w", err)
 	}
+	m.mu.Lock()
+	m.refused = refused
+	for _, r := range refused {
+		if key := r.Table.String() + "\x00" + r.Reason; !m.said[key] {
+			m.said[key] = true
+			fmt.Fprintf(m.warn, "outbox: refusing table %s: %s\n", safetext.Display(r.Table.String()), safetext.Display(r.Reason))
+		}
+	}
+	m.mu.Unlock()
 	if !create {
 		return found, nil
 	}
 	have := map[string]bool{}
 	for _, t := range found {
 		have[t.String()] = true
+	}
+	for _, r := range refused { // it exists: refused, not created anew
+		have[r.Table.String()] = true
 	}
 	for _, p := range m.patterns {
 		t := p.Table()

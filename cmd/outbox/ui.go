@@ -26,6 +26,7 @@ func runUI(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs.Var(&hosts, "ui-host", "a host name the dashboard answers to besides localhost and IP addresses (repeatable)")
 	metrics := fs.String("metrics", "", "comma-separated /metrics URLs of running relays, for the events/s and latency charts")
 	tablesList := fs.String("tables", "", tablesFlagHelp+": a page listing every table, trouble first, and each table's own pages")
+	fs.String("trust-owner", "", trustOwnerHelp)
 	logLevel := fs.String("log-level", "info", "debug, info, warn or error")
 	if err := parse(fs, args); err != nil {
 		return err

@@ -230,6 +230,21 @@ func FindTables(ctx context.Context, pool *pgxpool.Pool, patterns ...outboxdrive
 	return pgsql.FindTables(ctx, db{pool}, patterns)
 }
 
+// FindTrustedTables is FindTables with the check of tables owned by others: a table
+// is refused, with its reason, when it or a table named after it (its migrations, its
+// dead letters...) is owned by a role not trusted, or carries a trigger, rule or
+// row-level security policy. PostgreSQL runs those with the privileges of whoever
+// touches the table, so the owner of a matched table could act as the relay or
+// migrator. Trusted owners are the current role, the roles granted to it, and trust
+// (docs/security.md, "Tables owned by others").
+func FindTrustedTables(ctx context.Context, pool *pgxpool.Pool, trust []string, patterns ...outboxdriver.TablePattern) ([]outboxdriver.Table, []outboxdriver.RefusedTable, error) {
+	tables, err := pgsql.FindTables(ctx, db{pool}, patterns)
+	if err != nil {
+		return nil, nil, err
+	}
+	return pgsql.TrustedTables(ctx, db{pool}, tables, trust)
+}
+
 // PendingTables returns those of tables that hold an unpublished row (due, or waiting
 // for a retry), asked in one statement however many tables there are. A table
 // dropped meanwhile does not hide the others' work: the error then wraps
