@@ -212,11 +212,15 @@ func brokerTopics(scheme string) broker.Topics {
 func openWebhook(ctx context.Context, rawURL string, o brokerOptions) (broker.Publisher, error) {
 	secret := o.webhookSecret
 	if o.webhookSecretFile != "" {
-		b, err := os.ReadFile(o.webhookSecretFile)
+		s, err := readSecretFile(o.webhookSecretFile, func(msg string) {
+			if o.logger != nil {
+				o.logger.Warn("--webhook-secret-file: " + msg)
+			}
+		})
 		if err != nil {
 			return nil, usageErr("--webhook-secret-file: %v", err)
 		}
-		secret = strings.TrimRight(string(b), "\r\n")
+		secret = s
 	}
 	tc := &tls.Config{MinVersion: tls.VersionTLS12}
 	if o.webhookCA != "" {

@@ -191,18 +191,50 @@ func applyEnv(fs *flag.FlagSet) error {
 			if !fromFile {
 				return
 			}
-			b, err := os.ReadFile(path)
+			s, err := readSecretFile(path, func(msg string) { fmt.Fprintf(fs.Output(), "outbox: warning: %s_FILE: %s\n", key, msg) })
 			if err != nil {
 				envErr = usageErr("%s_FILE: %v", key, err)
 				return
 			}
-			key, v = key+"_FILE", strings.TrimRight(string(b), "\r\n")
+			key, v = key+"_FILE", s
 		}
 		if err := f.Value.Set(v); err != nil {
 			envErr = usageErr("%s: %v", key, err) // not the value: it may be a secret
 		}
 	})
 	return envErr
+}
+
+// secretFileMax bounds a secret file: a URL, a token or a key is far smaller, and a
+// path mistaken for one (a log, a device) must not be read whole.
+const secretFileMax = 64 << 10
+
+// readSecretFile reads a secret from path, without its trailing line break. A file
+// over secretFileMax is refused; one that other users may read (as ssh warns of a key)
+// is read with a warning said by warn: mode 0600 or 0400, or 0440 with the group of
+// the process (Kubernetes: the secret volume's defaultMode 0440 and the pod's fsGroup).
+func readSecretFile(path string, warn func(string)) (string, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return "", err
+	}
+	defer f.Close()
+	info, err := f.Stat()
+	if err != nil {
+		return "", err
+	}
+	if info.Mode().Perm()&0o007 != 0 {
+		warn(fmt.Sprintf("%s is readable by every user of the host (mode %04o): make it 0600, 0400, or 0440 with the process's group",
+			path, info.Mode().Perm()))
+	}
+	b, err := io.ReadAll(io.LimitReader(f, secretFileMax+1))
+	if err != nil {
+		return "", err
+	}
+	if len(b) > secretFileMax {
+		return "", fmt.Errorf("%s holds more than %d KiB: not a secret (a URL, a token or a key)", path, secretFileMax>>10)
+	}
+	return strings.TrimRight(string(b), "\r\n"), nil
 }
 
 // parse reads the command line, then OUTBOX_* variables for the flags it did not set.

@@ -555,3 +555,46 @@ BEGIN INSERT INTO ` + witness + ` VALUES (current_user); RETURN NULL; END $$`,
 		t.Fatalf("the tenant's trigger ran as %s during the relay:\n%s", who, p.output())
 	}
 }
+
+// TestSecretFilePermissions: an OUTBOX_*_FILE secret that every user of the host may read is
+// used with a warning (as ssh warns of a key), one readable by its owner (or group)
+// only is used quietly, and a file too big to be a secret is refused, whole, with
+// nothing of it printed.
+func TestSecretFilePermissions(t *testing.T) {
+	url := testenv.DatabaseURL(t)
+	table := migrateSchema(t, url, testenv.Schema(t, url), "outbox")
+	dir := t.TempDir()
+	secret := func(name string, mode os.FileMode, content string) string {
+		path := filepath.Join(dir, name)
+		if err := os.WriteFile(path, []byte(content+"\n"), mode); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Chmod(path, mode); err != nil { // whatever the umask
+			t.Fatal(err)
+		}
+		return path
+	}
+	for _, c := range []struct {
+		name string
+		mode os.FileMode
+		warn bool
+	}{{"world-readable", 0o644, true}, {"owner-only", 0o600, false}, {"group", 0o440, false}} {
+		t.Run(c.name, func(t *testing.T) {
+			path := secret(c.name, c.mode, url)
+			_, stderr, code := runCLI(t, []string{"OUTBOX_DB_FILE=" + path}, "status", "--table", table.String())
+			if code != 0 {
+				t.Fatalf("status with OUTBOX_DB_FILE (%04o): exit %d\n%s", c.mode, code, stderr)
+			}
+			if warned := strings.Contains(stderr, "readable by every user"); warned != c.warn {
+				t.Fatalf("mode %04o: warned %v, want %v:\n%s", c.mode, warned, c.warn, stderr)
+			}
+		})
+	}
+	t.Run("too big", func(t *testing.T) {
+		path := secret("big", 0o600, "postgres://u:hunter2@db/"+strings.Repeat("x", 70<<10))
+		_, stderr, code := runCLI(t, []string{"OUTBOX_DB_FILE=" + path}, "status", "--table", table.String())
+		if code == 0 || !strings.Contains(stderr, "holds more than 64 KiB") || strings.Contains(stderr, "hunter2") {
+			t.Fatalf("a 70 KiB secret file: exit %d, want a refusal that prints none of it:\n%s", code, stderr)
+		}
+	})
+}
