@@ -122,7 +122,14 @@ type shared struct {
 	pages map[string]*template.Template
 	root  string // the path the session cookie is for ("/ui/"); Home links there
 	home  bool   // the pages link to the overview of every table
+	// reads admits the reads of a whole event (its page, its payload's download),
+	// eventReadsMax at once for every table: a payload is read whole, and a few big
+	// dead letters viewed at once must not take the process's memory.
+	reads chan struct{}
 }
+
+// eventReadsMax is how many whole events the dashboard reads at once.
+const eventReadsMax = 2
 
 // New builds a dashboard.
 func New(cfg *Config) (*Dashboard, error) {
@@ -136,7 +143,7 @@ func New(cfg *Config) (*Dashboard, error) {
 	if err != nil {
 		return nil, err
 	}
-	return newDashboard(cfg, shared{auth: newAuth(cfg.Token), pages: pages})
+	return newDashboard(cfg, shared{auth: newAuth(cfg.Token), pages: pages, reads: make(chan struct{}, eventReadsMax)})
 }
 
 func checkToken(token string) error {

@@ -10,6 +10,7 @@ import (
 	"net/url"
 	"regexp"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -582,5 +583,79 @@ func TestReplayPage(t *testing.T) {
 	g := newFixture(t, dashboard.Config{Token: "s3cret-admin-token"})
 	if _, page := get(t, client(t), g.srv.URL+"/ui/replay"); !strings.Contains(page, `id="replay-unavailable"`) {
 		t.Fatalf("a dashboard without a broker:\n%s", page)
+	}
+}
+
+// countingAdmin is the real store, counting the whole-event reads in flight; each
+// read waits for the test's go-ahead, so that the reads pile up if nothing bounds them.
+type countingAdmin struct {
+	outboxdriver.Admin
+	mu            sync.Mutex
+	inFlight, max int
+	goAhead       chan struct{}
+}
+
+func (a *countingAdmin) Event(ctx context.Context, id string) (*outboxdriver.EventInfo, error) {
+	a.mu.Lock()
+	a.inFlight++
+	a.max = max(a.max, a.inFlight)
+	a.mu.Unlock()
+	defer func() {
+		a.mu.Lock()
+		a.inFlight--
+		a.mu.Unlock()
+	}()
+	select {
+	case <-a.goAhead:
+	case <-ctx.Done():
+	}
+	return a.Admin.Event(ctx, id)
+}
+
+func (a *countingAdmin) now() (inFlight, most int) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.inFlight, a.max
+}
+
+// TestEventReadsBounded: a big payload is read whole, so many views of big dead
+// letters at once read at most two at a time (the memory they take is bounded in
+// total); every view is still served.
+func TestEventReadsBounded(t *testing.T) {
+	var admin *countingAdmin
+	f := newFixtureWith(t, dashboard.Config{}, func(_ *pgxpool.Pool, _ outboxdriver.Table, cfg *dashboard.Config) {
+		admin = &countingAdmin{Admin: cfg.Admin, goAhead: make(chan struct{})}
+		cfg.Admin = admin
+	})
+	ids := f.write(outbox.Event{AggregateType: "order", AggregateID: "a", Type: "T", Payload: []byte(`{"pad":"` + strings.Repeat("x", 1<<20) + `"}`)})
+	const views = 6
+	codes := make(chan int, views)
+	for i := range views {
+		path := "/ui/events/" + ids[0]
+		if i%2 == 1 {
+			path += "/payload"
+		}
+		go func() {
+			resp, err := http.Get(f.srv.URL + path)
+			if err != nil {
+				codes <- 0
+				return
+			}
+			_, _ = io.Copy(io.Discard, resp.Body)
+			resp.Body.Close()
+			codes <- resp.StatusCode
+		}()
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	for served := 0; served < views; served++ {
+		testenv.WaitTell(t, ctx, "a read in flight", func() bool { n, _ := admin.now(); return n > 0 }, func() string { return "" })
+		admin.goAhead <- struct{}{}
+		if code := <-codes; code != http.StatusOK {
+			t.Fatalf("a view answered %d", code)
+		}
+	}
+	if _, most := admin.now(); most > 2 {
+		t.Fatalf("%d whole events read at once, want at most 2", most)
 	}
 }

@@ -512,7 +512,7 @@ func (d *Dashboard) eventPage(w http.ResponseWriter, r *http.Request, p *page, s
 	ctx, cancel := d.ctx(r)
 	defer cancel()
 	id := r.PathValue("id")
-	e, err := d.cfg.Admin.Event(ctx, id)
+	e, err := d.readEvent(ctx, id)
 	if errors.Is(err, outboxdriver.ErrEventNotFound) {
 		d.message(w, r, http.StatusNotFound, "No such event",
 			fmt.Sprintf("No table holds an event with id %q: never written, rolled back, cleaned up after publication, or purged.", id))
@@ -584,7 +584,7 @@ func (d *Dashboard) editDead(w http.ResponseWriter, r *http.Request) {
 	id := r.PathValue("id")
 	ctx, cancel := context.WithTimeout(r.Context(), 30*time.Second)
 	defer cancel()
-	cur, err := d.cfg.Admin.Event(ctx, id)
+	cur, err := d.readEvent(ctx, id)
 	if err == nil && cur.State != outboxdriver.EventDead {
 		err = outboxdriver.ErrEventNotFound
 	}
@@ -639,11 +639,23 @@ func (d *Dashboard) editDead(w http.ResponseWriter, r *http.Request) {
 	http.Redirect(w, r, d.cfg.Prefix+"/events/"+url.PathEscape(id)+"?done="+done, http.StatusSeeOther)
 }
 
+// readEvent reads an event whole, among at most eventReadsMax at once (shared.reads):
+// a request that cannot get its turn before its deadline fails.
+func (d *Dashboard) readEvent(ctx context.Context, id string) (*outboxdriver.EventInfo, error) {
+	select {
+	case d.shared.reads <- struct{}{}:
+	case <-ctx.Done():
+		return nil, fmt.Errorf("too many events are being read at once: %w", ctx.Err())
+	}
+	defer func() { <-d.shared.reads }()
+	return d.cfg.Admin.Event(ctx, id)
+}
+
 // eventPayload sends an event's whole payload, as a download (never rendered).
 func (d *Dashboard) eventPayload(w http.ResponseWriter, r *http.Request) {
 	ctx, cancel := d.ctx(r)
 	defer cancel()
-	e, err := d.cfg.Admin.Event(ctx, r.PathValue("id"))
+	e, err := d.readEvent(ctx, r.PathValue("id"))
 	if errors.Is(err, outboxdriver.ErrEventNotFound) {
 		http.NotFound(w, r)
 		return

@@ -83,7 +83,7 @@ func NewTables(cfg *TablesConfig) (*Tables, error) {
 	if err != nil {
 		return nil, err
 	}
-	t := &Tables{cfg: c, shared: shared{auth: newAuth(c.Token), pages: pages, root: c.Prefix + "/", home: true},
+	t := &Tables{cfg: c, shared: shared{auth: newAuth(c.Token), pages: pages, root: c.Prefix + "/", home: true, reads: make(chan struct{}, eventReadsMax)},
 		dash: map[string]*tableDash{}}
 	// The front dashboard draws no table (only its sign-in, its assets and the
 	// overview are routed to it): its Admin is never asked.
