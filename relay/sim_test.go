@@ -324,6 +324,7 @@ func simulate(t *testing.T, seed uint64, path string) simResult {
 		for _, c := range gone {
 			c.verdict <- simVerdict{fault: simRefused}
 		}
+		w.disruptions++
 		w.note("p%d crashed", p.id)
 		p.kill()
 		p.stop()
@@ -362,6 +363,7 @@ func simulate(t *testing.T, seed uint64, path string) simResult {
 					w.mu.Lock()
 					p.pausedUntil = time.Now().Add(a.dur)
 					w.reached["pause"]++
+					w.disruptions++
 					w.mu.Unlock()
 					w.note("p%d paused for %v", p.id, a.dur)
 				}
@@ -447,6 +449,9 @@ func simulate(t *testing.T, seed uint64, path string) simResult {
 	if failure == "" {
 		failure = simCheck(ctx, w, appStore, bad, good)
 	}
+	if failure == "" {
+		failure = simDuplicates(w, script.cfg.BatchSize)
+	}
 	_ = appDB.Close()
 	return simResult{hash: w.hash, failure: failure, trace: w.trace, reached: w.reached}
 }
@@ -494,6 +499,25 @@ func simWrite(t *testing.T, w *simWorld, db *sql.DB, writer *outbox.Writer[*sql.
 	}
 	w.mu.Unlock()
 	w.note("committed %v", line)
+}
+
+// simDuplicates bounds the events sent again: each disruption (a faulted call, a
+// crash, a pause) may make the relays send again what was in flight then, at most
+// the batch in hand, the one prefetched, a slow key's and the one a paused process
+// still holds: four batches.
+func simDuplicates(w *simWorld, batch int) string {
+	sent := map[string]bool{}
+	dups := 0
+	for _, m := range w.taken {
+		if sent[m.id] {
+			dups++
+		}
+		sent[m.id] = true
+	}
+	if bound := 4 * batch * (w.disruptions + 1); dups > bound {
+		return fmt.Sprintf("%d events sent again after %d disruptions: at most %d expected (four batches of %d each, and once more)", dups, w.disruptions, bound, batch)
+	}
+	return ""
 }
 
 // simCheck checks the broker's log and the dead letters against what was committed.

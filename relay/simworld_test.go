@@ -98,6 +98,9 @@ type simWorld struct {
 	hash    uint64
 	reached map[string]int // rare branches reached (coverage)
 	leader  *simProc       // the last process to take leadership (coverage: takeovers)
+	// disruptions counts what may make the relays send an event again: faulted
+	// calls, crashes and pauses (the duplicates' bound).
+	disruptions int
 
 	// The broker's log: every message it took, in order, with the time.
 	taken []simTaken
@@ -300,6 +303,9 @@ func (w *simWorld) releaseOne() bool {
 	v := w.verdict(c)
 	if c.proc.dead {
 		v = simVerdict{fault: simRefused}
+	}
+	if v.fault != simRun {
+		w.disruptions++
 	}
 	w.note("p%d %s %s: %v %v", c.proc.id, c.kind, c.detail, v.fault, v.delay)
 	c.verdict <- v
