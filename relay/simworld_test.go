@@ -569,7 +569,7 @@ func (b *simBroker) Publish(ctx context.Context, msgs []broker.Message) []broker
 type lateRefusal struct{ at time.Time }
 
 func (a lateRefusal) Wait(ctx context.Context) error {
-	if err := (slowAnswer{at: a.at}).Wait(ctx); err != nil {
+	if err := slowAnswer(a).Wait(ctx); err != nil {
 		return err
 	}
 	return errors.New("sim: refused, late")
