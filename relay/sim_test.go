@@ -101,13 +101,22 @@ type simTx struct {
 	rollback bool
 }
 
-// simAction is a process's fate: crash (and restart after a while), or pause.
+// simAction is a process's fate: crash (and restart after dur), pause (for dur), or
+// a step of its wall clock (by dur, forward or back).
 type simAction struct {
-	at    time.Duration
-	crash bool
-	proc  int // index among the live processes, modulo
-	dur   time.Duration
+	at   time.Duration
+	kind simActionKind
+	proc int // index among the live processes, modulo
+	dur  time.Duration
 }
+
+type simActionKind int
+
+const (
+	simCrash simActionKind = iota
+	simPause
+	simClockStep
+)
 
 // simScript is everything a seed decides before the run.
 type simScript struct {
@@ -137,9 +146,12 @@ func newSimScript(rng *rand.Rand) *simScript {
 		s.txs = append(s.txs, tx)
 	}
 	slices.SortStableFunc(s.txs, func(a, b simTx) int { return int(a.at - b.at) })
-	for range rng.IntN(5) {
-		a := simAction{at: time.Duration(rng.Int64N(int64(simFaultPhase))), crash: rng.IntN(2) == 0, proc: rng.IntN(3)}
+	for range rng.IntN(6) {
+		a := simAction{at: time.Duration(rng.Int64N(int64(simFaultPhase))), kind: simActionKind(rng.IntN(3)), proc: rng.IntN(3)}
 		a.dur = time.Duration(100+rng.IntN(6000)) * time.Millisecond
+		if a.kind == simClockStep && rng.IntN(2) == 0 {
+			a.dur = -a.dur
+		}
 		s.actions = append(s.actions, a)
 	}
 	slices.SortStableFunc(s.actions, func(a, b simAction) int { return int(a.at - b.at) })
@@ -162,6 +174,7 @@ type simResult struct {
 	hash    uint64
 	failure string // "" when every check held
 	trace   []string
+	details []string
 	reached map[string]int
 }
 
@@ -186,6 +199,9 @@ func TestSimulation(t *testing.T) {
 	for i, seed := range seeds {
 		res := runSim(t, seed)
 		if res.failure != "" {
+			if len(seeds) == 1 {
+				t.Logf("what the calls carried and returned:\n%s", strings.Join(res.details, "\n"))
+			}
 			tail := res.trace[max(0, len(res.trace)-150):]
 			t.Fatalf("seed %d: %s\nreplay: go test ./relay -run 'TestSimulation$' -sim.seed=%d -v\nlast %d decisions:\n%s",
 				seed, res.failure, seed, len(tail), strings.Join(tail, "\n"))
@@ -196,6 +212,7 @@ func TestSimulation(t *testing.T) {
 		if len(seeds) == 1 {
 			t.Logf("seed %d: trace hash %016x, %d decisions", seed, res.hash, len(res.trace))
 			t.Logf("trace:\n%s", strings.Join(res.trace, "\n"))
+			t.Logf("what the calls carried and returned:\n%s", strings.Join(res.details, "\n"))
 		}
 		// Determinism, on a sample: the same seed, the same schedule.
 		if len(seeds) == 1 || i%10 == 0 {
@@ -221,7 +238,7 @@ func TestSimulation(t *testing.T) {
 // stopped testing what it claims to.
 var simBranches = []string{
 	"takeover", "takeover-from-crashed-or-claiming", "crash-with-claim", "commit-outcome-unknown",
-	"commit-after-caller-gave-up", "publish-answer-lost", "straggler", "settle", "dead-letter", "pause",
+	"commit-after-caller-gave-up", "publish-answer-lost", "straggler", "settle", "dead-letter", "pause", "clock-step",
 }
 
 func firstDifference(a, b []string) string {
@@ -285,7 +302,8 @@ func simulate(t *testing.T, seed uint64, path string) simResult {
 		if err != nil {
 			t.Fatal(err)
 		}
-		inner, _ := outboxsqlite.New(db, &outboxsqlite.Options{LeaseTTL: simLeaseTTL}).Store()
+		clock := func() time.Time { return time.Now().Add(time.Duration(p.step.Load())) }
+		inner, _ := outboxsqlite.New(db, &outboxsqlite.Options{LeaseTTL: simLeaseTTL, Clock: clock}).Store()
 		cfg := script.cfg
 		cfg.Rand = rand.NewPCG(seed, uint64(p.id)+1)
 		cfg.Logger = slog.New(slog.DiscardHandler)
@@ -356,16 +374,24 @@ func simulate(t *testing.T, seed uint64, path string) simResult {
 			actions = actions[1:]
 			if l := live(); len(l) > 0 {
 				p := l[a.proc%len(l)]
-				if a.crash {
+				switch a.kind {
+				case simCrash:
 					crash(p)
 					restarts = append(restarts, restart{at: time.Now().Add(a.dur)})
-				} else {
+				case simPause:
 					w.mu.Lock()
 					p.pausedUntil = time.Now().Add(a.dur)
 					w.reached["pause"]++
 					w.disruptions++
 					w.mu.Unlock()
 					w.note("p%d paused for %v", p.id, a.dur)
+				case simClockStep:
+					p.step.Add(int64(a.dur))
+					w.mu.Lock()
+					w.reached["clock-step"]++
+					w.disruptions++
+					w.mu.Unlock()
+					w.note("p%d's wall clock stepped by %v", p.id, a.dur)
 				}
 			}
 			continue
@@ -399,6 +425,7 @@ func simulate(t *testing.T, seed uint64, path string) simResult {
 	close(w.heal)
 	for _, p := range procs {
 		p.pausedUntil = time.Time{}
+		p.step.Store(0) // the clocks agree again
 	}
 	w.mu.Unlock()
 	for range restarts {
@@ -452,8 +479,24 @@ func simulate(t *testing.T, seed uint64, path string) simResult {
 	if failure == "" {
 		failure = simDuplicates(w, script.cfg.BatchSize)
 	}
+	if failure != "" {
+		for _, q := range []string{"SELECT 'outbox', seq, id, coalesce(published_at,0), attempts, coalesce(last_error,'') FROM outbox", "SELECT 'dead', seq, id, dead_at, attempts, error FROM outbox_dead"} {
+			rows, err := appDB.QueryContext(ctx, q)
+			if err != nil {
+				w.detail("%s: %v", q, err)
+				continue
+			}
+			for rows.Next() {
+				var tbl, id, e string
+				var seq, at, attempts int64
+				_ = rows.Scan(&tbl, &seq, &id, &at, &attempts, &e)
+				w.detail("final %s seq=%d %s at=%d attempts=%d %.60s", tbl, seq, shortID(id), at, attempts, e)
+			}
+			_ = rows.Close()
+		}
+	}
 	_ = appDB.Close()
-	return simResult{hash: w.hash, failure: failure, trace: w.trace, reached: w.reached}
+	return simResult{hash: w.hash, failure: failure, trace: w.trace, details: w.details, reached: w.reached}
 }
 
 // simWrite runs one transaction of the script through the writer.
@@ -624,8 +667,10 @@ func TestSimulationSlice(t *testing.T) {
 	if err != nil {
 		t.Fatalf("the simulator failed on the real code: %v\n%s", err, out)
 	}
-	if i := strings.Index(out, "runs;"); i >= 0 {
-		t.Logf("clean: %s", strings.SplitN(out[i:], "\n", 2)[0])
+	for _, line := range strings.Split(out, "\n") {
+		if strings.Contains(line, " runs; ") {
+			t.Logf("the real code:%s", line[strings.Index(line, ": ")+1:])
+		}
 	}
 	for _, bug := range simPlantedBugs {
 		t.Run(bug.name, func(t *testing.T) {

@@ -9,6 +9,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing/synctest"
 	"time"
 
@@ -79,7 +80,11 @@ type simProc struct {
 	dead        bool
 	pausedUntil time.Time
 	stop        func() // crash or stop: cancels the relay and waits for it
-	claims      int    // claims it holds now (coverage: a crash with a claim in hand)
+	// step is how far the process's wall clock was stepped (NTP) from the world's,
+	// while its monotonic clock runs on: the clock its SQLite driver writes and
+	// judges the lease and retries by.
+	step   atomic.Int64
+	claims int // claims it holds now (coverage: a crash with a claim in hand)
 }
 
 // simWorld is the scheduler, the faults' source and the record of what happened.
@@ -97,6 +102,7 @@ type simWorld struct {
 	trace   []string      // what the scheduler decided, for the story and the hash
 	hash    uint64
 	reached map[string]int // rare branches reached (coverage)
+	details []string       // what calls returned (simWorld.detail)
 	leader  *simProc       // the last process to take leadership (coverage: takeovers)
 	// disruptions counts what may make the relays send an event again: faulted
 	// calls, crashes and pauses (the duplicates' bound).
@@ -133,6 +139,16 @@ func (w *simWorld) note(format string, args ...any) {
 	w.trace = append(w.trace, line)
 	if len(w.trace) > 4000 {
 		w.trace = w.trace[1000:]
+	}
+}
+
+// detail records what a call returned, for the story of one seed (-sim.seed) only:
+// calls may end at one instant in any order, so it is not part of the hash.
+func (w *simWorld) detail(format string, args ...any) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if len(w.details) < 20000 {
+		w.details = append(w.details, fmt.Sprintf("%8.3fs ", time.Since(w.start).Seconds())+fmt.Sprintf(format, args...))
 	}
 }
 
@@ -225,6 +241,7 @@ func (w *simWorld) call(ctx context.Context, p *simProc, kind, detail string, mu
 		return errors.New("sim: the connection died")
 	case simUnknown:
 		if err := fn(p.life); err != nil {
+			w.detail("p%d %s %s failed before its answer was lost: %v", p.id, kind, detail, err)
 			return err
 		}
 		if mutates {
@@ -380,6 +397,11 @@ func (s *simStore) Claim(ctx context.Context, p *outboxdriver.ClaimParams) (outb
 	s.w.mu.Lock()
 	s.p.claims++
 	s.w.mu.Unlock()
+	var got []string
+	for _, r := range c.Rows() {
+		got = append(got, fmt.Sprintf("%d:%s/%s", r.Seq, r.AggregateID, shortID(r.ID)))
+	}
+	s.w.detail("p%d claimed %v", s.p.id, got)
 	return &simClaim{s: s, inner: c, detail: seqSpan(c.Rows())}, nil
 }
 
@@ -453,6 +475,7 @@ func (c *simClaim) Complete(ctx context.Context, p *outboxdriver.CompleteParams)
 		c.s.w.reach("dead-letter")
 	}
 	defer c.ended()
+	c.s.w.detail("p%d completes %s: %s", c.s.p.id, c.detail, paramsText(p))
 	return c.s.w.call(ctx, c.s.p, "complete", c.detail+completeDetail(p), true, func(ctx context.Context) error {
 		return c.inner.Complete(ctx, p)
 	})
@@ -460,6 +483,7 @@ func (c *simClaim) Complete(ctx context.Context, p *outboxdriver.CompleteParams)
 
 func (c *simClaim) Settle(ctx context.Context, p *outboxdriver.CompleteParams) error {
 	c.s.w.reach("settle")
+	c.s.w.detail("p%d settles %s: %s", c.s.p.id, c.detail, paramsText(p))
 	return c.s.w.call(ctx, c.s.p, "settle", c.detail+completeDetail(p), true, func(ctx context.Context) error {
 		return c.inner.(outboxdriver.Settler).Settle(ctx, p)
 	})
@@ -479,6 +503,17 @@ func anyDead(p *outboxdriver.CompleteParams) bool {
 	return false
 }
 
+func paramsText(p *outboxdriver.CompleteParams) string {
+	var b strings.Builder
+	for _, id := range p.Published {
+		b.WriteString(" +" + shortID(id))
+	}
+	for _, f := range p.Failed {
+		fmt.Fprintf(&b, " -%s(dead=%v count=%v %.40s)", shortID(f.ID), f.Dead, f.CountAttempt, f.Error)
+	}
+	return b.String()
+}
+
 func completeDetail(p *outboxdriver.CompleteParams) string {
 	return fmt.Sprintf(" published=%d failed=%d", len(p.Published), len(p.Failed))
 }
@@ -495,6 +530,11 @@ const simAckTimeout = 2 * time.Second
 
 func (b *simBroker) Publish(ctx context.Context, msgs []broker.Message) []broker.Result {
 	detail := fmt.Sprintf("%s #%d", shortID(msgs[0].ID), len(msgs))
+	ids := make([]string, len(msgs))
+	for i := range msgs {
+		ids[i] = shortID(msgs[i].ID)
+	}
+	b.w.detail("p%d publishes %v", b.p.id, ids)
 	v, err := b.w.enter(ctx, b.p, "publish", detail)
 	if err == nil {
 		time.Sleep(v.latency)

@@ -12,13 +12,13 @@ import (
 	"github.com/outboxd/outbox/outboxdriver/internal/sqldead"
 )
 
-func deadWhere(f *outboxdriver.DeadFilter) (string, []any) {
-	return sqldead.Where(f, func(olderThan time.Duration) any { return nowMillis() - olderThan.Milliseconds() })
+func (d *Driver) deadWhere(f *outboxdriver.DeadFilter) (string, []any) {
+	return sqldead.Where(f, func(olderThan time.Duration) any { return d.nowMillis() - olderThan.Milliseconds() })
 }
 
 // ListDead implements outboxdriver.Store.
 func (d *Driver) ListDead(ctx context.Context, f *outboxdriver.DeadFilter) ([]outboxdriver.DeadLetter, error) {
-	where, args := deadWhere(f)
+	where, args := d.deadWhere(f)
 	// A preview is cut in the query (substr of a BLOB counts bytes).
 	payload, size := "payload", "0"
 	if f != nil && f.PayloadMax > 0 {
@@ -67,7 +67,7 @@ func (d *Driver) PurgeDead(ctx context.Context, f *outboxdriver.DeadFilter) (int
 }
 
 func (d *Driver) moveDead(ctx context.Context, f *outboxdriver.DeadFilter, replay bool) (int, error) {
-	where, args := deadWhere(f)
+	where, args := d.deadWhere(f)
 	n, err := sqldead.Move(ctx, d.db, d.q, d.qDead, where, args, replay, "")
 	return n, interpretError(err)
 }
@@ -80,7 +80,7 @@ func (d *Driver) EditDead(ctx context.Context, id string, e *outboxdriver.DeadEd
 // RetryNow implements outboxdriver.Admin.
 func (d *Driver) RetryNow(ctx context.Context, f *outboxdriver.WaitFilter) (int, error) {
 	var where string
-	now := nowMillis()
+	now := d.nowMillis()
 	args := []any{now, now}
 	if f != nil {
 		if len(f.IDs) > 0 {

@@ -67,6 +67,11 @@ type Options struct {
 	Table outboxdriver.Table
 	// LeaseTTL is the relay leadership lease. Default LeaseTTLDefault.
 	LeaseTTL time.Duration
+	// Clock is the wall clock the lease, retries and marks are written and judged by;
+	// nil: time.Now. The lease is a wall-clock time shared by every process on the
+	// file, so a clock stepped forward takes over a lease early (a simulation steps
+	// it: docs/testing.md).
+	Clock func() time.Time
 }
 
 // Driver binds outbox to a SQLite *sql.DB. Build it with New.
@@ -74,6 +79,7 @@ type Driver struct {
 	db    *sql.DB
 	table outboxdriver.Table
 	ttl   time.Duration
+	clock func() time.Time
 	err   error
 	q     string // quoted table
 	qLead string // quoted leader table
@@ -103,7 +109,10 @@ func New(db *sql.DB, opts *Options) *Driver {
 		t.Schema = "main"
 	}
 	t = t.WithDefaults()
-	d := &Driver{db: db, table: t, ttl: o.LeaseTTL, listeners: map[*listener]struct{}{}, inFlight: map[*claim][]int64{}}
+	d := &Driver{db: db, table: t, ttl: o.LeaseTTL, clock: o.Clock, listeners: map[*listener]struct{}{}, inFlight: map[*claim][]int64{}}
+	if d.clock == nil {
+		d.clock = time.Now
+	}
 	if d.ttl <= 0 {
 		d.ttl = LeaseTTLDefault
 	}
@@ -250,7 +259,8 @@ func (e executor) Notify(context.Context) error {
 	return nil
 }
 
-func nowMillis() int64 { return time.Now().UnixMilli() }
+// nowMillis is the driver's wall clock (Options.Clock) in Unix milliseconds.
+func (d *Driver) nowMillis() int64 { return d.clock().UnixMilli() }
 
 func notBehindFailing(q string) string {
 	if simbug.On("sqlite-pass-failing") {
@@ -299,7 +309,7 @@ func (d *Driver) Claim(ctx context.Context, p *outboxdriver.ClaimParams) (outbox
 // whether another claim has them in flight or not (the head rule needs to see them).
 func (d *Driver) candidates(ctx context.Context, p *outboxdriver.ClaimParams, after int64, ahead []int64) ([]outboxdriver.Candidate, error) {
 	var where strings.Builder
-	now := nowMillis()
+	now := d.nowMillis()
 	args := []any{now, after}
 	if len(ahead) > 0 {
 		b, _ := json.Marshal(ahead)
@@ -439,7 +449,7 @@ func (c *claim) Settle(ctx context.Context, p *outboxdriver.CompleteParams) erro
 func (c *claim) write(ctx context.Context, tx *sql.Tx, p *outboxdriver.CompleteParams) error {
 	if len(p.Published) > 0 {
 		stmt := `UPDATE ` + c.d.q + ` SET published_at = ?, last_error = NULL WHERE id IN (SELECT value FROM json_each(?))`
-		args := []any{nowMillis(), jsonIDs(p.Published)}
+		args := []any{c.d.nowMillis(), jsonIDs(p.Published)}
 		if p.Completion == outboxdriver.CompleteDelete {
 			stmt = `DELETE FROM ` + c.d.q + ` WHERE id IN (SELECT value FROM json_each(?))`
 			args = args[1:]
@@ -454,7 +464,7 @@ func (c *claim) write(ctx context.Context, tx *sql.Tx, p *outboxdriver.CompleteP
 			n = 1
 		}
 		if f.Dead && simbug.On("dead-marked-published") {
-			if _, err := tx.ExecContext(ctx, `UPDATE `+c.d.q+` SET published_at = ? WHERE id = ?`, nowMillis(), f.ID); err != nil {
+			if _, err := tx.ExecContext(ctx, `UPDATE `+c.d.q+` SET published_at = ? WHERE id = ?`, c.d.nowMillis(), f.ID); err != nil {
 				return err
 			}
 			continue
@@ -463,7 +473,7 @@ func (c *claim) write(ctx context.Context, tx *sql.Tx, p *outboxdriver.CompleteP
 			if _, err := tx.ExecContext(ctx, `INSERT INTO `+c.d.qDead+` (id, aggregatetype, aggregateid, type, payload, headers,
   tracingspancontext, seq, created_at, attempts, error, dead_at, holds_key)
 SELECT id, aggregatetype, aggregateid, type, payload, headers, tracingspancontext, seq, created_at, attempts + ?, ?, ?, ?
-FROM `+c.d.q+` WHERE id = ?`, n, f.Error, nowMillis(), f.HoldKey, f.ID); err != nil {
+FROM `+c.d.q+` WHERE id = ?`, n, f.Error, c.d.nowMillis(), f.HoldKey, f.ID); err != nil {
 				return err
 			}
 			if _, err := tx.ExecContext(ctx, `DELETE FROM `+c.d.q+` WHERE id = ?`, f.ID); err != nil {
@@ -497,7 +507,7 @@ func (d *Driver) AcquireLeadership(ctx context.Context, _ *outboxdriver.Leadersh
 	holder := make([]byte, 8)
 	_, _ = rand.Read(holder)
 	l := &lease{d: d, holder: hex.EncodeToString(holder)}
-	now := nowMillis()
+	now := d.nowMillis()
 	res, err := d.db.ExecContext(ctx, `INSERT INTO `+d.qLead+` (name, holder, expires_at) VALUES ('relay', ?, ?)
 ON CONFLICT (name) DO UPDATE SET holder = excluded.holder, expires_at = excluded.expires_at WHERE expires_at < ?`,
 		l.holder, now+d.ttl.Milliseconds(), now)
@@ -538,7 +548,7 @@ func (l *lease) Check(ctx context.Context) error {
 		return outboxdriver.ErrLeadershipLost
 	}
 	res, err := l.d.db.ExecContext(ctx, `UPDATE `+l.d.qLead+` SET expires_at = ? WHERE name = 'relay' AND holder = ?`,
-		nowMillis()+l.d.ttl.Milliseconds(), l.holder)
+		l.d.nowMillis()+l.d.ttl.Milliseconds(), l.holder)
 	if err != nil {
 		return fmt.Errorf("%w: %v", outboxdriver.ErrLeadershipLost, err)
 	}
@@ -607,11 +617,11 @@ FROM `+d.q).Scan(&st.Unpublished, &oldest, &st.Published, &st.Failing, &st.Dead,
 		return nil, interpretError(err)
 	}
 	if oldest.Valid {
-		st.OldestAge = max(time.Duration(nowMillis()-oldest.Int64)*time.Millisecond, time.Millisecond)
+		st.OldestAge = max(time.Duration(d.nowMillis()-oldest.Int64)*time.Millisecond, time.Millisecond)
 	}
 	var holder string
 	var expires int64
-	err = d.db.QueryRowContext(ctx, `SELECT holder, expires_at FROM `+d.qLead+` WHERE name = 'relay' AND expires_at >= ?`, nowMillis()).Scan(&holder, &expires)
+	err = d.db.QueryRowContext(ctx, `SELECT holder, expires_at FROM `+d.qLead+` WHERE name = 'relay' AND expires_at >= ?`, d.nowMillis()).Scan(&holder, &expires)
 	switch {
 	case err == nil:
 		st.ActiveRelay = "lease holder " + holder + ", lease until " + time.UnixMilli(expires).UTC().Format(time.RFC3339)
@@ -695,7 +705,7 @@ func (m migrator) Migrate(ctx context.Context) (applied []int, err error) {
 		_, err := tx.ExecContext(ctx, mg.SQL)
 		return err
 	}, func(v int) error {
-		_, err := tx.ExecContext(ctx, "INSERT INTO "+m.versionTable()+" (version, applied_at) VALUES (?, ?)", v, nowMillis())
+		_, err := tx.ExecContext(ctx, "INSERT INTO "+m.versionTable()+" (version, applied_at) VALUES (?, ?)", v, m.d.nowMillis())
 		return err
 	})
 	if err != nil {

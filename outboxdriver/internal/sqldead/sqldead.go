@@ -28,14 +28,21 @@ func Args(ss []string) []any {
 }
 
 // Where renders f as a WHERE clause (with ORDER BY and LIMIT). cutoff is the
-// database's value for "dead at or before now minus f.OlderThan".
+// database's value for "dead at or before now minus f.OlderThan", used only when
+// f.OlderThan is set: dead_at was written by another clock (the relay's host, or the
+// database server's), and a reader whose clock is behind it must still see a dead
+// letter just written.
 func Where(f *outboxdriver.DeadFilter, cutoff func(olderThan time.Duration) any) (string, []any) {
 	if f == nil {
 		f = &outboxdriver.DeadFilter{}
 	}
 	var b strings.Builder
-	b.WriteString(" WHERE dead_at <= ?")
-	args := []any{cutoff(f.OlderThan)}
+	b.WriteString(" WHERE true")
+	var args []any
+	if f.OlderThan > 0 {
+		b.WriteString(" AND dead_at <= ?")
+		args = append(args, cutoff(f.OlderThan))
+	}
 	if len(f.IDs) > 0 {
 		b.WriteString(" AND id IN (" + Placeholders(len(f.IDs)) + ")")
 		args = append(args, Args(f.IDs)...)
