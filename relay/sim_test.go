@@ -241,6 +241,9 @@ var simBranches = []string{
 	"commit-after-caller-gave-up", "publish-answer-lost", "straggler", "settle", "dead-letter", "pause", "clock-step",
 }
 
+// Counted, too rare to require of a CI sample (about one run in 400): a dead letter
+// moved by a process after another took its leadership ("dead-letter-after-term-lost").
+
 func firstDifference(a, b []string) string {
 	for i := range min(len(a), len(b)) {
 		if a[i] != b[i] {

@@ -473,6 +473,11 @@ func (c *simClaim) ended() {
 func (c *simClaim) Complete(ctx context.Context, p *outboxdriver.CompleteParams) error {
 	if anyDead(p) {
 		c.s.w.reach("dead-letter")
+		c.s.w.mu.Lock()
+		if c.s.w.leader != c.s.p { // another process took leadership since
+			c.s.w.reached["dead-letter-after-term-lost"]++
+		}
+		c.s.w.mu.Unlock()
 	}
 	defer c.ended()
 	c.s.w.detail("p%d completes %s: %s", c.s.p.id, c.detail, paramsText(p))
