@@ -364,7 +364,7 @@ func simulate(t *testing.T, seed uint64, path string) simResult {
 	bad, good := map[string]bool{}, map[string][]string{} // good: per aggregate, in commit order
 	txs, actions := script.txs, script.actions
 	for {
-		settle()
+		quiesce()
 		elapsed := time.Since(w.start)
 		switch {
 		case len(txs) > 0 && txs[0].at <= elapsed:
@@ -446,7 +446,7 @@ func simulate(t *testing.T, seed uint64, path string) simResult {
 	failure := ""
 	lastLook := time.Time{}
 	for {
-		settle()
+		quiesce()
 		if w.releaseOne() {
 			continue
 		}

@@ -359,8 +359,8 @@ func (w *simWorld) idle(deadline time.Time) {
 	}
 }
 
-// settle waits until every goroutine of the bubble is blocked.
-func settle() { synctest.Wait() }
+// quiesce waits until every goroutine of the bubble is blocked.
+func quiesce() { synctest.Wait() }
 
 // simStore is a process's gated view of its driver: every call goes through the world.
 type simStore struct {
