@@ -95,23 +95,27 @@ func queryIndexes(ctx context.Context, q Querier, sql string) ([]int, error) {
 	return out, InterpretError(rows.Err())
 }
 
-// trustQuery reads, for the tables of one outbox (the table and those named after it:
-// its migrations, dead letters, archive, partitions...), who owns each, whether that
-// owner is trusted (the current role, a role it was granted, or one named in $4), and
-// the triggers, rules and row-level security policies on it. PostgreSQL runs those
-// with the privileges of whoever touches the table, and outbox creates none.
+// trustQuery reads, for the tables of each outbox ($1, $2: schemas and names; the
+// table and those named after it: its migrations, dead letters, archive,
+// partitions...), who owns each, whether that owner is trusted (the current role, a
+// role it was granted, or one named in $3), and the triggers, rules and row-level
+// security policies on it. PostgreSQL runs those with the privileges of whoever
+// touches the table, and outbox creates none. One statement for every table: a relay
+// of a thousand tenants asks it at every rescan.
 const trustQuery = `WITH RECURSIVE mine(oid) AS (
   SELECT oid FROM pg_roles WHERE rolname = current_user
   UNION SELECT m.roleid FROM pg_auth_members m JOIN mine ON m.member = mine.oid
 )
-SELECT c.relname, pg_get_userbyid(c.relowner),
-  c.relowner IN (SELECT oid FROM mine) OR pg_get_userbyid(c.relowner) = ANY($4::text[]),
+SELECT t.i, c.relname, pg_get_userbyid(c.relowner),
+  c.relowner IN (SELECT oid FROM mine) OR pg_get_userbyid(c.relowner) = ANY($3::text[]),
   coalesce((SELECT string_agg(quote_ident(tgname), ', ' ORDER BY tgname) FROM pg_trigger WHERE tgrelid = c.oid AND NOT tgisinternal), ''),
   coalesce((SELECT string_agg(quote_ident(rulename), ', ' ORDER BY rulename) FROM pg_rewrite WHERE ev_class = c.oid AND rulename <> '_RETURN'), ''),
   coalesce((SELECT string_agg(quote_ident(polname), ', ' ORDER BY polname) FROM pg_policy WHERE polrelid = c.oid), '')
-FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
-WHERE n.nspname = $1 AND (c.relname = $2 OR starts_with(c.relname, $3)) AND c.relkind IN ('r', 'p')
-ORDER BY c.relname COLLATE "C"`
+FROM unnest($1::text[], $2::text[]) WITH ORDINALITY AS t(schema, name, i)
+JOIN pg_namespace n ON n.nspname = t.schema
+JOIN pg_class c ON c.relnamespace = n.oid AND c.relkind IN ('r', 'p')
+  AND (c.relname = t.name OR starts_with(c.relname, t.name || '_'))
+ORDER BY t.i, c.relname COLLATE "C"`
 
 // TrustedTables splits tables into those safe to act on and those refused, each with
 // its reason: a table (or one named after it) owned by a role not trusted, or carrying
@@ -119,58 +123,60 @@ ORDER BY c.relname COLLATE "C"`
 // the relay or migrator touching it. Trusted owners are the current role, the roles it
 // was granted (not a superuser's implicit membership of every role), and trust.
 func TrustedTables(ctx context.Context, q Querier, tables []outboxdriver.Table, trust []string) ([]outboxdriver.Table, []outboxdriver.RefusedTable, error) {
-	var ok []outboxdriver.Table
-	var refused []outboxdriver.RefusedTable
-	for _, t := range tables {
-		reason, err := distrust(ctx, q, t, trust)
-		if err != nil {
+	if len(tables) == 0 {
+		return nil, nil, nil
+	}
+	if trust == nil {
+		trust = []string{}
+	}
+	schemas, names := make([]string, len(tables)), make([]string, len(tables))
+	for i, t := range tables {
+		schemas[i], names[i] = t.Schema, t.Name
+	}
+	rows, err := q.Query(ctx, trustQuery, schemas, names, trust)
+	if err != nil {
+		return nil, nil, InterpretError(err)
+	}
+	defer rows.Close()
+	owners, code := make([][]string, len(tables)), make([][]string, len(tables))
+	for rows.Next() {
+		var (
+			i                                      int64
+			name, owner, triggers, rules, policies string
+			trusted                                bool
+		)
+		if err := rows.Scan(&i, &name, &owner, &trusted, &triggers, &rules, &policies); err != nil {
 			return nil, nil, err
 		}
-		if reason != "" {
-			refused = append(refused, outboxdriver.RefusedTable{Table: t, Reason: reason})
+		i-- // ORDINALITY counts from 1
+		if !trusted && !slices.Contains(owners[i], owner) {
+			owners[i] = append(owners[i], owner)
+		}
+		for _, c := range []struct{ what, names string }{{"trigger", triggers}, {"rule", rules}, {"row-level security policy", policies}} {
+			if c.names != "" {
+				code[i] = append(code[i], fmt.Sprintf("%s %s on %s", c.what, c.names, name))
+			}
+		}
+	}
+	if err := rows.Err(); err != nil {
+		return nil, nil, InterpretError(err)
+	}
+	var ok []outboxdriver.Table
+	var refused []outboxdriver.RefusedTable
+	for i, t := range tables {
+		var reasons []string
+		if len(owners[i]) > 0 {
+			reasons = append(reasons, fmt.Sprintf("owned by role %s, which is not trusted (trusted: the current role, the roles granted to it, --trust-owner)",
+				strings.Join(owners[i], ", ")))
+		}
+		if len(code[i]) > 0 {
+			reasons = append(reasons, "it has code outbox did not create, which would run as whoever touches the table: "+strings.Join(code[i], ", "))
+		}
+		if len(reasons) > 0 {
+			refused = append(refused, outboxdriver.RefusedTable{Table: t, Reason: strings.Join(reasons, "; ")})
 			continue
 		}
 		ok = append(ok, t)
 	}
 	return ok, refused, nil
-}
-
-// distrust is why t may not be acted on ("" when it may).
-func distrust(ctx context.Context, q Querier, t outboxdriver.Table, trust []string) (string, error) {
-	if trust == nil {
-		trust = []string{}
-	}
-	rows, err := q.Query(ctx, trustQuery, t.Schema, t.Name, t.Name+"_", trust)
-	if err != nil {
-		return "", InterpretError(err)
-	}
-	defer rows.Close()
-	var owners, code []string
-	for rows.Next() {
-		var name, owner, triggers, rules, policies string
-		var trusted bool
-		if err := rows.Scan(&name, &owner, &trusted, &triggers, &rules, &policies); err != nil {
-			return "", err
-		}
-		if !trusted && !slices.Contains(owners, owner) {
-			owners = append(owners, owner)
-		}
-		for _, c := range []struct{ what, names string }{{"trigger", triggers}, {"rule", rules}, {"row-level security policy", policies}} {
-			if c.names != "" {
-				code = append(code, fmt.Sprintf("%s %s on %s", c.what, c.names, name))
-			}
-		}
-	}
-	if err := rows.Err(); err != nil {
-		return "", InterpretError(err)
-	}
-	var reasons []string
-	if len(owners) > 0 {
-		reasons = append(reasons, fmt.Sprintf("owned by role %s, which is not trusted (trusted: the current role, the roles granted to it, --trust-owner)",
-			strings.Join(owners, ", ")))
-	}
-	if len(code) > 0 {
-		reasons = append(reasons, "it has code outbox did not create, which would run as whoever touches the table: "+strings.Join(code, ", "))
-	}
-	return strings.Join(reasons, "; "), nil
 }
