@@ -561,9 +561,6 @@ func DeadLetterRefused(reason string, refusal error) string {
 // (then it is recorded again without counting an attempt): the refusal first, then the
 // failure, bounded as every stored error is.
 func ErrorRefused(reason string, refusal error) string {
-	if strings.HasPrefix(reason, "the dead-letter table refused it") {
-		return boundedError(reason) // already says what was refused
-	}
 	return boundedError("the database refused to record its failure (" + refusal.Error() + "); it failed with: " + reason)
 }
 
@@ -601,12 +598,16 @@ func Settle(ctx context.Context, p *CompleteParams, apply func(context.Context, 
 	for _, f := range p.Failed {
 		err := apply(ctx, &CompleteParams{Failed: []Failure{f}})
 		if err != nil && f.Dead && ctx.Err() == nil {
-			f = refusedFailure(f, err)
+			f = asRetry(f, DeadLetterRefused(f.Error, err))
 			f.CountAttempt = true
 			err = apply(ctx, &CompleteParams{Failed: []Failure{f}})
+		} else if err != nil && ctx.Err() == nil {
+			f.Error = ErrorRefused(f.Error, err)
 		}
 		if err != nil && f.CountAttempt && ctx.Err() == nil {
-			f = refusedFailure(f, err)
+			// Even the retry's record was refused: one that counts no attempt
+			// touches no index.
+			f = asRetry(f, f.Error)
 			f.CountAttempt = false
 			err = apply(ctx, &CompleteParams{Failed: []Failure{f}})
 		}
@@ -620,13 +621,9 @@ func Settle(ctx context.Context, p *CompleteParams, apply func(context.Context, 
 	return errors.Join(errs...)
 }
 
-// refusedFailure is f recorded as a retry after its record was refused (err).
-func refusedFailure(f Failure, err error) Failure {
-	if f.Dead {
-		f.Error = DeadLetterRefused(f.Error, err)
-	} else {
-		f.Error = ErrorRefused(f.Error, err)
-	}
+// asRetry is f recorded as a retry, with reason, after its record was refused.
+func asRetry(f Failure, reason string) Failure {
+	f.Error = reason
 	f.Dead, f.HoldKey = false, false
 	if at := time.Now().Add(DeadLetterRefusedRetry); f.RetryAt.Before(at) {
 		f.RetryAt = at
