@@ -20,8 +20,8 @@ import (
 
 	"github.com/outboxd/outbox"
 	natspub "github.com/outboxd/outbox/broker/nats"
+	"github.com/outboxd/outbox/broker/nats/natstest"
 	"github.com/outboxd/outbox/dashboard"
-	"github.com/outboxd/outbox/internal/natstest"
 	"github.com/outboxd/outbox/internal/testenv"
 	"github.com/outboxd/outbox/outboxdriver"
 	"github.com/outboxd/outbox/relay"

@@ -44,7 +44,6 @@ replace (
 	github.com/outboxd/outbox/broker/webhook => ../broker/webhook
 	github.com/outboxd/outbox/inbox => ../inbox
 	github.com/outboxd/outbox/internal/natsembed => ../internal/natsembed
-	github.com/outboxd/outbox/internal/natstest => ../internal/natstest
 	github.com/outboxd/outbox/outboxdriver/outboxmysql => ../outboxdriver/outboxmysql
 	github.com/outboxd/outbox/outboxdriver/outboxsqlite => ../outboxdriver/outboxsqlite
 	github.com/outboxd/outbox/relay => ../relay

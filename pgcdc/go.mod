@@ -7,7 +7,6 @@ toolchain go1.26.8
 require (
 	github.com/outboxd/outbox v0.0.0-00010101000000-000000000000
 	github.com/outboxd/outbox/broker/nats v0.0.0-00010101000000-000000000000
-	github.com/outboxd/outbox/internal/natstest v0.0.0-00010101000000-000000000000
 	github.com/outboxd/outbox/relay v0.0.0-00010101000000-000000000000
 )
 
@@ -42,7 +41,6 @@ replace (
 	github.com/outboxd/outbox/broker/nats => ../broker/nats
 	github.com/outboxd/outbox/broker/webhook => ../broker/webhook
 	github.com/outboxd/outbox/internal/natsembed => ../internal/natsembed
-	github.com/outboxd/outbox/internal/natstest => ../internal/natstest
 	github.com/outboxd/outbox/outboxdriver/outboxmysql => ../outboxdriver/outboxmysql
 	github.com/outboxd/outbox/outboxdriver/outboxsqlite => ../outboxdriver/outboxsqlite
 	github.com/outboxd/outbox/relay => ../relay

@@ -10,7 +10,6 @@ require (
 	github.com/outboxd/outbox/broker/nats v0.0.0-00010101000000-000000000000
 	github.com/outboxd/outbox/broker/webhook v0.0.0-00010101000000-000000000000
 	github.com/outboxd/outbox/internal/natsembed v0.0.0-00010101000000-000000000000
-	github.com/outboxd/outbox/internal/natstest v0.0.0-00010101000000-000000000000
 	github.com/outboxd/outbox/outboxdriver/outboxmysql v0.0.0-00010101000000-000000000000
 	github.com/outboxd/outbox/outboxdriver/outboxsqlite v0.0.0-00010101000000-000000000000
 )
@@ -65,7 +64,6 @@ replace (
 	github.com/outboxd/outbox/broker/nats => ../broker/nats
 	github.com/outboxd/outbox/broker/webhook => ../broker/webhook
 	github.com/outboxd/outbox/internal/natsembed => ../internal/natsembed
-	github.com/outboxd/outbox/internal/natstest => ../internal/natstest
 	github.com/outboxd/outbox/outboxdriver/outboxmysql => ../outboxdriver/outboxmysql
 	github.com/outboxd/outbox/outboxdriver/outboxsqlite => ../outboxdriver/outboxsqlite
 )

@@ -11,8 +11,8 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	natspub "github.com/outboxd/outbox/broker/nats"
+	"github.com/outboxd/outbox/broker/nats/natstest"
 	"github.com/outboxd/outbox/internal/natsembed"
-	"github.com/outboxd/outbox/internal/natstest"
 	"github.com/outboxd/outbox/internal/testenv"
 	"github.com/outboxd/outbox/relay"
 )

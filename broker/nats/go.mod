@@ -8,7 +8,6 @@ require (
 	github.com/outboxd/outbox v0.0.0-00010101000000-000000000000
 	github.com/outboxd/outbox/broker/brokertest v0.0.0-00010101000000-000000000000
 	github.com/outboxd/outbox/internal/natsembed v0.0.0-00010101000000-000000000000
-	github.com/outboxd/outbox/internal/natstest v0.0.0-00010101000000-000000000000
 )
 
 require (
@@ -49,5 +48,4 @@ replace (
 	github.com/outboxd/outbox => ../..
 	github.com/outboxd/outbox/broker/brokertest => ../brokertest
 	github.com/outboxd/outbox/internal/natsembed => ../../internal/natsembed
-	github.com/outboxd/outbox/internal/natstest => ../../internal/natstest
 )

@@ -14,9 +14,9 @@ import (
 	"github.com/outboxd/outbox/broker"
 	"github.com/outboxd/outbox/broker/brokertest"
 	"github.com/outboxd/outbox/broker/nats"
+	"github.com/outboxd/outbox/broker/nats/natstest"
 	"github.com/outboxd/outbox/cloudevents"
 	"github.com/outboxd/outbox/internal/natsembed"
-	"github.com/outboxd/outbox/internal/natstest"
 	"github.com/outboxd/outbox/internal/testenv"
 )
 

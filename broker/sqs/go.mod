@@ -7,19 +7,18 @@ toolchain go1.26.8
 require (
 	github.com/outboxd/outbox v0.0.0-00010101000000-000000000000
 	github.com/outboxd/outbox/broker/brokertest v0.0.0-00010101000000-000000000000
-	github.com/outboxd/outbox/internal/sqsemu v0.0.0-00010101000000-000000000000
 )
 
 require (
 	github.com/aws/aws-sdk-go-v2 v1.48.0
 	github.com/aws/aws-sdk-go-v2/config v1.33.18
+	github.com/aws/aws-sdk-go-v2/credentials v1.21.0
 	github.com/aws/aws-sdk-go-v2/service/sqs v1.53.0
 	github.com/aws/smithy-go v1.28.9
 	go.uber.org/goleak v1.3.0
 )
 
 require (
-	github.com/aws/aws-sdk-go-v2/credentials v1.21.0 // indirect
 	github.com/aws/aws-sdk-go-v2/feature/ec2/imds v1.20.9 // indirect
 	github.com/aws/aws-sdk-go-v2/internal/configsources v1.5.12 // indirect
 	github.com/aws/aws-sdk-go-v2/internal/endpoints/v2 v2.8.12 // indirect
@@ -44,5 +43,4 @@ require (
 replace (
 	github.com/outboxd/outbox => ../..
 	github.com/outboxd/outbox/broker/brokertest => ../brokertest
-	github.com/outboxd/outbox/internal/sqsemu => ../../internal/sqsemu
 )

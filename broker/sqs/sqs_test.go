@@ -15,8 +15,8 @@ import (
 	"github.com/outboxd/outbox/broker"
 	"github.com/outboxd/outbox/broker/brokertest"
 	"github.com/outboxd/outbox/broker/sqs"
+	"github.com/outboxd/outbox/broker/sqs/sqsemu"
 	"github.com/outboxd/outbox/cloudevents"
-	"github.com/outboxd/outbox/internal/sqsemu"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }

@@ -7,8 +7,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/outboxd/outbox/broker/nats/natstest"
 	"github.com/outboxd/outbox/internal/natsembed"
-	"github.com/outboxd/outbox/internal/natstest"
 	"github.com/outboxd/outbox/internal/testenv"
 )
 

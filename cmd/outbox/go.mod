@@ -20,8 +20,6 @@ require (
 	github.com/outboxd/outbox/inbox v0.0.0-00010101000000-000000000000
 	github.com/outboxd/outbox/inbox/natsinbox v0.0.0-00010101000000-000000000000
 	github.com/outboxd/outbox/internal/natsembed v0.0.0-00010101000000-000000000000
-	github.com/outboxd/outbox/internal/natstest v0.0.0-00010101000000-000000000000
-	github.com/outboxd/outbox/internal/sqsemu v0.0.0-00010101000000-000000000000
 	github.com/outboxd/outbox/outboxdriver/outboxmysql v0.0.0-00010101000000-000000000000
 	github.com/outboxd/outbox/outboxdriver/outboxsqlite v0.0.0-00010101000000-000000000000
 	github.com/outboxd/outbox/outboxotel v0.0.0-00010101000000-000000000000
@@ -160,10 +158,7 @@ replace (
 	github.com/outboxd/outbox/inbox => ../../inbox
 	github.com/outboxd/outbox/inbox/kafkainbox => ../../inbox/kafkainbox
 	github.com/outboxd/outbox/inbox/natsinbox => ../../inbox/natsinbox
-	github.com/outboxd/outbox/internal/inboxtest => ../../internal/inboxtest
 	github.com/outboxd/outbox/internal/natsembed => ../../internal/natsembed
-	github.com/outboxd/outbox/internal/natstest => ../../internal/natstest
-	github.com/outboxd/outbox/internal/sqsemu => ../../internal/sqsemu
 	github.com/outboxd/outbox/outboxdriver/outboxmysql => ../../outboxdriver/outboxmysql
 	github.com/outboxd/outbox/outboxdriver/outboxsqlite => ../../outboxdriver/outboxsqlite
 	github.com/outboxd/outbox/outboxotel => ../../outboxotel

@@ -18,7 +18,7 @@ import (
 
 	"github.com/outboxd/outbox"
 	"github.com/outboxd/outbox/broker"
-	"github.com/outboxd/outbox/internal/natstest"
+	"github.com/outboxd/outbox/broker/nats/natstest"
 	"github.com/outboxd/outbox/internal/testenv"
 	"github.com/outboxd/outbox/outboxdriver"
 	"github.com/outboxd/outbox/outboxdriver/outboxpgx"

@@ -12,7 +12,7 @@ import (
 
 	"github.com/outboxd/outbox/broker"
 	sqspub "github.com/outboxd/outbox/broker/sqs"
-	"github.com/outboxd/outbox/internal/sqsemu"
+	"github.com/outboxd/outbox/broker/sqs/sqsemu"
 	"github.com/outboxd/outbox/internal/testenv"
 )
 

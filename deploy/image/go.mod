@@ -6,7 +6,7 @@ toolchain go1.26.8
 
 require (
 	github.com/outboxd/outbox v0.0.0-00010101000000-000000000000
-	github.com/outboxd/outbox/internal/natstest v0.0.0-00010101000000-000000000000
+	github.com/outboxd/outbox/broker/nats v0.0.0-00010101000000-000000000000
 )
 
 require (
@@ -20,18 +20,20 @@ require (
 	github.com/jackc/pgservicefile v0.0.0-20240606120523-5a60cdf6a761 // indirect
 	github.com/jackc/pgx/v5 v5.12.0 // indirect
 	github.com/jackc/puddle/v2 v2.2.3 // indirect
-	github.com/klauspost/compress v1.20.0 // indirect
+	github.com/klauspost/compress v1.20.3 // indirect
 	github.com/nats-io/nkeys v0.4.16 // indirect
 	github.com/nats-io/nuid v1.0.1 // indirect
-	golang.org/x/crypto v0.57.0 // indirect
-	golang.org/x/sync v0.23.0 // indirect
-	golang.org/x/sys v0.48.0 // indirect
-	golang.org/x/text v0.42.0 // indirect
+	golang.org/x/crypto v0.58.0 // indirect
+	golang.org/x/sync v0.24.0 // indirect
+	golang.org/x/sys v0.49.0 // indirect
+	golang.org/x/text v0.43.0 // indirect
 )
 
 // The project's own modules, from this checkout (a release replaces nothing:
 // these lines are ignored where this module is a dependency).
 replace (
 	github.com/outboxd/outbox => ../..
-	github.com/outboxd/outbox/internal/natstest => ../../internal/natstest
+	github.com/outboxd/outbox/broker/brokertest => ../../broker/brokertest
+	github.com/outboxd/outbox/broker/nats => ../../broker/nats
+	github.com/outboxd/outbox/internal/natsembed => ../../internal/natsembed
 )

@@ -8,7 +8,7 @@ import (
 
 	"go.uber.org/goleak"
 
-	"github.com/outboxd/outbox/internal/natstest"
+	"github.com/outboxd/outbox/broker/nats/natstest"
 	"github.com/outboxd/outbox/internal/testenv"
 )
 

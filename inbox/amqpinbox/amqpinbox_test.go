@@ -11,7 +11,7 @@ import (
 	"github.com/outboxd/outbox/broker"
 	"github.com/outboxd/outbox/broker/amqp"
 	"github.com/outboxd/outbox/inbox/amqpinbox"
-	"github.com/outboxd/outbox/internal/inboxtest"
+	"github.com/outboxd/outbox/inbox/inboxtest"
 	"github.com/outboxd/outbox/internal/testenv"
 )
 

@@ -8,7 +8,6 @@ require (
 	github.com/outboxd/outbox v0.0.0-00010101000000-000000000000
 	github.com/outboxd/outbox/broker/kafka v0.0.0-00010101000000-000000000000
 	github.com/outboxd/outbox/inbox v0.0.0-00010101000000-000000000000
-	github.com/outboxd/outbox/internal/inboxtest v0.0.0-00010101000000-000000000000
 )
 
 require (
@@ -49,9 +48,7 @@ replace (
 	github.com/outboxd/outbox/broker/nats => ../../broker/nats
 	github.com/outboxd/outbox/broker/webhook => ../../broker/webhook
 	github.com/outboxd/outbox/inbox => ..
-	github.com/outboxd/outbox/internal/inboxtest => ../../internal/inboxtest
 	github.com/outboxd/outbox/internal/natsembed => ../../internal/natsembed
-	github.com/outboxd/outbox/internal/natstest => ../../internal/natstest
 	github.com/outboxd/outbox/outboxdriver/outboxmysql => ../../outboxdriver/outboxmysql
 	github.com/outboxd/outbox/outboxdriver/outboxsqlite => ../../outboxdriver/outboxsqlite
 	github.com/outboxd/outbox/relay => ../../relay

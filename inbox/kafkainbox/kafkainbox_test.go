@@ -11,8 +11,8 @@ import (
 
 	"github.com/outboxd/outbox/broker"
 	"github.com/outboxd/outbox/broker/kafka"
+	"github.com/outboxd/outbox/inbox/inboxtest"
 	"github.com/outboxd/outbox/inbox/kafkainbox"
-	"github.com/outboxd/outbox/internal/inboxtest"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }

@@ -11,10 +11,10 @@ import (
 
 	"github.com/outboxd/outbox/broker"
 	natspub "github.com/outboxd/outbox/broker/nats"
+	"github.com/outboxd/outbox/broker/nats/natstest"
 	"github.com/outboxd/outbox/inbox"
+	"github.com/outboxd/outbox/inbox/inboxtest"
 	"github.com/outboxd/outbox/inbox/natsinbox"
-	"github.com/outboxd/outbox/internal/inboxtest"
-	"github.com/outboxd/outbox/internal/natstest"
 	"github.com/outboxd/outbox/internal/testenv"
 )
 

@@ -15,8 +15,8 @@ import (
 
 	"github.com/outboxd/outbox/broker"
 	"github.com/outboxd/outbox/broker/pubsub"
+	"github.com/outboxd/outbox/inbox/inboxtest"
 	"github.com/outboxd/outbox/inbox/pubsubinbox"
-	"github.com/outboxd/outbox/internal/inboxtest"
 )
 
 func TestMain(m *testing.M) {

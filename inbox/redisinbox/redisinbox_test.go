@@ -10,8 +10,8 @@ import (
 
 	"github.com/outboxd/outbox/broker"
 	"github.com/outboxd/outbox/broker/redis"
+	"github.com/outboxd/outbox/inbox/inboxtest"
 	"github.com/outboxd/outbox/inbox/redisinbox"
-	"github.com/outboxd/outbox/internal/inboxtest"
 	"github.com/outboxd/outbox/internal/testenv"
 )
 

@@ -11,9 +11,9 @@ import (
 
 	"github.com/outboxd/outbox/broker"
 	"github.com/outboxd/outbox/broker/sqs"
+	"github.com/outboxd/outbox/broker/sqs/sqsemu"
+	"github.com/outboxd/outbox/inbox/inboxtest"
 	"github.com/outboxd/outbox/inbox/sqsinbox"
-	"github.com/outboxd/outbox/internal/inboxtest"
-	"github.com/outboxd/outbox/internal/sqsemu"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }

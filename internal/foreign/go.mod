@@ -62,7 +62,6 @@ replace (
 	github.com/outboxd/outbox/broker/redis => ../../broker/redis
 	github.com/outboxd/outbox/broker/webhook => ../../broker/webhook
 	github.com/outboxd/outbox/internal/natsembed => ../natsembed
-	github.com/outboxd/outbox/internal/natstest => ../natstest
 	github.com/outboxd/outbox/outboxdriver/outboxmysql => ../../outboxdriver/outboxmysql
 	github.com/outboxd/outbox/outboxdriver/outboxsqlite => ../../outboxdriver/outboxsqlite
 	github.com/outboxd/outbox/relay => ../../relay

@@ -15,8 +15,6 @@ require (
 	github.com/outboxd/outbox/broker/sqs v0.0.0-00010101000000-000000000000
 	github.com/outboxd/outbox/broker/stdout v0.0.0-00010101000000-000000000000
 	github.com/outboxd/outbox/broker/webhook v0.0.0-00010101000000-000000000000
-	github.com/outboxd/outbox/internal/natstest v0.0.0-00010101000000-000000000000
-	github.com/outboxd/outbox/internal/sqsemu v0.0.0-00010101000000-000000000000
 	github.com/outboxd/outbox/outboxdriver/outboxmysql v0.0.0-00010101000000-000000000000
 	github.com/outboxd/outbox/outboxdriver/outboxsqlite v0.0.0-00010101000000-000000000000
 	github.com/outboxd/outbox/relay v0.0.0-00010101000000-000000000000
@@ -123,8 +121,6 @@ replace (
 	github.com/outboxd/outbox/broker/stdout => ../../broker/stdout
 	github.com/outboxd/outbox/broker/webhook => ../../broker/webhook
 	github.com/outboxd/outbox/internal/natsembed => ../natsembed
-	github.com/outboxd/outbox/internal/natstest => ../natstest
-	github.com/outboxd/outbox/internal/sqsemu => ../sqsemu
 	github.com/outboxd/outbox/outboxdriver/outboxmysql => ../../outboxdriver/outboxmysql
 	github.com/outboxd/outbox/outboxdriver/outboxsqlite => ../../outboxdriver/outboxsqlite
 	github.com/outboxd/outbox/relay => ../../relay

@@ -40,7 +40,7 @@ func Start(t testing.TB) string {
 		_, err = os.Stat(cli)
 	}
 	if err != nil {
-		missing(t, "the SQS emulator (Node.js and `npm ci` in internal/sqsemu): %v", err)
+		missing(t, "the SQS emulator (Node.js and `npm ci` in broker/sqs/sqsemu): %v", err)
 	}
 	// Port 0: the system picks a free port and the emulator logs it. (Picking one
 	// here and handing it over races with other test processes: the emulator could

@@ -1,6 +1,7 @@
 // Package natstest reads what tests published to NATS JetStream, and makes and
-// removes their streams. A module of its own, so that the NATS client stays out of
-// the library module's tests.
+// removes their streams. It lives in the NATS publisher's module, which has the NATS
+// client already, so that no module an importer resolves requires a test-only one
+// (docs/layout.md#modules).
 package natstest
 
 import (

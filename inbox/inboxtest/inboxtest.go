@@ -1,6 +1,7 @@
 // Package inboxtest is the shared scenario of the broker inbox helpers' tests: a
 // SQLite-backed inbox whose handler records every application of an event and fails
-// the first delivery of one chosen event.
+// the first delivery of one chosen event. Adapters outside this repository can run it
+// too.
 package inboxtest
 
 import (
