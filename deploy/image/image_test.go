@@ -34,7 +34,8 @@ func buildah(t *testing.T, args ...string) string {
 	return strings.TrimSpace(string(out))
 }
 
-// TestImage builds the image with build.sh and proves it complete: its user is not
+// TestImage builds the image with build.sh, as at a release's tag, and proves it
+// complete: it says the release's version (label and `outbox version`), its user is not
 // root, its entrypoint is the binary, it has the CA certificates and no shell, and
 // its entrypoint, run as its user in a chroot of the unpacked image (this machine
 // refuses a container runtime's cgroup setup), migrates a table and relays events
@@ -48,8 +49,10 @@ func TestImage(t *testing.T) {
 	}
 	url, natsURL := testenv.DatabaseURL(t), natstest.URL(t)
 	tag := "localhost/" + testenv.UniqueName("outbox-image-test-") + ":test"
+	// A release's version, as build.sh finds it at a release's tag.
+	const version = "v0.0.0-imagetest"
 	build := exec.Command("./build.sh", tag)
-	build.Env = append(os.Environ(), "BUILDAH_OPTS=--storage-driver vfs")
+	build.Env = append(os.Environ(), "BUILDAH_OPTS=--storage-driver vfs", "VERSION="+version)
 	if out, err := build.CombinedOutput(); err != nil {
 		t.Fatalf("build.sh: %v\n%s", err, out)
 	}
@@ -66,6 +69,9 @@ func TestImage(t *testing.T) {
 	}
 	if rev := buildah(t, "inspect", "--format", `{{index .OCIv1.Config.Labels "org.opencontainers.image.revision"}}`, tag); rev != want {
 		t.Errorf("label org.opencontainers.image.revision = %q, want %q", rev, want)
+	}
+	if v := buildah(t, "inspect", "--format", `{{index .OCIv1.Config.Labels "org.opencontainers.image.version"}}`, tag); v != version {
+		t.Errorf("label org.opencontainers.image.version = %q, want %q", v, version)
 	}
 	if src := buildah(t, "inspect", "--format", `{{index .OCIv1.Config.Labels "org.opencontainers.image.source"}}`, tag); src != "https://github.com/outboxd/outbox" {
 		t.Errorf("label org.opencontainers.image.source = %q", src)
@@ -88,9 +94,31 @@ func TestImage(t *testing.T) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
 	defer cancel()
-	if out, err := entry(ctx, "version").CombinedOutput(); err != nil || !strings.HasPrefix(string(out), "outbox ") {
+	if out, err := entry(ctx, "version").CombinedOutput(); err != nil || !strings.HasPrefix(string(out), "outbox "+version+" ") {
 		t.Fatalf("outbox version in the image: %v\n%s", err, out)
 	}
+	// The demo, as `podman run --tmpfs /tmp IMAGE demo` runs it (the README's door
+	// past the first run's compile): a writable /tmp, and /proc and /dev/null, which a
+	// container runtime provides and a chroot does not.
+	for _, dir := range []string{"tmp", "proc", "dev"} {
+		if err := os.Mkdir(filepath.Join(root, dir), 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := os.Chmod(filepath.Join(root, "tmp"), 0o1777); err != nil {
+		t.Fatal(err)
+	}
+	if out, err := exec.Command("mknod", "-m", "666", filepath.Join(root, "dev", "null"), "c", "1", "3").CombinedOutput(); err != nil {
+		t.Fatalf("mknod /dev/null in the image's root: %v\n%s", err, out)
+	}
+	if out, err := exec.Command("mount", "-t", "proc", "proc", filepath.Join(root, "proc")).CombinedOutput(); err != nil {
+		t.Fatalf("mount /proc in the image's root: %v\n%s", err, out)
+	}
+	t.Cleanup(func() { _ = exec.Command("umount", "--lazy", filepath.Join(root, "proc")).Run() })
+	if out, err := entry(ctx, "demo", "--duration", "2s", "--rate", "100").CombinedOutput(); err != nil || !strings.Contains(string(out), "lost 0 [ok]") {
+		t.Fatalf("outbox demo in the image: %v\n%s", err, out)
+	}
+
 	schema := testenv.Schema(t, url)
 	table := schema + ".outbox"
 	if out, err := entry(ctx, "migrate", "--db", url, "--table", table).CombinedOutput(); err != nil {

@@ -134,12 +134,19 @@ func TestManifests(t *testing.T) {
 
 // checkPod: non-root, no privilege escalation, read-only root, no capabilities,
 // resources, secrets mounted read-only and named by OUTBOX_*_FILE.
+var releasedImage = regexp.MustCompile(`^ghcr\.io/outboxd/outbox:v\d+\.\d+\.\d+(-[0-9A-Za-z.-]+)?$`)
+
 func checkPod(t *testing.T, pod corev1.PodSpec) {
 	t.Helper()
 	if pod.SecurityContext == nil || pod.SecurityContext.RunAsNonRoot == nil || !*pod.SecurityContext.RunAsNonRoot {
 		t.Error("the pod must run as non-root")
 	}
 	for _, c := range pod.Containers {
+		// A release's image, which `go run ./internal/release` writes here: a tag
+		// such as latest moves under a running Deployment.
+		if !releasedImage.MatchString(c.Image) {
+			t.Errorf("container %s: image %q, want ghcr.io/outboxd/outbox:vX.Y.Z", c.Name, c.Image)
+		}
 		sc := c.SecurityContext
 		if sc == nil || sc.ReadOnlyRootFilesystem == nil || !*sc.ReadOnlyRootFilesystem || sc.AllowPrivilegeEscalation == nil ||
 			*sc.AllowPrivilegeEscalation || sc.Capabilities == nil || len(sc.Capabilities.Drop) != 1 || sc.Capabilities.Drop[0] != "ALL" {

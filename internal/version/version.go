@@ -12,7 +12,8 @@ import (
 // Info is what a binary knows of its own build.
 type Info struct {
 	// Version is the main module's version: a release tag (v1.2.3) for a binary
-	// built by `go install module@version`, "(devel)" for one built from a checkout.
+	// built by `go install module@version` or by the image's build at a release's
+	// tag; "(devel)" or a pseudo-version for one built from any other checkout.
 	Version string
 	// Revision is the VCS commit a checkout was built from ("" when not stamped:
 	// `go run`, `go test`, -buildvcs=false), with Modified set for uncommitted changes.
@@ -22,15 +23,26 @@ type Info struct {
 	Go string
 }
 
+// stamped is the release a binary built from a checkout of its tag carries, set at
+// link time by the image's build (deploy/image/build.sh: -ldflags -X
+// github.com/outboxd/outbox/internal/version.stamped=v1.2.3). The go command knows
+// the version of a binary built by `go install module@version`; in the repository's
+// workspace it says "(devel)", or a pseudo-version of the commit with -buildvcs=true,
+// as the tags are the modules' (relay/v1.2.3) and not the workspace's.
+var stamped string
+
 // Get returns the running binary's build information.
 func Get() Info {
 	i := Info{Version: "(devel)", Go: runtime.Version()}
 	bi, ok := debug.ReadBuildInfo()
+	if ok && bi.Main.Version != "" {
+		i.Version = bi.Main.Version
+	}
+	if stamped != "" {
+		i.Version = stamped
+	}
 	if !ok {
 		return i
-	}
-	if v := bi.Main.Version; v != "" {
-		i.Version = v
 	}
 	for _, s := range bi.Settings {
 		switch s.Key {
