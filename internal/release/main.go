@@ -35,7 +35,7 @@ import (
 )
 
 func main() {
-	var o options
+	o := options{Dir: "."}
 	flag.BoolVar(&o.DryRun, "n", false, "print what the release would do and change nothing")
 	flag.StringVar(&o.ProxyDir, "proxy", "", "also write the release's modules to this `folder`, a file GOPROXY to try an install from before pushing")
 	flag.StringVar(&o.Date, "date", time.Now().UTC().Format(time.DateOnly), "the release's date in CHANGELOG.md")
@@ -58,6 +58,7 @@ func main() {
 }
 
 type options struct {
+	Dir      string // inside the checkout to release
 	Version  string
 	Date     string
 	DryRun   bool
@@ -80,7 +81,7 @@ func run(ctx context.Context, w io.Writer, o options) error {
 	if err := checkVersion(o.Version); err != nil {
 		return err
 	}
-	root, err := git(ctx, ".", "rev-parse", "--show-toplevel")
+	root, err := git(ctx, o.Dir, "rev-parse", "--show-toplevel")
 	if err != nil {
 		return err
 	}
@@ -255,7 +256,11 @@ func printPlan(w io.Writer, p prepared, o options, stat string) {
 		}
 	}
 	fmt.Fprintf(w, "\n  CHANGELOG.md: Unreleased becomes %s\n", o.Version)
-	fmt.Fprintf(w, "  image ghcr.io/outboxd/outbox:%s in %s\n", o.Version, strings.Join(p.Images, ", "))
+	if len(p.Images) > 0 {
+		fmt.Fprintf(w, "  image ghcr.io/outboxd/outbox:%s in %s\n", o.Version, strings.Join(p.Images, ", "))
+	} else {
+		fmt.Fprintf(w, "  image: the manifests name ghcr.io/outboxd/outbox:%s already\n", o.Version)
+	}
 	fmt.Fprintf(w, "  the release commit changes:\n%s\n", indent(stat))
 	if o.ProxyDir != "" {
 		fmt.Fprintf(w, "  the release's modules are in %s; try them with\n\tGOPROXY=%s,$(go env GOPROXY) GONOSUMDB=github.com/outboxd/outbox go install github.com/outboxd/outbox/cmd/outbox@%s\n",

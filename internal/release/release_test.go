@@ -415,3 +415,96 @@ func copyFile(t *testing.T, src, dst string) {
 		t.Fatal(err)
 	}
 }
+
+// TestReleaseCommand cuts a release in a clone of this checkout's HEAD, as a
+// maintainer would, and checks what the command leaves: every released module tagged
+// at a commit whose released go.mod files replace nothing, the branch back to
+// development after it (replace directives back, requirements at the version), a
+// clean tree, and nothing done by a second run.
+func TestReleaseCommand(t *testing.T) {
+	if testing.Short() {
+		t.Skip("-short: prepares a release")
+	}
+	for _, tool := range []string{"go", "git"} {
+		if _, err := exec.LookPath(tool); err != nil {
+			t.Skipf("no %s command: %v", tool, err)
+		}
+	}
+	ctx := t.Context()
+	machineCache(ctx, t)
+	for _, kv := range [][2]string{{"GIT_AUTHOR_NAME", "release test"}, {"GIT_AUTHOR_EMAIL", "release@test"}, {"GIT_COMMITTER_NAME", "release test"}, {"GIT_COMMITTER_EMAIL", "release@test"}} {
+		t.Setenv(kv[0], kv[1])
+	}
+	clone := filepath.Join(t.TempDir(), "clone")
+	mustGit(ctx, t, repoRoot, "clone", "--quiet", "--no-local", "--no-tags", ".", clone)
+	// Something to release, whatever the checkout's changelog says today.
+	changelog := filepath.Join(clone, "CHANGELOG.md")
+	text, err := os.ReadFile(changelog)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(changelog, []byte(strings.Replace(string(text), "\n"+unreleasedHeading, "\n"+unreleasedHeading+"\n- A change to release.\n", 1)), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	const v = "v0.1.0-commandtest"
+	var out strings.Builder
+	if err := run(ctx, &out, options{Dir: clone, Version: v, Date: "2026-12-06"}); err == nil || !strings.Contains(err.Error(), "uncommitted changes") {
+		t.Fatalf("a release of a changed tree: %v", err)
+	}
+	mustGit(ctx, t, clone, "commit", "--quiet", "--all", "--message", "A change")
+	start := mustGit(ctx, t, clone, "rev-parse", "HEAD")
+	if err := run(ctx, &out, options{Dir: clone, Version: v, Date: "2026-12-06"}); err != nil {
+		t.Fatalf("%v\n%s", err, out.String())
+	}
+	mods, err := loadModules(clone)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rel := mustGit(ctx, t, clone, "rev-parse", v+"^{commit}")
+	if parent := mustGit(ctx, t, clone, "rev-parse", rel+"^"); parent != start {
+		t.Errorf("the release commit's parent is %s, want %s", parent, start)
+	}
+	if head := mustGit(ctx, t, clone, "rev-parse", "HEAD^"); head != rel {
+		t.Errorf("HEAD's parent is %s, want the release commit %s", head, rel)
+	}
+	if st := mustGit(ctx, t, clone, "status", "--porcelain"); st != "" {
+		t.Errorf("the tree is not clean:\n%s", st)
+	}
+	for _, m := range mods {
+		file := strings.TrimPrefix(m.Dir+"/go.mod", "./")
+		released := mustGit(ctx, t, clone, "show", rel+":"+file)
+		dev := mustGit(ctx, t, clone, "show", "HEAD:"+file)
+		if m.Released {
+			if c := mustGit(ctx, t, clone, "rev-parse", m.Tag(v)+"^{commit}"); c != rel {
+				t.Errorf("%s is at %s, want %s", m.Tag(v), c, rel)
+			}
+			if strings.Contains(released, "\nreplace") {
+				t.Errorf("%s at the release has a replace directive:\n%s", file, released)
+			}
+		}
+		if len(m.Requires) > 0 && (!strings.Contains(dev, "\nreplace") || !strings.Contains(dev, " "+v+"\n")) {
+			t.Errorf("%s after the release: want replace directives and requirements at %s:\n%s", file, v, dev)
+		}
+	}
+	if log := mustGit(ctx, t, clone, "log", "--format=%s", "-2"); log != "Back to development after "+v+"\nRelease "+v {
+		t.Errorf("the last commits:\n%s", log)
+	}
+
+	head := mustGit(ctx, t, clone, "rev-parse", "HEAD")
+	out.Reset()
+	if err := run(ctx, &out, options{Dir: clone, Version: v, Date: "2026-12-07"}); err != nil {
+		t.Fatalf("a second run: %v", err)
+	}
+	if !strings.Contains(out.String(), "already released") || mustGit(ctx, t, clone, "rev-parse", "HEAD") != head {
+		t.Errorf("a second run did something:\n%s", out.String())
+	}
+}
+
+func mustGit(ctx context.Context, t *testing.T, dir string, args ...string) string {
+	t.Helper()
+	out, err := git(ctx, dir, args...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return out
+}
