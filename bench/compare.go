@@ -15,15 +15,17 @@ import (
 )
 
 // compare runs, on the same PostgreSQL and NATS in one run, each outbox relay mode and
-// Watermill's SQL forwarder: first draining the same backlog (events/s, ratios against
-// Watermill, relay CPU per event, peak RSS), then under the same live load (commit to
-// broker p50/p99, the most events waiting, relay CPU per event). -plot and
-// -latency-plot write the charts docs/benchmarks.md shows.
+// Watermill's SQL forwarder: first the machine's ceilings (limits), then draining the
+// same backlog (events/s, ratios to the ceilings and to Watermill, relay CPU per event,
+// peak RSS), then under the same live load (commit to broker p50/p99, the most events
+// waiting, relay CPU per event). -plot and -latency-plot write the charts
+// docs/benchmarks.md shows.
 func compare(dbURL, natsURL string, args []string) error {
 	fs := flag.NewFlagSet("compare", flag.ExitOnError)
 	events := fs.Int("events", 200_000, "backlog size for each relay (0: no backlog runs)")
 	plotPath := fs.String("plot", "", "write the throughput chart here (.svg or .png)")
 	only := fs.String("only", "", "run only the relays whose label contains this")
+	withLimits := fs.Bool("limits", true, "measure the machine's ceilings first (bench limits) and print each relay's rate as a fraction of them")
 	live := liveOpts{conns: 8}
 	fs.IntVar(&live.rate, "live-rate", 5000, "the live load's events per second (0: no live load)")
 	fs.IntVar(&live.seconds, "live-seconds", 15, "how long the live load writes")
@@ -46,6 +48,13 @@ func compare(dbURL, natsURL string, args []string) error {
 	}
 	machine := fmt.Sprintf("%d CPUs, %s", runtime.NumCPU(), time.Now().UTC().Format("2006-01-02"))
 
+	var c ceilings
+	if *events > 0 && *withLimits {
+		var err error
+		if c, err = measureCeilings(dbURL, natsURL, *events); err != nil {
+			return err
+		}
+	}
 	if *events > 0 {
 		base := drainOpts{events: *events, batch: 1000, perTx: 1000, mode: "poll", write: "rows", storage: "file"}
 		var labels []string
@@ -74,6 +83,18 @@ func compare(dbURL, natsURL string, args []string) error {
 		fmt.Printf("| relay | events/s | vs Watermill (tuned) | relay CPU µs/event | relay peak RSS |\n|---|---|---|---|---|\n")
 		for i, r := range results {
 			fmt.Printf("| %s | %.0f | %.1fx | %.1f | %.0f MiB |\n", labels[i], r.rate(), r.rate()/wm, r.cpuPerEvent(), r.rssMiB())
+		}
+		if *withLimits {
+			printCeilings(c)
+			fmt.Printf("\n| relay | events/s | of its database ceiling | of the broker ceiling | vs Watermill (tuned) |\n|---|---|---|---|---|\n")
+			for i, r := range results {
+				db := c.poll // Watermill's forwarder polls too
+				if strings.Contains(labels[i], "cdc") {
+					db = c.cdc
+				}
+				fmt.Printf("| %s | %.0f | %.0f%% of %s | %.0f%% | %.1fx |\n", labels[i], r.rate(), 100*r.rate()/db.rate(), db.name[:strings.IndexByte(db.name, ':')],
+					100*r.rate()/c.broker.rate(), r.rate()/wm)
+			}
 		}
 		if *plotPath != "" {
 			values := make(plotter.Values, len(results))

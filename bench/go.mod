@@ -15,6 +15,7 @@ require (
 )
 
 require (
+	github.com/jackc/pglogrepl v0.0.0-20251213150135-2e8d0df862c1
 	github.com/outboxd/outbox v0.0.0-00010101000000-000000000000
 	github.com/outboxd/outbox/broker/nats v0.0.0-00010101000000-000000000000
 	github.com/outboxd/outbox/broker/webhook v0.0.0-00010101000000-000000000000
@@ -32,7 +33,6 @@ require (
 	github.com/cenkalti/backoff/v5 v5.0.3 // indirect
 	github.com/golang/freetype v0.0.0-20170609003504-e2365dfdc4a0 // indirect
 	github.com/jackc/pgio v1.0.0 // indirect
-	github.com/jackc/pglogrepl v0.0.0-20251213150135-2e8d0df862c1 // indirect
 	github.com/jackc/pgpassfile v1.0.0 // indirect
 	github.com/jackc/pgservicefile v0.0.0-20240606120523-5a60cdf6a761 // indirect
 	github.com/jackc/puddle/v2 v2.2.3 // indirect

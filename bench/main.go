@@ -3,6 +3,7 @@
 // go.mod; run it from the repository's root with go run -C bench . <name>:
 //
 //	go run -C bench . compare [-events 200000] [-plot ../docs/bench-compare.svg] [-live-rate 5000] [-latency-plot ../docs/bench-latency.svg]  every relay and Watermill's forwarder, backlog and live load, one run
+//	go run -C bench . limits  [-events 200000]   the machine's ceilings: claim+mark, a discarding replication reader, JetStream publishes
 //	go run -C bench . drain   [-events 200000] [-batch 1000] [-completion mark|delete|archive]   relay throughput and RSS
 //	go run -C bench . produce [-tx 20000] [-conns 8] [-per-tx 1]           writer vs hand-written INSERT
 //	go run -C bench . notify  [-seconds 5] [-conns 16]                     what NOTIFY costs producers
@@ -46,7 +47,7 @@ import (
 
 func main() {
 	if len(os.Args) < 2 {
-		fmt.Fprintln(os.Stderr, "usage: bench compare|drain|produce|notify|latency|slowkey|replay|tables [flags]")
+		fmt.Fprintln(os.Stderr, "usage: bench compare|limits|drain|produce|notify|latency|slowkey|replay|tables [flags]")
 		os.Exit(2)
 	}
 	dbURL := env("TEST_DATABASE_URL", testenv.DatabaseURLDefault)
@@ -61,6 +62,8 @@ func main() {
 		err = notify(dbURL, os.Args[2:])
 	case "latency":
 		err = latency(dbURL, natsURL, os.Args[2:])
+	case "limits":
+		err = limits(dbURL, natsURL, os.Args[2:])
 	case "compare":
 		err = compare(dbURL, natsURL, os.Args[2:])
 	case "slowkey":
@@ -172,21 +175,9 @@ func runDrain(dbURL, natsURL string, o drainOpts) (drainResult, error) {
 		return drainResult{}, err
 	}
 	defer drop()
-	w, _ := outbox.NewWriter(outboxpgx.New(pool, &table), &outbox.Config{NotifyInterval: -1})
-	fmt.Printf("writing a backlog of %d events (~%d-byte payloads, %d per transaction, %s)...\n", o.events, len(payload(0)), o.perTx, table.Write)
-	for i := 0; i < o.events; i += o.perTx {
-		evs := make([]outbox.Event, 0, o.perTx)
-		for j := i; j < min(i+o.perTx, o.events); j++ {
-			evs = append(evs, outbox.Event{AggregateType: "order", AggregateID: fmt.Sprintf("customer-%04d", j%1000), Type: "OrderPlaced", Payload: payload(j)})
-		}
-		if err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error { return w.WriteTx(ctx, tx, evs...) }); err != nil {
-			return drainResult{}, err
-		}
-	}
-	if _, err := pool.Exec(ctx, "VACUUM ANALYZE "+pgx.Identifier{table.Schema, table.Name}.Sanitize()); err != nil {
+	if err := writeBacklog(ctx, pool, table, o.events, o.perTx); err != nil {
 		return drainResult{}, err
 	}
-	settle(ctx, pool)
 
 	nc, err := nats.Connect(natsURL)
 	if err != nil {
@@ -291,7 +282,7 @@ func scratchFor(ctx context.Context, dbURL string, conns int32, mode, write stri
 	if mode != "cdc" {
 		return pool, table, drop, nil
 	}
-	stopCDC, err := initCDC(ctx, pool, table)
+	_, stopCDC, err := initCDC(ctx, pool, table)
 	if err != nil {
 		drop()
 		return nil, table, nil, err
@@ -300,16 +291,16 @@ func scratchFor(ctx context.Context, dbURL string, conns int32, mode, write stri
 }
 
 // initCDC creates the table's publication and slot (as `outbox migrate --cdc`) and
-// returns a func that drops them.
-func initCDC(ctx context.Context, pool *pgxpool.Pool, table outboxdriver.Table) (func(), error) {
+// returns the source that names them and a func that drops them.
+func initCDC(ctx context.Context, pool *pgxpool.Pool, table outboxdriver.Table) (*pgcdc.Source, func(), error) {
 	src, err := pgcdc.ForDriver(outboxpgx.New(pool, &table), &pgcdc.Config{})
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	if err := src.Init(ctx); err != nil {
-		return nil, err
+		return nil, nil, err
 	}
-	return func() {
+	return src, func() {
 		if err := testenv.DropSlot(context.Background(), pool, src.Slot()); err != nil {
 			fmt.Fprintln(os.Stderr, "bench:", err)
 		}
