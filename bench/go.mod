@@ -16,12 +16,12 @@ require (
 
 require (
 	github.com/jackc/pglogrepl v0.0.0-20251213150135-2e8d0df862c1
-	github.com/outboxd/outbox v0.0.0-00010101000000-000000000000
-	github.com/outboxd/outbox/broker/nats v0.0.0-00010101000000-000000000000
-	github.com/outboxd/outbox/broker/webhook v0.0.0-00010101000000-000000000000
-	github.com/outboxd/outbox/pgcdc v0.0.0-00010101000000-000000000000
-	github.com/outboxd/outbox/relay v0.0.0-00010101000000-000000000000
-	github.com/outboxd/outbox/replay v0.0.0-00010101000000-000000000000
+	github.com/outboxd/outbox v0.1.0
+	github.com/outboxd/outbox/broker/nats v0.1.0
+	github.com/outboxd/outbox/broker/webhook v0.1.0
+	github.com/outboxd/outbox/pgcdc v0.1.0
+	github.com/outboxd/outbox/relay v0.1.0
+	github.com/outboxd/outbox/replay v0.1.0
 )
 
 require (

@@ -5,13 +5,13 @@ go 1.26.0
 toolchain go1.26.8
 
 require (
-	github.com/outboxd/outbox v0.0.0-00010101000000-000000000000
-	github.com/outboxd/outbox/broker/kafka v0.0.0-00010101000000-000000000000
-	github.com/outboxd/outbox/broker/nats v0.0.0-00010101000000-000000000000
-	github.com/outboxd/outbox/broker/webhook v0.0.0-00010101000000-000000000000
-	github.com/outboxd/outbox/internal/natsembed v0.0.0-00010101000000-000000000000
-	github.com/outboxd/outbox/outboxdriver/outboxmysql v0.0.0-00010101000000-000000000000
-	github.com/outboxd/outbox/outboxdriver/outboxsqlite v0.0.0-00010101000000-000000000000
+	github.com/outboxd/outbox v0.1.0
+	github.com/outboxd/outbox/broker/kafka v0.1.0
+	github.com/outboxd/outbox/broker/nats v0.1.0
+	github.com/outboxd/outbox/broker/webhook v0.1.0
+	github.com/outboxd/outbox/internal/natsembed v0.1.0
+	github.com/outboxd/outbox/outboxdriver/outboxmysql v0.1.0
+	github.com/outboxd/outbox/outboxdriver/outboxsqlite v0.1.0
 )
 
 require (
@@ -53,17 +53,4 @@ require (
 	modernc.org/mathutil v1.7.1 // indirect
 	modernc.org/memory v1.12.1 // indirect
 	modernc.org/sqlite v1.62.0 // indirect
-)
-
-// The project's own modules, from this checkout (a release replaces nothing:
-// these lines are ignored where this module is a dependency).
-replace (
-	github.com/outboxd/outbox => ..
-	github.com/outboxd/outbox/broker/brokertest => ../broker/brokertest
-	github.com/outboxd/outbox/broker/kafka => ../broker/kafka
-	github.com/outboxd/outbox/broker/nats => ../broker/nats
-	github.com/outboxd/outbox/broker/webhook => ../broker/webhook
-	github.com/outboxd/outbox/internal/natsembed => ../internal/natsembed
-	github.com/outboxd/outbox/outboxdriver/outboxmysql => ../outboxdriver/outboxmysql
-	github.com/outboxd/outbox/outboxdriver/outboxsqlite => ../outboxdriver/outboxsqlite
 )

@@ -4,7 +4,7 @@ go 1.25.0
 
 toolchain go1.26.8
 
-require github.com/outboxd/outbox v0.0.0-00010101000000-000000000000
+require github.com/outboxd/outbox v0.1.0
 
 require (
 	github.com/cloudevents/sdk-go/v2 v2.16.2
@@ -19,7 +19,3 @@ require (
 	go.uber.org/multierr v1.11.0 // indirect
 	go.uber.org/zap v1.27.0 // indirect
 )
-
-// The project's own modules, from this checkout (a release replaces nothing:
-// these lines are ignored where this module is a dependency).
-replace github.com/outboxd/outbox => ../..

@@ -5,9 +5,9 @@ go 1.26.0
 toolchain go1.26.8
 
 require (
-	github.com/outboxd/outbox v0.0.0-00010101000000-000000000000
-	github.com/outboxd/outbox/broker/brokertest v0.0.0-00010101000000-000000000000
-	github.com/outboxd/outbox/internal/natsembed v0.0.0-00010101000000-000000000000
+	github.com/outboxd/outbox v0.1.0
+	github.com/outboxd/outbox/broker/brokertest v0.1.0
+	github.com/outboxd/outbox/internal/natsembed v0.1.0
 )
 
 require (
@@ -40,12 +40,4 @@ require (
 	golang.org/x/sys v0.49.0 // indirect
 	golang.org/x/text v0.43.0 // indirect
 	golang.org/x/time v0.16.0 // indirect
-)
-
-// The project's own modules, from this checkout (a release replaces nothing:
-// these lines are ignored where this module is a dependency).
-replace (
-	github.com/outboxd/outbox => ../..
-	github.com/outboxd/outbox/broker/brokertest => ../brokertest
-	github.com/outboxd/outbox/internal/natsembed => ../../internal/natsembed
 )

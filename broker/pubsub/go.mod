@@ -5,8 +5,8 @@ go 1.26.0
 toolchain go1.26.8
 
 require (
-	github.com/outboxd/outbox v0.0.0-00010101000000-000000000000
-	github.com/outboxd/outbox/broker/brokertest v0.0.0-00010101000000-000000000000
+	github.com/outboxd/outbox v0.1.0
+	github.com/outboxd/outbox/broker/brokertest v0.1.0
 )
 
 require (
@@ -57,11 +57,4 @@ require (
 	google.golang.org/genproto/googleapis/api v0.0.0-20261012220534-4341edf3f941 // indirect
 	google.golang.org/genproto/googleapis/rpc v0.0.0-20261012220534-4341edf3f941 // indirect
 	google.golang.org/protobuf v1.36.12 // indirect
-)
-
-// The project's own modules, from this checkout (a release replaces nothing:
-// these lines are ignored where this module is a dependency).
-replace (
-	github.com/outboxd/outbox => ../..
-	github.com/outboxd/outbox/broker/brokertest => ../brokertest
 )

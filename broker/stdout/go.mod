@@ -5,8 +5,8 @@ go 1.25.0
 toolchain go1.26.8
 
 require (
-	github.com/outboxd/outbox v0.0.0-00010101000000-000000000000
-	github.com/outboxd/outbox/broker/brokertest v0.0.0-00010101000000-000000000000
+	github.com/outboxd/outbox v0.1.0
+	github.com/outboxd/outbox/broker/brokertest v0.1.0
 )
 
 require go.uber.org/goleak v1.3.0
@@ -19,11 +19,4 @@ require (
 	github.com/modern-go/reflect2 v1.0.2 // indirect
 	go.uber.org/multierr v1.11.0 // indirect
 	go.uber.org/zap v1.27.0 // indirect
-)
-
-// The project's own modules, from this checkout (a release replaces nothing:
-// these lines are ignored where this module is a dependency).
-replace (
-	github.com/outboxd/outbox => ../..
-	github.com/outboxd/outbox/broker/brokertest => ../brokertest
 )

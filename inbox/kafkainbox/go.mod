@@ -5,9 +5,9 @@ go 1.26.0
 toolchain go1.26.8
 
 require (
-	github.com/outboxd/outbox v0.0.0-00010101000000-000000000000
-	github.com/outboxd/outbox/broker/kafka v0.0.0-00010101000000-000000000000
-	github.com/outboxd/outbox/inbox v0.0.0-00010101000000-000000000000
+	github.com/outboxd/outbox v0.1.0
+	github.com/outboxd/outbox/broker/kafka v0.1.0
+	github.com/outboxd/outbox/inbox v0.1.0
 )
 
 require (
@@ -26,7 +26,7 @@ require (
 	github.com/klauspost/compress v1.20.3 // indirect
 	github.com/mattn/go-isatty v0.0.24 // indirect
 	github.com/ncruces/go-strftime v1.1.0 // indirect
-	github.com/outboxd/outbox/outboxdriver/outboxsqlite v0.0.0-00010101000000-000000000000 // indirect
+	github.com/outboxd/outbox/outboxdriver/outboxsqlite v0.1.0 // indirect
 	github.com/pierrec/lz4/v4 v4.1.33 // indirect
 	github.com/remyoudompheng/bigfft v0.0.0-20230129092748-24d4a6f8daec // indirect
 	github.com/twmb/franz-go/pkg/kmsg v1.15.1 // indirect
@@ -37,19 +37,4 @@ require (
 	modernc.org/mathutil v1.7.1 // indirect
 	modernc.org/memory v1.12.1 // indirect
 	modernc.org/sqlite v1.62.0 // indirect
-)
-
-// The project's own modules, from this checkout (a release replaces nothing:
-// these lines are ignored where this module is a dependency).
-replace (
-	github.com/outboxd/outbox => ../..
-	github.com/outboxd/outbox/broker/brokertest => ../../broker/brokertest
-	github.com/outboxd/outbox/broker/kafka => ../../broker/kafka
-	github.com/outboxd/outbox/broker/nats => ../../broker/nats
-	github.com/outboxd/outbox/broker/webhook => ../../broker/webhook
-	github.com/outboxd/outbox/inbox => ..
-	github.com/outboxd/outbox/internal/natsembed => ../../internal/natsembed
-	github.com/outboxd/outbox/outboxdriver/outboxmysql => ../../outboxdriver/outboxmysql
-	github.com/outboxd/outbox/outboxdriver/outboxsqlite => ../../outboxdriver/outboxsqlite
-	github.com/outboxd/outbox/relay => ../../relay
 )

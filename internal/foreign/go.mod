@@ -5,14 +5,14 @@ go 1.26.0
 toolchain go1.26.8
 
 require (
-	github.com/outboxd/outbox v0.0.0-00010101000000-000000000000
-	github.com/outboxd/outbox/broker/amqp v0.0.0-00010101000000-000000000000
-	github.com/outboxd/outbox/broker/kafka v0.0.0-00010101000000-000000000000
-	github.com/outboxd/outbox/broker/mqtt v0.0.0-00010101000000-000000000000
-	github.com/outboxd/outbox/broker/nats v0.0.0-00010101000000-000000000000
-	github.com/outboxd/outbox/broker/redis v0.0.0-00010101000000-000000000000
-	github.com/outboxd/outbox/internal/natsembed v0.0.0-00010101000000-000000000000
-	github.com/outboxd/outbox/relay v0.0.0-00010101000000-000000000000
+	github.com/outboxd/outbox v0.1.0
+	github.com/outboxd/outbox/broker/amqp v0.1.0
+	github.com/outboxd/outbox/broker/kafka v0.1.0
+	github.com/outboxd/outbox/broker/mqtt v0.1.0
+	github.com/outboxd/outbox/broker/nats v0.1.0
+	github.com/outboxd/outbox/broker/redis v0.1.0
+	github.com/outboxd/outbox/internal/natsembed v0.1.0
+	github.com/outboxd/outbox/relay v0.1.0
 )
 
 require (

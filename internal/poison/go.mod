@@ -5,19 +5,19 @@ go 1.26.0
 toolchain go1.26.8
 
 require (
-	github.com/outboxd/outbox v0.0.0-00010101000000-000000000000
-	github.com/outboxd/outbox/broker/amqp v0.0.0-00010101000000-000000000000
-	github.com/outboxd/outbox/broker/kafka v0.0.0-00010101000000-000000000000
-	github.com/outboxd/outbox/broker/mqtt v0.0.0-00010101000000-000000000000
-	github.com/outboxd/outbox/broker/nats v0.0.0-00010101000000-000000000000
-	github.com/outboxd/outbox/broker/pubsub v0.0.0-00010101000000-000000000000
-	github.com/outboxd/outbox/broker/redis v0.0.0-00010101000000-000000000000
-	github.com/outboxd/outbox/broker/sqs v0.0.0-00010101000000-000000000000
-	github.com/outboxd/outbox/broker/stdout v0.0.0-00010101000000-000000000000
-	github.com/outboxd/outbox/broker/webhook v0.0.0-00010101000000-000000000000
-	github.com/outboxd/outbox/outboxdriver/outboxmysql v0.0.0-00010101000000-000000000000
-	github.com/outboxd/outbox/outboxdriver/outboxsqlite v0.0.0-00010101000000-000000000000
-	github.com/outboxd/outbox/relay v0.0.0-00010101000000-000000000000
+	github.com/outboxd/outbox v0.1.0
+	github.com/outboxd/outbox/broker/amqp v0.1.0
+	github.com/outboxd/outbox/broker/kafka v0.1.0
+	github.com/outboxd/outbox/broker/mqtt v0.1.0
+	github.com/outboxd/outbox/broker/nats v0.1.0
+	github.com/outboxd/outbox/broker/pubsub v0.1.0
+	github.com/outboxd/outbox/broker/redis v0.1.0
+	github.com/outboxd/outbox/broker/sqs v0.1.0
+	github.com/outboxd/outbox/broker/stdout v0.1.0
+	github.com/outboxd/outbox/broker/webhook v0.1.0
+	github.com/outboxd/outbox/outboxdriver/outboxmysql v0.1.0
+	github.com/outboxd/outbox/outboxdriver/outboxsqlite v0.1.0
+	github.com/outboxd/outbox/relay v0.1.0
 )
 
 require (

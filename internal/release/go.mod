@@ -5,7 +5,7 @@ go 1.26.0
 toolchain go1.26.8
 
 require (
-	github.com/outboxd/outbox v0.0.0-00010101000000-000000000000
+	github.com/outboxd/outbox v0.1.0
 	go.uber.org/goleak v1.3.0
 	golang.org/x/mod v0.43.0
 )

@@ -4,7 +4,7 @@ go 1.26.0
 
 toolchain go1.26.8
 
-require github.com/outboxd/outbox v0.0.0-00010101000000-000000000000
+require github.com/outboxd/outbox v0.1.0
 
 require (
 	go.uber.org/goleak v1.3.0
@@ -22,7 +22,3 @@ require (
 	modernc.org/mathutil v1.7.1 // indirect
 	modernc.org/memory v1.12.1 // indirect
 )
-
-// The project's own modules, from this checkout (a release replaces nothing:
-// these lines are ignored where this module is a dependency).
-replace github.com/outboxd/outbox => ../..
