@@ -43,3 +43,23 @@ require (
 	golang.org/x/time v0.16.0 // indirect
 	google.golang.org/protobuf v1.36.12 // indirect
 )
+
+// The project's own modules, from this checkout (a release replaces nothing:
+// these lines are ignored where this module is a dependency).
+replace (
+	github.com/outboxd/outbox => ..
+	github.com/outboxd/outbox/broker/brokertest => ../broker/brokertest
+	github.com/outboxd/outbox/broker/kafka => ../broker/kafka
+	github.com/outboxd/outbox/broker/nats => ../broker/nats
+	github.com/outboxd/outbox/broker/webhook => ../broker/webhook
+	github.com/outboxd/outbox/inbox => ../inbox
+	github.com/outboxd/outbox/inbox/kafkainbox => ../inbox/kafkainbox
+	github.com/outboxd/outbox/inbox/natsinbox => ../inbox/natsinbox
+	github.com/outboxd/outbox/internal/natsembed => ../internal/natsembed
+	github.com/outboxd/outbox/outboxdriver/outboxmysql => ../outboxdriver/outboxmysql
+	github.com/outboxd/outbox/outboxdriver/outboxsqlite => ../outboxdriver/outboxsqlite
+	github.com/outboxd/outbox/pgcdc => ../pgcdc
+	github.com/outboxd/outbox/relay => ../relay
+	github.com/outboxd/outbox/relay/relayprom => ../relay/relayprom
+	github.com/outboxd/outbox/replay => ../replay
+)

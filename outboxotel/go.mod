@@ -33,3 +33,18 @@ require (
 	golang.org/x/sys v0.49.0 // indirect
 	golang.org/x/text v0.43.0 // indirect
 )
+
+// The project's own modules, from this checkout (a release replaces nothing:
+// these lines are ignored where this module is a dependency).
+replace (
+	github.com/outboxd/outbox => ..
+	github.com/outboxd/outbox/broker/brokertest => ../broker/brokertest
+	github.com/outboxd/outbox/broker/kafka => ../broker/kafka
+	github.com/outboxd/outbox/broker/nats => ../broker/nats
+	github.com/outboxd/outbox/broker/webhook => ../broker/webhook
+	github.com/outboxd/outbox/inbox => ../inbox
+	github.com/outboxd/outbox/internal/natsembed => ../internal/natsembed
+	github.com/outboxd/outbox/outboxdriver/outboxmysql => ../outboxdriver/outboxmysql
+	github.com/outboxd/outbox/outboxdriver/outboxsqlite => ../outboxdriver/outboxsqlite
+	github.com/outboxd/outbox/relay => ../relay
+)

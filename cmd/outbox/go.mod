@@ -138,3 +138,32 @@ require (
 	modernc.org/memory v1.12.1 // indirect
 	modernc.org/sqlite v1.62.0 // indirect
 )
+
+// The project's own modules, from this checkout (a release replaces nothing:
+// these lines are ignored where this module is a dependency).
+replace (
+	github.com/outboxd/outbox => ../..
+	github.com/outboxd/outbox/broker/amqp => ../../broker/amqp
+	github.com/outboxd/outbox/broker/brokertest => ../../broker/brokertest
+	github.com/outboxd/outbox/broker/kafka => ../../broker/kafka
+	github.com/outboxd/outbox/broker/mqtt => ../../broker/mqtt
+	github.com/outboxd/outbox/broker/nats => ../../broker/nats
+	github.com/outboxd/outbox/broker/pubsub => ../../broker/pubsub
+	github.com/outboxd/outbox/broker/redis => ../../broker/redis
+	github.com/outboxd/outbox/broker/sqs => ../../broker/sqs
+	github.com/outboxd/outbox/broker/stdout => ../../broker/stdout
+	github.com/outboxd/outbox/broker/webhook => ../../broker/webhook
+	github.com/outboxd/outbox/dashboard => ../../dashboard
+	github.com/outboxd/outbox/debezium => ../../debezium
+	github.com/outboxd/outbox/inbox => ../../inbox
+	github.com/outboxd/outbox/inbox/kafkainbox => ../../inbox/kafkainbox
+	github.com/outboxd/outbox/inbox/natsinbox => ../../inbox/natsinbox
+	github.com/outboxd/outbox/internal/natsembed => ../../internal/natsembed
+	github.com/outboxd/outbox/outboxdriver/outboxmysql => ../../outboxdriver/outboxmysql
+	github.com/outboxd/outbox/outboxdriver/outboxsqlite => ../../outboxdriver/outboxsqlite
+	github.com/outboxd/outbox/outboxotel => ../../outboxotel
+	github.com/outboxd/outbox/pgcdc => ../../pgcdc
+	github.com/outboxd/outbox/relay => ../../relay
+	github.com/outboxd/outbox/relay/relayprom => ../../relay/relayprom
+	github.com/outboxd/outbox/replay => ../../replay
+)
