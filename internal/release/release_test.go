@@ -128,8 +128,8 @@ func TestSetVersions(t *testing.T) {
 // the test's folders.
 const version = "v0.1.0-installtest"
 
-// TestReleaseInstalls cuts a release of this checkout (its files as they are, tracked
-// or new) into a file GOPROXY, as `go run ./internal/release -proxy` does, and
+// TestReleaseInstalls prepares a release of this checkout's modules (its files as they
+// are, tracked or new) into a file GOPROXY, as `go run ./internal/release -proxy` does, and
 // installs it offline as a stranger would: with that proxy and this machine's module
 // cache as the only module sources, and an empty GOPATH. The CLI installs with `go
 // install …@version` and says its version; services that import the writer, the
@@ -165,9 +165,11 @@ func TestReleaseInstalls(t *testing.T) {
 		}
 	})
 
+	// The modules' part of prepare: the changelog may have nothing to release today
+	// (TestReleaseCommand runs the whole command).
 	proxy := filepath.Join(t.TempDir(), "proxy")
-	p, err := prepare(ctx, tree, version, "2026-12-06", proxy, goEnv{Proxy: offline, ModCache: t.TempDir()})
-	if err != nil {
+	var p prepared
+	if err := prepareModules(ctx, tree, version, proxy, goEnv{Proxy: offline, ModCache: t.TempDir()}, &p); err != nil {
 		t.Fatal(err)
 	}
 	for _, m := range p.Released() {
