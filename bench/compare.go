@@ -78,11 +78,17 @@ func compare(dbURL, natsURL string, args []string) error {
 			}
 			labels, results = append(labels, c.label), append(results, r)
 		}
-		wm := results[len(results)-1].rate() // the tuned Watermill forwarder's, when it ran
+		vsWM := func(r drainResult) string { return "-" } // the tuned Watermill forwarder's, when it ran
+		for i, l := range labels {
+			if strings.Contains(l, "Watermill") && strings.Contains(l, "tuned") {
+				wm := results[i].rate()
+				vsWM = func(r drainResult) string { return fmt.Sprintf("%.1fx", r.rate()/wm) }
+			}
+		}
 		fmt.Printf("\nBacklog: %d events, ~%d-byte payloads, 1,000 aggregates; %s\n", *events, len(payload(0)), machine)
 		fmt.Printf("| relay | events/s | vs Watermill (tuned) | relay CPU µs/event | relay peak RSS |\n|---|---|---|---|---|\n")
 		for i, r := range results {
-			fmt.Printf("| %s | %.0f | %.1fx | %.1f | %.0f MiB |\n", labels[i], r.rate(), r.rate()/wm, r.cpuPerEvent(), r.rssMiB())
+			fmt.Printf("| %s | %.0f | %s | %.1f | %.0f MiB |\n", labels[i], r.rate(), vsWM(r), r.cpuPerEvent(), r.rssMiB())
 		}
 		if *withLimits {
 			printCeilings(c)
@@ -92,8 +98,8 @@ func compare(dbURL, natsURL string, args []string) error {
 				if strings.Contains(labels[i], "cdc") {
 					db = c.cdc
 				}
-				fmt.Printf("| %s | %.0f | %.0f%% of %s | %.0f%% | %.1fx |\n", labels[i], r.rate(), 100*r.rate()/db.rate(), db.name[:strings.IndexByte(db.name, ':')],
-					100*r.rate()/c.broker.rate(), r.rate()/wm)
+				fmt.Printf("| %s | %.0f | %.0f%% of %s | %.0f%% | %s |\n", labels[i], r.rate(), 100*r.rate()/db.rate(), db.name[:strings.IndexByte(db.name, ':')],
+					100*r.rate()/c.broker.rate(), vsWM(r))
 			}
 		}
 		if *plotPath != "" {

@@ -216,7 +216,7 @@ func runDrain(dbURL, natsURL string, o drainOpts) (drainResult, error) {
 		cmds = append(cmds, cmd)
 	}
 	natsPID := pidOf("nats-server")
-	natsCPU := cpuSeconds(natsPID)
+	natsCPU, pgCPU := cpuSeconds(natsPID), postgresCPU()
 	start := time.Now()
 	for _, cmd := range cmds {
 		if err := cmd.Start(); err != nil {
@@ -260,13 +260,13 @@ func runDrain(dbURL, natsURL string, o drainOpts) (drainResult, error) {
 		peakRSS = max(peakRSS, hwm(cmd.Process.Pid))
 		cpu += cpuSeconds(cmd.Process.Pid)
 	}
-	natsCPU = cpuSeconds(natsPID) - natsCPU
+	natsCPU, pgCPU = cpuSeconds(natsPID)-natsCPU, postgresCPU()-pgCPU
 	if o.mode == "cdc" {
 		var walsender int
 		_ = pool.QueryRow(ctx, `SELECT coalesce(max(pid), 0) FROM pg_stat_replication WHERE application_name = 'outbox relay (cdc)'`).Scan(&walsender)
-		fmt.Printf("CPU during the drain: PostgreSQL walsender %.1fs, nats-server %.1fs\n", cpuSeconds(walsender), natsCPU)
+		fmt.Printf("CPU during the drain: PostgreSQL %.1fs (walsender %.1fs), nats-server %.1fs\n", pgCPU, cpuSeconds(walsender), natsCPU)
 	} else {
-		fmt.Printf("CPU during the drain: nats-server %.1fs\n", natsCPU)
+		fmt.Printf("CPU during the drain: PostgreSQL %.1fs, nats-server %.1fs\n", pgCPU, natsCPU)
 	}
 	return drainResult{events: o.events, elapsed: elapsed, completed: marked, cpu: cpu, rss: peakRSS, stored: stored}, nil
 }
@@ -314,6 +314,18 @@ func stopProcess(cmd *exec.Cmd) {
 	t := time.AfterFunc(10*time.Second, func() { _ = cmd.Process.Kill() })
 	_ = cmd.Wait()
 	t.Stop()
+}
+
+// postgresCPU is the CPU seconds of every process named postgres so far: a process
+// that ended in between is not counted (a connection the relay closed).
+func postgresCPU() float64 {
+	out, _ := exec.Command("pgrep", "-x", "postgres").Output()
+	var s float64
+	for _, f := range strings.Fields(string(out)) {
+		pid, _ := strconv.Atoi(f)
+		s += cpuSeconds(pid)
+	}
+	return s
 }
 
 // pidOf is the pid of the first process named name (0 if none).
