@@ -3,6 +3,8 @@ package outboxdriver
 import (
 	"context"
 	"slices"
+
+	"github.com/outboxd/outbox/internal/simbug"
 )
 
 // The head rule, the one rule of per-aggregate order in a claim: a claim takes a row
@@ -98,7 +100,7 @@ func ClaimHeads(ctx context.Context, p *ClaimParams, qs ClaimQueries) ([]Row, er
 			case locked && !heldBack:
 				kept = append(kept, rows[next])
 				bytes += len(rows[next].Payload)
-			case !heldBack:
+			case !heldBack && !simbug.On("heads-off"):
 				held = append(held, c.Aggregate)
 			}
 			if locked {

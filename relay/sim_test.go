@@ -118,6 +118,17 @@ const (
 	simClockStep
 )
 
+// simLock is another session holding the row locks of the oldest unpublished events
+// for dur: an operator's open transaction, a reporting job's SELECT … FOR UPDATE. On
+// SQLite, whose driver stands in for row locks with the claims its process has in
+// flight, it is a claim of the head rows on every live process's store, released
+// after dur; the head rule must keep their aggregates' later events back.
+type simLock struct {
+	at   time.Duration
+	rows int
+	dur  time.Duration
+}
+
 // simScript is everything a seed decides before the run.
 type simScript struct {
 	procs   int
@@ -125,9 +136,10 @@ type simScript struct {
 	cfg     relay.Config
 	txs     []simTx
 	actions []simAction
+	locks   []simLock
 }
 
-func newSimScript(rng *rand.Rand) *simScript {
+func newSimScript(seed uint64, rng *rand.Rand) *simScript {
 	s := &simScript{procs: 2 + rng.IntN(2), faultP: []int{0, 50, 150, 300}[rng.IntN(4)], cfg: simRelayConfig(rng)}
 	aggs := 1 + rng.IntN(5)
 	for range 3 + rng.IntN(20) {
@@ -155,6 +167,14 @@ func newSimScript(rng *rand.Rand) *simScript {
 		s.actions = append(s.actions, a)
 	}
 	slices.SortStableFunc(s.actions, func(a, b simAction) int { return int(a.at - b.at) })
+	// From a stream of their own, so that the draws above (and every seed's schedule
+	// before locks were simulated) stay as they were.
+	lrng := rand.New(rand.NewPCG(seed, 1))
+	for range lrng.IntN(5) {
+		s.locks = append(s.locks, simLock{at: time.Duration(lrng.Int64N(int64(simFaultPhase))), rows: 1 + lrng.IntN(3),
+			dur: time.Duration(100+lrng.IntN(4000)) * time.Millisecond})
+	}
+	slices.SortStableFunc(s.locks, func(a, b simLock) int { return int(a.at - b.at) })
 	return s
 }
 
@@ -239,6 +259,7 @@ func TestSimulation(t *testing.T) {
 var simBranches = []string{
 	"takeover", "takeover-from-crashed-or-claiming", "crash-with-claim", "commit-outcome-unknown",
 	"commit-after-caller-gave-up", "publish-answer-lost", "straggler", "settle", "dead-letter", "pause", "clock-step",
+	"foreign-lock",
 }
 
 // Counted, too rare to require of a CI sample (about one run in 400): a dead letter
@@ -273,7 +294,7 @@ func runSim(t *testing.T, seed uint64) simResult {
 // simulate plays seed's script and checks the outcome.
 func simulate(t *testing.T, seed uint64, path string) simResult {
 	rng := rand.New(rand.NewPCG(seed, 0))
-	script := newSimScript(rng)
+	script := newSimScript(seed, rng)
 	w := newSimWorld(seed, script.faultP)
 	w.note("seed %d: %d processes, faults %d‰, batch %d, %s, %d transactions, %d actions",
 		seed, script.procs, script.faultP, script.cfg.BatchSize, script.cfg.Completion, len(script.txs), len(script.actions))
@@ -307,6 +328,7 @@ func simulate(t *testing.T, seed uint64, path string) simResult {
 		}
 		clock := func() time.Time { return time.Now().Add(time.Duration(p.step.Load())) }
 		inner, _ := outboxsqlite.New(db, &outboxsqlite.Options{LeaseTTL: simLeaseTTL, Clock: clock}).Store()
+		p.store = inner
 		cfg := script.cfg
 		cfg.Rand = rand.NewPCG(seed, uint64(p.id)+1)
 		cfg.Logger = slog.New(slog.DiscardHandler)
@@ -361,12 +383,51 @@ func simulate(t *testing.T, seed uint64, path string) simResult {
 	// released one at a time in between.
 	type restart struct{ at time.Time }
 	var restarts []restart
+	// held are the simLocks' claims, until their release time.
+	type held struct {
+		until  time.Time
+		claims []outboxdriver.Claim
+	}
+	var holds []held
+	release := func(h held) {
+		for _, c := range h.claims {
+			_ = c.Release(ctx) // a crashed process's store is closed: its locks went with it
+		}
+	}
 	bad, good := map[string]bool{}, map[string][]string{} // good: per aggregate, in commit order
-	txs, actions := script.txs, script.actions
+	txs, actions, locks := script.txs, script.actions, script.locks
 	for {
 		quiesce()
 		elapsed := time.Since(w.start)
 		switch {
+		case len(locks) > 0 && locks[0].at <= elapsed:
+			l := locks[0]
+			locks = locks[1:]
+			h := held{until: time.Now().Add(l.dur)}
+			var span string
+			for _, p := range live() {
+				c, err := p.store.Claim(ctx, &outboxdriver.ClaimParams{Limit: l.rows})
+				if err != nil {
+					w.note("p%d: another session could not lock rows: %v", p.id, err)
+					continue
+				}
+				h.claims = append(h.claims, c)
+				span = seqSpan(c.Rows())
+			}
+			if span != "" {
+				w.mu.Lock()
+				w.reached["foreign-lock"]++
+				w.mu.Unlock()
+			}
+			w.note("another session locks the rows %s for %v", span, l.dur)
+			holds = append(holds, h)
+			slices.SortStableFunc(holds, func(a, b held) int { return a.until.Compare(b.until) })
+			continue
+		case len(holds) > 0 && !holds[0].until.After(time.Now()):
+			release(holds[0])
+			holds = holds[1:]
+			w.note("another session's locks released")
+			continue
 		case len(txs) > 0 && txs[0].at <= elapsed:
 			tx := txs[0]
 			txs = txs[1:]
@@ -419,7 +480,16 @@ func simulate(t *testing.T, seed uint64, path string) simResult {
 		if len(restarts) > 0 && restarts[0].at.Before(next) {
 			next = restarts[0].at
 		}
+		if len(locks) > 0 && w.start.Add(locks[0].at).Before(next) {
+			next = w.start.Add(locks[0].at)
+		}
+		if len(holds) > 0 && holds[0].until.Before(next) {
+			next = holds[0].until
+		}
 		w.idle(next)
+	}
+	for _, h := range holds {
+		release(h)
 	}
 
 	// The faults stop: hung calls die, pauses end, the crashed come back.
@@ -637,6 +707,7 @@ var simPlantedBugs = []struct{ name, what string }{
 	{"settle-all-published", "a slow key's write-back records every row as published, refused ones too"},
 	{"sqlite-pass-failing", "the SQLite claim takes events behind a failing event of their aggregate"},
 	{"dead-marked-published", "the SQLite driver marks a dead letter published instead of moving it"},
+	{"heads-off", "a claim takes an event while another session holds an earlier one of its aggregate (the head rule removed)"},
 }
 
 // The CI slice: seeds of the clean build, then seeds of each planted bug (a fixed

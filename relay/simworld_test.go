@@ -85,6 +85,9 @@ type simProc struct {
 	// judges the lease and retries by.
 	step   atomic.Int64
 	claims int // claims it holds now (coverage: a crash with a claim in hand)
+	// store is the process's own store, unwrapped: another session of the process
+	// (simLock) claims on it, outside the scheduler.
+	store outboxdriver.Store
 }
 
 // simWorld is the scheduler, the faults' source and the record of what happened.
