@@ -11,7 +11,6 @@ import (
 	"io"
 	"os"
 	"os/signal"
-	"runtime/pprof"
 	"strings"
 	"syscall"
 
@@ -57,15 +56,10 @@ func commands() []command {
 
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	// OUTBOX_CPUPROFILE=FILE writes a CPU profile of the run (a debugging aid: see
-	// docs/benchmarks.md for how the relay's hot paths were found).
-	if f := os.Getenv("OUTBOX_CPUPROFILE"); f != "" {
-		if out, err := os.Create(f); err == nil && pprof.StartCPUProfile(out) == nil {
-			defer func() { pprof.StopCPUProfile(); _ = out.Close() }()
-		}
-	}
+	stopProfiles := startProfiles() // OUTBOX_CPUPROFILE and the others, if set
 	code := run(ctx, os.Args[1:], os.Stdout, os.Stderr)
 	stop()
+	stopProfiles()
 	if code != 0 {
 		os.Exit(code)
 	}
