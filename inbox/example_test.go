@@ -58,3 +58,14 @@ func Example() {
 	// OrderDrafted stale
 	// invoices: 1
 }
+
+// An adapter for a broker the project has no helper for builds the inbox's Message
+// from the wire format's headers (any case) and the body.
+func ExampleFromHeaders() {
+	m := inbox.FromHeaders(map[string]string{
+		"id": "0192f0c4-0000-7000-8000-000000000001", "eventType": "OrderPlaced",
+		"aggregateType": "order", "aggregateId": "42", "Outbox-Seq": "7",
+	}, []byte(`{"total":990}`))
+	fmt.Println(m.ID, m.AggregateType, m.AggregateID, m.Type, m.Seq, m.Late(), string(m.Payload))
+	// Output: 0192f0c4-0000-7000-8000-000000000001 order 42 OrderPlaced 7 false {"total":990}
+}
