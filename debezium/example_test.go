@@ -14,7 +14,7 @@ import (
 // one's own, and the event type as a header beside the event id.
 func Example() {
 	r, err := debezium.New(&debezium.Config{Options: map[string]string{
-		"route.topic.replacement":          "events.${routedByValue}",
+		"route.topic.replacement":           "events.${routedByValue}",
 		"table.fields.additional.placement": "type:header:eventType",
 	}})
 	if err != nil {
