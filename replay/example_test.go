@@ -54,3 +54,21 @@ func Example() {
 	}
 	fmt.Printf("sent %d events (resumed: %v)\n", res.Sent, res.Resumed)
 }
+
+// The --since and --until of `outbox replay`: a time in RFC 3339, or a duration
+// before now.
+func ExampleParseWhen() {
+	now := time.Date(2026, 12, 6, 12, 0, 0, 0, time.UTC)
+	for _, s := range []string{"2026-11-30T00:00:00Z", "36h", "yesterday"} {
+		t, err := replay.ParseWhen(s, now)
+		if err != nil {
+			fmt.Println(err)
+			continue
+		}
+		fmt.Println(t.Format(time.RFC3339))
+	}
+	// Output:
+	// 2026-11-30T00:00:00Z
+	// 2026-12-05T00:00:00Z
+	// "yesterday": want RFC 3339 (2026-11-30T00:00:00Z) or a duration ago (24h)
+}
