@@ -11,7 +11,6 @@ import (
 	"strings"
 	"time"
 
-	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/outboxd/outbox/broker"
@@ -59,7 +58,7 @@ type relayOptions struct {
 	cfg                             *relay.Config
 	cdc                             pgcdc.Config
 	broker                          brokerOptions
-	routerOpts                      map[string]string
+	format                          wireFormat
 	leaseTTL                        time.Duration
 	httpAddr, uiToken               string
 	uiHosts                         []string
@@ -73,9 +72,6 @@ type relayOptions struct {
 	tablesRescan time.Duration
 	maxConns     int
 	parkAfter    time.Duration // --tables --mode cdc: pgcdc.SharedConfig.ParkAfter
-	// routerFor builds a table's router with --tables (nil: outbox's own format):
-	// CloudEvents' source and Debezium's columns are the table's own.
-	routerFor func(ctx context.Context, pool *pgxpool.Pool, t outboxdriver.Table) (relay.Router, error)
 }
 
 // parseRelayFlags reads the flags, the config file and OUTBOX_* variables into
@@ -243,48 +239,28 @@ func parseRelayFlags(args []string, stderr io.Writer) (*relayOptions, error) {
 		return nil, usageErr("--format %q: want outbox or cloudevents", *format)
 	case *format == "cloudevents" && len(routerOpts) > 0:
 		return nil, usageErr("--format cloudevents and the Debezium router options of --config %s: choose one wire format", *configPath)
-	case *format == "cloudevents":
-		tmpl, err := broker.ParseTemplate(*topic)
-		if err != nil {
+	}
+	var tmpl *broker.Template
+	if *format == "cloudevents" {
+		if tmpl, err = broker.ParseTemplate(*topic); err != nil {
 			return nil, usageErr("--topic-template: %v", err)
 		}
-		router, err := cloudevents.New(&cloudevents.Config{Mode: cloudevents.Mode(*ceMode), Binding: cloudEventsBinding(scheme),
-			Source: *ceSource, Table: table, Topic: tmpl})
-		if err != nil {
-			return nil, usageErr("%v", err)
-		}
-		cfg.Router = router
 	}
-	if len(routerOpts) > 0 {
-		router, err := debezium.New(&debezium.Config{Options: routerOpts, Table: table})
-		if err != nil {
+	// Built here for --table's default to refuse bad options before connecting; each
+	// table gets its own when it is known (buildRelay, tableRelays).
+	wire := newWireFormat(*format, *ceMode, *ceSource, scheme, tmpl, routerOpts)
+	router, err := wire.router(table, nil)
+	if err != nil {
+		if len(routerOpts) > 0 {
 			return nil, usageErr("--config %s: %v", *configPath, err)
 		}
-		if ign := router.Ignored(); len(ign) > 0 {
-			logger.Info("relay: connector settings with no effect here", "keys", strings.Join(ign, ","))
-		}
-		cfg.Router = router
+		return nil, usageErr("%v", err)
 	}
-	var routerFor func(ctx context.Context, pool *pgxpool.Pool, t outboxdriver.Table) (relay.Router, error)
-	if tables != nil && cfg.Router != nil {
-		// Built above for --table's default, to refuse bad options before
-		// connecting; each table gets its own.
-		cfg.Router = nil
-		routerFor = func(ctx context.Context, pool *pgxpool.Pool, t outboxdriver.Table) (relay.Router, error) {
-			if len(routerOpts) == 0 {
-				tmpl, err := broker.ParseTemplate(*topic)
-				if err != nil {
-					return nil, err
-				}
-				return cloudevents.New(&cloudevents.Config{Mode: cloudevents.Mode(*ceMode), Binding: cloudEventsBinding(scheme),
-					Source: *ceSource, Table: t, Topic: tmpl})
-			}
-			cols, err := pgColumns(ctx, pool, t)
-			if err != nil {
-				return nil, err
-			}
-			return debezium.New(&debezium.Config{Options: routerOpts, Table: t, TableColumns: cols})
-		}
+	if d, ok := router.(*debezium.Router); ok && len(d.Ignored()) > 0 {
+		logger.Info("relay: connector settings with no effect here", "keys", strings.Join(d.Ignored(), ","))
+	}
+	if tables == nil {
+		cfg.Router = router
 	}
 	if *del {
 		if c := outboxdriver.Completion(*completion); c != outboxdriver.CompleteMark && c != outboxdriver.CompleteDelete {
@@ -296,9 +272,9 @@ func parseRelayFlags(args []string, stderr io.Writer) (*relayOptions, error) {
 		return nil, usageErr("%v", err) // bad flags, before connecting anywhere
 	}
 	return &relayOptions{dsn: *dsn, leaderDSN: *leaderDSN, brokerURL: *brokerURL, mode: *mode, configPath: *configPath, table: table, cfg: cfg,
-		cdc: cdcCfg, broker: *bo, routerOpts: routerOpts, leaseTTL: *leaseTTL, httpAddr: *httpAddr, uiToken: *uiToken,
+		cdc: cdcCfg, broker: *bo, format: wire, leaseTTL: *leaseTTL, httpAddr: *httpAddr, uiToken: *uiToken,
 		ui: *ui, uiHosts: uiHosts, allowNewerSchema: *allowNewer, logger: logger,
-		tables: tables, trustOwners: trustedOwners(fs), tablesRescan: *tablesRescan, maxConns: *maxConns, routerFor: routerFor, parkAfter: *parkAfter}, nil
+		tables: tables, trustOwners: trustedOwners(fs), tablesRescan: *tablesRescan, maxConns: *maxConns, parkAfter: *parkAfter}, nil
 }
 
 // relayService is a built relay and what it holds open.
@@ -367,20 +343,16 @@ func buildRelay(ctx context.Context, o *relayOptions) (_ *relayService, err erro
 	if err := checkSchema(ctx, db.migrator, o.allowNewerSchema, logger); err != nil {
 		return nil, fmt.Errorf("%s: %w", table, err)
 	}
-	if len(o.routerOpts) > 0 {
+	if len(o.format.debezium) > 0 && db.columns != nil {
 		// Bound to the table: its column types make the converters' schemas exact,
 		// and a custom column the options name must exist. (Custom columns off
 		// PostgreSQL: relay.New refuses them, as the store declares.)
-		if db.columns != nil {
-			cols, err := db.columns(ctx)
-			if err != nil {
-				return nil, err
-			}
-			router, err := debezium.New(&debezium.Config{Options: o.routerOpts, Table: table, TableColumns: cols})
-			if err != nil {
-				return nil, usageErr("--config %s: %v", o.configPath, err)
-			}
-			cfg.Router = router
+		cols, err := db.columns(ctx)
+		if err != nil {
+			return nil, err
+		}
+		if cfg.Router, err = o.format.router(table, cols); err != nil {
+			return nil, usageErr("--config %s: %v", o.configPath, err)
 		}
 	}
 	var store outboxdriver.Source = db.store // the relay's side; db.store serves status either way

@@ -18,6 +18,7 @@ import (
 
 	"github.com/outboxd/outbox/broker"
 	"github.com/outboxd/outbox/dashboard"
+	"github.com/outboxd/outbox/debezium"
 	"github.com/outboxd/outbox/internal/redact"
 	"github.com/outboxd/outbox/internal/version"
 	"github.com/outboxd/outbox/outboxdriver"
@@ -401,12 +402,18 @@ func (s *tableRelays) start(ctx context.Context, t outboxdriver.Table) {
 	}
 	cfg := *s.o.cfg // each table its own copy: relay.New fills defaults in
 	cfg.Hooks, cfg.Logger = metrics, logger
-	if s.o.routerFor != nil {
-		if cfg.Router, err = s.o.routerFor(ctx, s.pool, t); err != nil {
-			metrics.Unregister(regs)
-			fail(err)
-			return
-		}
+	// The table's own router: CloudEvents' source and Debezium's columns are its own.
+	var cols []debezium.Column
+	if len(s.o.format.debezium) > 0 {
+		cols, err = pgColumns(ctx, s.pool, t)
+	}
+	if err == nil {
+		cfg.Router, err = s.o.format.router(t, cols)
+	}
+	if err != nil {
+		metrics.Unregister(regs)
+		fail(err)
+		return
 	}
 	var src outboxdriver.Source = store
 	if s.cdc != nil {

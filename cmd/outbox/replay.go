@@ -106,11 +106,8 @@ func runReplay(ctx context.Context, args []string, stdout, stderr io.Writer) err
 		return err
 	}
 	cfg := &replay.Config{Name: *name, Filter: f, Topic: tmpl, Rate: *rate, Batch: *batch, Restart: *restart, Logger: logger}
-	if *format == "cloudevents" {
-		if cfg.Router, err = cloudevents.New(&cloudevents.Config{Mode: cloudevents.Mode(*ceMode), Binding: cloudEventsBinding(scheme),
-			Source: *ceSource, Table: table, Topic: tmpl}); err != nil {
-			return usageErr("%v", err)
-		}
+	if cfg.Router, err = newWireFormat(*format, *ceMode, *ceSource, scheme, tmpl, nil).router(table, nil); err != nil {
+		return usageErr("%v", err)
 	}
 	bo.logger = cfg.Logger
 	pub, err := openBroker(ctx, *brokerURL, *bo)
