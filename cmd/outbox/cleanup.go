@@ -12,8 +12,7 @@ import (
 
 func runCleanup(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := newFlags("cleanup", stderr)
-	dsn := fs.String("db", "", dbFlagHelp)
-	tableName := fs.String("table", outboxdriver.DefaultSchema+"."+outboxdriver.DefaultTable, "outbox table, [schema.]name")
+	dsn, tableName := dbTableFlags(fs, dbFlagHelp)
 	olderThan := fs.Duration("older-than", relay.RetentionDefault, "delete rows published longer ago than this")
 	batch := fs.Int("batch", relay.CleanupBatchDefault, "rows per delete statement")
 	if err := parse(fs, args); err != nil {

@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"crypto/rand"
+	"flag"
 	"fmt"
 	"strings"
 	"time"
@@ -65,6 +66,13 @@ func parseTable(name string, payload string) (outboxdriver.Table, error) {
 
 // dbFlagHelp is every command's --db help: the one list of the databases.
 const dbFlagHelp = "database URL: postgres://user@host:5432/db, mysql://user@host:3306/db or sqlite://PATH"
+
+// dbTableFlags declares --db (with its help, which says the databases the command
+// takes) and --table, the same in every command that opens the outbox table.
+func dbTableFlags(fs *flag.FlagSet, dbHelp string) (dsn, table *string) {
+	return fs.String("db", "", dbHelp),
+		fs.String("table", outboxdriver.DefaultSchema+"."+outboxdriver.DefaultTable, "outbox table, [schema.]name")
+}
 
 // openDB connects to dsn and checks the database answers.
 func openDB(ctx context.Context, dsn string, table outboxdriver.Table, opts dbOptions) (*database, error) {

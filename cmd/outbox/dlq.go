@@ -41,8 +41,7 @@ func runDLQ(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 		return usageErr("unknown subcommand %q (want list, show, edit, replay or purge)", sub)
 	}
 	fs := newFlags("dlq "+sub, stderr)
-	dsn := fs.String("db", "", dbFlagHelp)
-	tableName := fs.String("table", outboxdriver.DefaultSchema+"."+outboxdriver.DefaultTable, "outbox table, [schema.]name")
+	dsn, tableName := dbTableFlags(fs, dbFlagHelp)
 	// Each subcommand lists only its own flags (`outbox dlq edit --help`).
 	var f outboxdriver.DeadFilter
 	var all, asJSON, fullPayload bool

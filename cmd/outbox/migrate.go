@@ -15,8 +15,7 @@ import (
 
 func runMigrate(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := newFlags("migrate", stderr)
-	dsn := fs.String("db", "", dbFlagHelp)
-	tableName := fs.String("table", outboxdriver.DefaultSchema+"."+outboxdriver.DefaultTable, "outbox table, [schema.]name")
+	dsn, tableName := dbTableFlags(fs, dbFlagHelp)
 	payload := fs.String("payload-type", string(outboxdriver.PayloadJSON), "payload column type: json (jsonb) or bytes (bytea)")
 	print := fs.Bool("print", false, "print the SQL instead of running it")
 	partitioned := fs.Bool("partitioned", false, "PostgreSQL: partition the new table by day on created_at; cleanup then drops whole published days")

@@ -78,10 +78,9 @@ type relayOptions struct {
 // relayOptions, and refuses a bad one before anything connects.
 func parseRelayFlags(args []string, stderr io.Writer) (*relayOptions, error) {
 	fs := newFlags("relay", stderr)
-	dsn := fs.String("db", "", dbFlagHelp)
+	dsn, tableName := dbTableFlags(fs, dbFlagHelp)
 	leaderDSN := fs.String("leader-db", "", "PostgreSQL: a direct URL for the leadership lock, LISTEN and CDC when --db goes through a transaction-pooling proxy (PgBouncer); claims still go through --db")
 	brokerURL := fs.String("broker", "", "broker URL: "+brokerSchemes)
-	tableName := fs.String("table", outboxdriver.DefaultSchema+"."+outboxdriver.DefaultTable, "outbox table, [schema.]name")
 	mode := fs.String("mode", "poll", "poll (claim rows with FOR UPDATE SKIP LOCKED) or cdc (PostgreSQL: read the events from the WAL by logical replication)")
 	allowNewer := fs.Bool("allow-newer-schema", false, "start on a table a newer version migrated (a rollback: migrations only add, so an older relay runs on it; docs/upgrading.md)")
 	var cdcCfg pgcdc.Config

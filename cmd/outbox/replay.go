@@ -21,8 +21,7 @@ import (
 // runReplay sends already-published events again (docs/replay.md).
 func runReplay(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := newFlags("replay", stderr)
-	dsn := fs.String("db", "", "database URL: postgres://user@host:5432/db (replay reads PostgreSQL's history)")
-	tableName := fs.String("table", "public.outbox", "outbox table, [schema.]name")
+	dsn, tableName := dbTableFlags(fs, "database URL: postgres://user@host:5432/db (replay reads PostgreSQL's history)")
 	brokerURL := fs.String("broker", "", "the broker to send to, as the relay's --broker")
 	bo := brokerFlags(fs)
 	topic := fs.String("topic-template", "", "the destination (default: the relay's default for the broker); another one feeds one consumer without disturbing the others")

@@ -13,8 +13,7 @@ import (
 // (up to --retry-max).
 func runRetry(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := newFlags("retry", stderr)
-	dsn := fs.String("db", "", dbFlagHelp)
-	tableName := fs.String("table", outboxdriver.DefaultSchema+"."+outboxdriver.DefaultTable, "outbox table, [schema.]name")
+	dsn, tableName := dbTableFlags(fs, dbFlagHelp)
 	var f outboxdriver.WaitFilter
 	fs.StringVar(&f.AggregateType, "aggregate-type", "", "only events of this aggregate type")
 	fs.StringVar(&f.AggregateID, "aggregate-id", "", "only events of this aggregate id")

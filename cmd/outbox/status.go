@@ -12,8 +12,7 @@ import (
 
 func runStatus(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := newFlags("status", stderr)
-	dsn := fs.String("db", "", dbFlagHelp)
-	tableName := fs.String("table", outboxdriver.DefaultSchema+"."+outboxdriver.DefaultTable, "outbox table, [schema.]name")
+	dsn, tableName := dbTableFlags(fs, dbFlagHelp)
 	tablesList := fs.String("tables", "", tablesFlagHelp+"; prints one line per table")
 	fs.String("trust-owner", "", trustOwnerHelp)
 	asJSON := fs.Bool("json", false, "print JSON, for scripts")

@@ -18,8 +18,7 @@ import (
 // /metrics when --metrics names them.
 func runUI(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := newFlags("ui", stderr)
-	dsn := fs.String("db", "", dbFlagHelp)
-	tableName := fs.String("table", outboxdriver.DefaultSchema+"."+outboxdriver.DefaultTable, "outbox table, [schema.]name")
+	dsn, tableName := dbTableFlags(fs, dbFlagHelp)
 	listen := fs.String("listen", "127.0.0.1:9465", "address to serve the dashboard on; loopback unless you say otherwise")
 	token := fs.String("ui-token", "", "the admin token that allows replay and purge (empty: read-only); prefer OUTBOX_UI_TOKEN_FILE")
 	var hosts listFlag

@@ -49,8 +49,7 @@ const (
 // real writer, reads them back from the broker, and reports what arrived.
 func runVerify(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := newFlags("verify", stderr)
-	dsn := fs.String("db", "", "database URL: postgres://user@host:5432/db")
-	tableName := fs.String("table", outboxdriver.DefaultSchema+"."+outboxdriver.DefaultTable, "outbox table, [schema.]name")
+	dsn, tableName := dbTableFlags(fs, "database URL: postgres://user@host:5432/db")
 	brokerURL := fs.String("broker", "", "the broker the relay publishes to: nats://, kafka://, redis://, amqp:// or mqtt://...")
 	exchange := fs.String("amqp-exchange", amqp.ExchangeDefault, "RabbitMQ: the relay's topic exchange")
 	listen := fs.String("webhook-listen", "", "webhooks: the address verify receives on, the relay's --broker URL pointing there (e.g. 127.0.0.1:8088)")
