@@ -31,7 +31,6 @@ import (
 	"github.com/outboxd/outbox/broker"
 	"github.com/outboxd/outbox/broker/amqp"
 	"github.com/outboxd/outbox/broker/kafka"
-	natspub "github.com/outboxd/outbox/broker/nats"
 	"github.com/outboxd/outbox/broker/sqs"
 	"github.com/outboxd/outbox/broker/webhook"
 	"github.com/outboxd/outbox/internal/redact"
@@ -72,14 +71,9 @@ func runVerify(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	if err != nil {
 		return usageErr("--topic-template: %v", err)
 	}
-	var escape func(string) string // as the relay's publisher escapes the fields it places
-	switch scheme {
-	case "sqs":
-		escape = sqs.EscapeToken
-	case "nats":
-		escape = natspub.EscapeToken
-	}
-	subject := tmpl.Execute(broker.TopicFields{AggregateType: verifyAggregateType, Type: verifyEventType}, escape)
+	// The fields placed as the relay's publisher escapes them (brokerTopics: one
+	// rule per scheme, nats:// and tls:// alike).
+	subject := tmpl.Execute(broker.TopicFields{AggregateType: verifyAggregateType, Type: verifyEventType}, brokerTopics(scheme).Escape)
 	table, err := parseTable(*tableName, string(outboxdriver.PayloadJSON))
 	if err != nil {
 		return err
