@@ -11,6 +11,7 @@ import (
 	"net/http"
 	"net/url"
 	"os"
+	"slices"
 	"strings"
 	"syscall"
 	"time"
@@ -20,12 +21,6 @@ import (
 	"github.com/outboxd/outbox/broker"
 	"github.com/outboxd/outbox/broker/amqp"
 	"github.com/outboxd/outbox/broker/kafka"
-	"github.com/outboxd/outbox/broker/mqtt"
-	"github.com/outboxd/outbox/broker/nats"
-	"github.com/outboxd/outbox/broker/pubsub"
-	"github.com/outboxd/outbox/broker/redis"
-	"github.com/outboxd/outbox/broker/sqs"
-	"github.com/outboxd/outbox/broker/stdout"
 	"github.com/outboxd/outbox/broker/webhook"
 	"github.com/outboxd/outbox/cloudevents"
 	"github.com/outboxd/outbox/internal/redact"
@@ -58,32 +53,38 @@ func brokerScheme(rawURL string, o brokerOptions) (string, error) {
 		return "", usageErr("--kafka-compression: %v", err)
 	}
 	scheme, _, _ := strings.Cut(rawURL, ":")
-	switch scheme {
-	case "nats", "tls", "kafka", "kafkas", "amqp", "amqps", "redis", "rediss", "mqtt", "mqtts", "pubsub", "sqs", "stdout":
-		return scheme, nil
-	case "http", "https":
-		if o.webhookSecret == "" && o.webhookSecretFile == "" {
-			return "", usageErr("--broker %s: a webhook needs --webhook-secret-file (or --webhook-secret, OUTBOX_WEBHOOK_SECRET_FILE)", scheme)
-		}
-		if scheme == "http" && !o.webhookAllowHTTP && !loopbackURL(rawURL) {
-			return "", usageErr("--broker %s: plain http:// to a host that is not loopback sends every event readable on the wire; use https:// or --webhook-allow-http", redact.String(rawURL))
-		}
-		if (o.webhookCert == "") != (o.webhookKey == "") {
-			return "", usageErr("--webhook-cert and --webhook-key go together")
-		}
-		return scheme, nil
+	k, ok := kindOf(scheme)
+	if !ok {
+		return "", usageErr("--broker %q: unknown scheme (want %s)", redact.Endpoint(rawURL), brokerSchemes)
 	}
-	return "", usageErr("--broker %q: unknown scheme (want %s)", redact.Endpoint(rawURL), brokerSchemes)
+	if k.check != nil {
+		if err := k.check(scheme, rawURL, o); err != nil {
+			return "", err
+		}
+	}
+	return scheme, nil
+}
+
+// checkWebhook refuses a webhook without its secret, plain http:// off loopback
+// without --webhook-allow-http, and half a client certificate.
+func checkWebhook(scheme, rawURL string, o brokerOptions) error {
+	if o.webhookSecret == "" && o.webhookSecretFile == "" {
+		return usageErr("--broker %s: a webhook needs --webhook-secret-file (or --webhook-secret, OUTBOX_WEBHOOK_SECRET_FILE)", scheme)
+	}
+	if scheme == "http" && !o.webhookAllowHTTP && !loopbackURL(rawURL) {
+		return usageErr("--broker %s: plain http:// to a host that is not loopback sends every event readable on the wire; use https:// or --webhook-allow-http", redact.String(rawURL))
+	}
+	if (o.webhookCert == "") != (o.webhookKey == "") {
+		return usageErr("--webhook-cert and --webhook-key go together")
+	}
+	return nil
 }
 
 // defaultTopicTemplate is the topic template for a broker when none is given: MQTT
 // topics use '/' between levels, SQS queue names no dots (but .fifo).
 func defaultTopicTemplate(scheme string) string {
-	switch scheme {
-	case "mqtt", "mqtts":
-		return mqtt.TopicTemplateDefault
-	case "sqs":
-		return sqs.TopicTemplateDefault
+	if k, ok := kindOf(scheme); ok && k.topic != "" {
+		return k.topic
 	}
 	return broker.TopicTemplateDefault
 }
@@ -107,23 +108,8 @@ func brokerFlags(fs *flag.FlagSet) *brokerOptions {
 
 // cloudEventsBinding is the CloudEvents protocol binding of a broker scheme.
 func cloudEventsBinding(scheme string) cloudevents.Binding {
-	switch scheme {
-	case "kafka", "kafkas":
-		return cloudevents.Kafka
-	case "nats", "tls":
-		return cloudevents.NATS
-	case "http", "https":
-		return cloudevents.HTTP
-	case "amqp", "amqps":
-		return cloudevents.AMQP
-	case "mqtt", "mqtts":
-		return cloudevents.MQTT
-	case "pubsub":
-		return cloudevents.PubSub
-	case "redis", "rediss":
-		return cloudevents.Redis
-	case "sqs":
-		return cloudevents.SQS
+	if k, ok := kindOf(scheme); ok {
+		return k.binding
 	}
 	return cloudevents.Stdout
 }
@@ -136,32 +122,8 @@ func openBroker(ctx context.Context, rawURL string, o brokerOptions) (broker.Pub
 	}
 	ctx, cancel := context.WithTimeout(ctx, 15*time.Second)
 	defer cancel()
-	switch scheme {
-	case "kafka", "kafkas":
-		compression, err := kafka.Compression(o.kafkaCompression)
-		if err != nil {
-			return nil, usageErr("--kafka-compression: %v", err)
-		}
-		return kafka.Dial(ctx, rawURL, &kafka.Config{MaxMessageBytes: o.maxMessageBytes}, compression)
-	case "amqp", "amqps":
-		return amqp.Dial(ctx, rawURL, &amqp.Config{Exchange: o.amqpExchange, MaxMessageBytes: o.maxMessageBytes})
-	case "redis", "rediss":
-		return redis.Dial(ctx, rawURL, &redis.Config{MaxLen: o.redisMaxLen, MaxMessageBytes: o.maxMessageBytes})
-	case "mqtt", "mqtts":
-		return mqtt.Dial(ctx, rawURL, &mqtt.Config{MaxMessageBytes: o.maxMessageBytes})
-	case "pubsub":
-		// Credentials as Google's client libraries find them; PUBSUB_EMULATOR_HOST
-		// points the client at an emulator.
-		return pubsub.Dial(ctx, rawURL, &pubsub.Config{MaxMessageBytes: o.maxMessageBytes})
-	case "sqs":
-		// Credentials from AWS's default chain; ?endpoint= for an emulator.
-		return sqs.Dial(ctx, rawURL, &sqs.Config{MaxMessageBytes: o.maxMessageBytes, Logger: o.logger})
-	case "http", "https":
-		return openWebhook(ctx, rawURL, o)
-	case "stdout":
-		return stdout.New(os.Stdout), nil
-	}
-	return nats.Dial(ctx, rawURL, &nats.Config{CreateStream: o.natsCreateStream})
+	k, _ := kindOf(scheme)
+	return k.dial(ctx, rawURL, o)
 }
 
 // startBroker opens the relay's publisher. A broker that does not answer at start
@@ -190,19 +152,8 @@ func unreachable(err error) bool {
 
 // brokerTopics are a scheme's topic rules, known without a connection.
 func brokerTopics(scheme string) broker.Topics {
-	switch scheme {
-	case "nats", "tls":
-		return broker.Topics{Escape: nats.EscapeToken, Validate: nats.ValidateSubject}
-	case "mqtt", "mqtts":
-		return broker.Topics{Escape: mqtt.EscapeToken, Validate: mqtt.ValidateTopic}
-	case "sqs":
-		return broker.Topics{Escape: sqs.EscapeToken, Validate: sqs.ValidateTopic}
-	case "kafka", "kafkas":
-		return broker.Topics{Validate: kafka.ValidateTopic}
-	case "amqp", "amqps":
-		return broker.Topics{Validate: amqp.ValidateTopic}
-	case "pubsub":
-		return broker.Topics{Validate: pubsub.ValidateTopic}
+	if k, ok := kindOf(scheme); ok {
+		return k.topics
 	}
 	return broker.Topics{}
 }
@@ -285,13 +236,8 @@ func plaintextWarnings(dsn, brokerURL string) []string {
 		}
 	}
 	if u, err := url.Parse(brokerURL); err == nil && u.Hostname() != "" && !loopbackURL(brokerURL) {
-		switch u.Scheme {
-		case "tls", "kafkas", "amqps", "rediss", "mqtts", "https", "sqs":
-		case "pubsub": // Google's client speaks TLS to Pub/Sub (plain only to an emulator)
-		default:
-			if u.Query().Get("tls") != "true" {
-				out = append(out, "the broker connection ("+u.Scheme+"://) is not TLS: events and credentials travel readable; use its TLS scheme (docs/security.md)")
-			}
+		if k, ok := kindOf(u.Scheme); (!ok || !slices.Contains(k.tls, u.Scheme)) && u.Query().Get("tls") != "true" {
+			out = append(out, "the broker connection ("+u.Scheme+"://) is not TLS: events and credentials travel readable; use its TLS scheme (docs/security.md)")
 		}
 	}
 	return out

@@ -84,30 +84,11 @@ func runVerify(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	rctx, cancel := context.WithTimeout(ctx, *deadline+10*time.Second)
 	defer cancel()
 	// Subscribe first: a canary published before the reader starts would be missed.
-	var reader verifyReader
-	switch scheme {
-	case "nats":
-		reader, err = natsVerifyReader(rctx, *brokerURL, subject)
-	case "redis", "rediss":
-		reader, err = redisVerifyReader(rctx, *brokerURL, subject)
-	case "amqp", "amqps":
-		reader, err = amqpVerifyReader(*brokerURL, *exchange, subject)
-	case "mqtt":
-		reader, err = mqttVerifyReader(rctx, *brokerURL, subject)
-	case "kafka", "kafkas":
-		reader, err = kafkaVerifyReader(*brokerURL, subject)
-	case "pubsub":
-		reader, err = pubsubVerifyReader(rctx, *brokerURL, subject)
-	case "sqs":
-		reader, err = sqsVerifyReader(rctx, *brokerURL, subject)
-	case "http", "https":
-		if *listen == "" || *secret == "" {
-			return usageErr("--broker %s: a webhook is read back by verify itself: give --webhook-listen (where the relay posts) and --webhook-secret", redact.Endpoint(*brokerURL))
-		}
-		reader, err = webhookVerifyReader(*listen, *secret)
-	default:
+	k, ok := kindOf(scheme)
+	if !ok || !slices.Contains(k.verifies, scheme) {
 		return usageErr("--broker %s: verify reads back from nats://, kafka://, redis://, amqp://, mqtt://, pubsub://, sqs:// and http(s):// (webhooks)", redact.Endpoint(*brokerURL))
 	}
+	reader, err := k.verify(rctx, *brokerURL, subject, verifyOptions{amqpExchange: *exchange, webhookListen: *listen, webhookSecret: *secret})
 	if err != nil {
 		return err
 	}
