@@ -54,7 +54,9 @@ func runRelayTables(ctx context.Context, o *relayOptions) error {
 	}
 	defer func() { _ = pub.Close() }()
 	reg := prometheus.NewRegistry()
-	reg.MustRegister(buildInfo())
+	reg.MustRegister(buildInfo(), prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "outbox_db_pool_connections",
+		Help: "Database connections the relays' pool holds (in use, idle or opening), at most --max-conns."},
+		func() float64 { return float64(pool.Stat().TotalConns()) }))
 	retired, err := relayprom.NewRetiredTables(reg)
 	if err != nil {
 		return err
