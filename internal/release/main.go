@@ -220,27 +220,7 @@ func backToDevelopment(ctx context.Context, work, from string, mods []repoModule
 			}
 		}
 	}
-	inRepo := map[string]bool{}
-	for _, m := range mods {
-		inRepo[m.Path] = true
-	}
-	for _, m := range mods {
-		f, err := readGoMod(work, m.Dir)
-		if err != nil {
-			return err
-		}
-		for _, r := range f.Require {
-			if inRepo[r.Mod.Path] {
-				if err := f.AddRequire(r.Mod.Path, version); err != nil {
-					return err
-				}
-			}
-		}
-		if err := writeGoMod(work, m.Dir, f); err != nil {
-			return err
-		}
-	}
-	return nil
+	return setVersions(work, mods, version, false)
 }
 
 func printPlan(w io.Writer, p prepared, o options, stat string) {

@@ -138,10 +138,10 @@ func readGoMod(root, dir string) (*modfile.File, error) {
 var errReplaceLeft = errors.New("a released module keeps a replace directive")
 
 // setVersions rewrites every go.mod under root to require the repository's modules
-// at version. A released module loses its replace directives for them (they served
-// development only); an unreleased one keeps them, as it is only ever built from a
-// checkout.
-func setVersions(root string, mods []repoModule, version string) error {
+// at version. For a release, a released module loses its replace directives for them
+// (they serve development only); an unreleased one keeps them, as it is only ever
+// built from a checkout. Back in development, every module keeps them.
+func setVersions(root string, mods []repoModule, version string, release bool) error {
 	inRepo := map[string]bool{}
 	for _, m := range mods {
 		inRepo[m.Path] = true
@@ -158,7 +158,7 @@ func setVersions(root string, mods []repoModule, version string) error {
 				}
 			}
 		}
-		if m.Released {
+		if release && m.Released {
 			for _, r := range slices.Clone(f.Replace) {
 				if inRepo[r.Old.Path] && modfile.IsDirectoryPath(r.New.Path) {
 					if err := f.DropReplace(r.Old.Path, r.Old.Version); err != nil {

@@ -106,7 +106,7 @@ func prepareModules(ctx context.Context, tree, version, proxyDir string, env goE
 		return err
 	}
 	p.Modules = mods
-	if err := setVersions(tree, mods, version); err != nil {
+	if err := setVersions(tree, mods, version, true); err != nil {
 		return err
 	}
 	env.Proxy = fileURL(proxyDir) + "," + env.Proxy

@@ -98,7 +98,7 @@ func TestSetVersions(t *testing.T) {
 		copyFile(t, filepath.Join(repoRoot, m.Dir, "go.mod"), filepath.Join(tree, m.Dir, "go.mod"))
 	}
 	const v = "v0.9.1"
-	if err := setVersions(tree, mods, v); err != nil {
+	if err := setVersions(tree, mods, v, true); err != nil {
 		t.Fatal(err)
 	}
 	for _, m := range mods {
