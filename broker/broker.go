@@ -208,6 +208,25 @@ type Publisher interface {
 	Close() error
 }
 
+// Ledger is a publisher that keeps, in the broker itself and in one atomic step with
+// each batch, the ids of the events it published (Kafka's transactions: the records
+// and a progress record commit together). An event it published is never sent again,
+// whoever claims its row next: the relay marks it without sending it.
+//
+// The relay calls Resume whenever it becomes the table's active relay, before it
+// publishes, and Marked once the database marks what a batch published. A Ledger runs
+// only under a single active relay per table.
+type Ledger interface {
+	Publisher
+	// Resume fences every earlier owner of the ledger (their open batches are aborted
+	// and their later ones refused) and returns the ids the broker holds whose rows the
+	// database may not mark yet. The relay marks those rows before it publishes.
+	Resume(ctx context.Context) ([]string, error)
+	// Marked says the database now marks ids as published: the ledger stops carrying
+	// them.
+	Marked(ids []string)
+}
+
 // TopicEscaper is implemented by publishers whose topic names have a syntax of their
 // own (NATS subjects): the relay escapes every value it puts into a topic template.
 type TopicEscaper interface {
@@ -239,6 +258,10 @@ var (
 	// the same batch was refused; sending it would break the key's order (or it was
 	// sent and failed after such a refusal). It costs no attempt. Sequence decides it.
 	ErrHeldBack = errors.New("held back behind a refused message of the same key")
+	// ErrFenced: a newer owner of the publisher's ledger took over (another relay
+	// resumed it), so this one may publish nothing more until it resumes again. The
+	// relay ends its term on it. It costs no attempt.
+	ErrFenced = errors.New("fenced by a newer owner")
 )
 
 // Permanent wraps err as a permanent failure.
@@ -258,6 +281,9 @@ func IsDeferred(err error) bool { return errors.Is(err, ErrDeferred) }
 
 // IsUnavailable reports whether the failure is the broker's, not the message's.
 func IsUnavailable(err error) bool { return errors.Is(err, ErrUnavailable) }
+
+// IsFenced reports whether a newer owner fenced the publisher (see ErrFenced).
+func IsFenced(err error) bool { return errors.Is(err, ErrFenced) }
 
 // IsHeldBack reports whether the message was held back behind a refused one.
 func IsHeldBack(err error) bool { return errors.Is(err, ErrHeldBack) }

@@ -206,11 +206,17 @@ func Record(m *broker.Message) *kgo.Record {
 // ctx ends; records still unanswered then fail with ctx's error (their late answers
 // are ignored: the relay publishes them again, which the id header makes harmless).
 func (p *Publisher) Publish(ctx context.Context, msgs []broker.Message) []broker.Result {
+	return publish(ctx, p.c, &p.cfg, msgs, nil)
+}
+
+// publish produces msgs on c through broker.Sequence; sent, if not nil, records which
+// messages were handed to the client.
+func publish(ctx context.Context, c *kgo.Client, cfg *Config, msgs []broker.Message, sent []bool) []broker.Result {
 	// Records are produced under a context bounded by the delivery timeout: franz-go
 	// fails a record whose context ends, so none outlives the batch.
-	pctx, cancel := context.WithTimeout(ctx, p.cfg.DeliveryTimeout)
+	pctx, cancel := context.WithTimeout(ctx, cfg.DeliveryTimeout)
 	defer cancel()
-	return broker.Sequence(ctx, msgs, broker.Schedule{AckTimeout: p.cfg.DeliveryTimeout}, broker.Sender{
+	return broker.Sequence(ctx, msgs, broker.Schedule{AckTimeout: cfg.DeliveryTimeout}, broker.Sender{
 		Prepare: func(_ context.Context, i int) error {
 			m := &msgs[i]
 			if err := ValidateTopic(m.Topic); err != nil {
@@ -218,8 +224,8 @@ func (p *Publisher) Publish(ctx context.Context, msgs []broker.Message) []broker
 				// only retry it until the delivery timeout.
 				return broker.Permanent(err)
 			}
-			if size := recordSize(m); p.cfg.MaxMessageBytes > 0 && size > p.cfg.MaxMessageBytes {
-				return broker.Permanent(fmt.Errorf("message of %d bytes exceeds the limit of %d", size, p.cfg.MaxMessageBytes))
+			if size := recordSize(m); cfg.MaxMessageBytes > 0 && size > cfg.MaxMessageBytes {
+				return broker.Permanent(fmt.Errorf("message of %d bytes exceeds the limit of %d", size, cfg.MaxMessageBytes))
 			}
 			if ts := m.Timestamp; !ts.IsZero() && (ts.Before(minTimestamp) || ts.After(maxTimestamp)) {
 				// franz-go computes a record's time in int64 nanoseconds: sent, this
@@ -230,8 +236,11 @@ func (p *Publisher) Publish(ctx context.Context, msgs []broker.Message) []broker
 		},
 		Send: func(_ context.Context, i int) (broker.Future, error) {
 			placed := msgs[i].HasPartition
+			if sent != nil {
+				sent[i] = true
+			}
 			f := make(produced, 1)
-			p.c.Produce(pctx, Record(&msgs[i]), func(_ *kgo.Record, err error) {
+			c.Produce(pctx, Record(&msgs[i]), func(_ *kgo.Record, err error) {
 				if err != nil && placed && strings.Contains(err.Error(), "partitioning choice") {
 					// The message named a partition the topic does not have: its fault.
 					err = broker.Permanent(fmt.Errorf("kafka: the placed partition: %w", err))

@@ -35,8 +35,8 @@ func newCluster(t *testing.T, opts ...kfake.Opt) *kfake.Cluster {
 }
 
 // ReadTopic consumes the first n records of topic from the start.
-func readTopic(ctx context.Context, addrs []string, topic string, n int) ([]broker.Message, error) {
-	c, err := kgo.NewClient(kgo.SeedBrokers(addrs...), kgo.ConsumeTopics(topic), kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()))
+func readTopic(ctx context.Context, addrs []string, topic string, n int, opts ...kgo.Opt) ([]broker.Message, error) {
+	c, err := kgo.NewClient(append([]kgo.Opt{kgo.SeedBrokers(addrs...), kgo.ConsumeTopics(topic), kgo.ConsumeResetOffset(kgo.NewOffset().AtStart())}, opts...)...)
 	if err != nil {
 		return nil, err
 	}
