@@ -6,6 +6,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/outboxd/outbox/broker/kafka"
 	"github.com/outboxd/outbox/broker/memory"
 	"github.com/outboxd/outbox/outboxdriver"
 	"github.com/outboxd/outbox/outboxdriver/outboxsqlite"
@@ -43,5 +44,40 @@ func TestNewRefusesWhatTheStoreCannotHonour(t *testing.T) {
 		if _, err := relay.New(store, memory.New(0), &relay.Config{Completion: c}); err != nil {
 			t.Errorf("completion %q, which SQLite declares: %v", c, err)
 		}
+	}
+}
+
+// TestNewRefusesALedgerItCannotRun: a transactional publisher (broker.Ledger) runs
+// under one active relay per table on a store that marks rows outside a claim; relay.New
+// refuses the rest in one error, before anything connects.
+func TestNewRefusesALedgerItCannotRun(t *testing.T) {
+	ledger, err := kafka.DialTransactional("kafka://127.0.0.1:1", &kafka.TxConfig{TransactionalID: "t"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ledger.Close()
+	db, err := outboxsqlite.Open(filepath.Join(t.TempDir(), "outbox.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	sqlite, _ := outboxsqlite.New(db, nil).Store()
+	e := setup(t)
+	for _, tc := range []struct {
+		name  string
+		store outboxdriver.Source
+		cfg   relay.Config
+		want  string
+	}{
+		{"SQLite", sqlite, relay.Config{}, "marks rows outside a claim"},
+		{"group", e.store, relay.Config{Group: &relay.GroupConfig{}}, "single active relay"},
+	} {
+		_, err := relay.New(tc.store, ledger, &tc.cfg)
+		if !errors.Is(err, outboxdriver.ErrNotSupported) || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%s: relay.New: %v; want ErrNotSupported naming %s", tc.name, err, tc.want)
+		}
+	}
+	if _, err := relay.New(e.store, ledger, nil); err != nil {
+		t.Errorf("a single relay on PostgreSQL: %v", err)
 	}
 }

@@ -40,6 +40,7 @@ const (
 const (
 	FailpointAfterClaim   = "relay.after-claim"
 	FailpointAfterPublish = "relay.after-publish-before-mark"
+	FailpointAfterMark    = "relay.after-mark"
 )
 
 // Router makes the broker message for a row. escape (may be nil) is the publisher's
@@ -163,7 +164,7 @@ type Config struct {
 	// see package relay/relayprom). The relay itself depends on no metrics library.
 	Hooks Hooks
 	// Failpoint, for fault-injection tests only, is called at the named points
-	// (FailpointAfterClaim, FailpointAfterPublish).
+	// (FailpointAfterClaim, FailpointAfterPublish, FailpointAfterMark).
 	Failpoint func(name string)
 	// Rand, when set, is the source of every jitter the relay draws (its backoffs and
 	// retry delays); nil: a random one. A deterministic simulation sets it so that a

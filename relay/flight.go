@@ -159,7 +159,7 @@ func (fl *flying) held(rows []outboxdriver.Row) ([]outboxdriver.Row, int) {
 // parts, StragglerAfter is on, and one relay is active (a group member's handover
 // drains in-flight work at every lease check).
 func (r *Relay) splits() bool {
-	return r.cfg.StragglerAfter > 0 && r.cfg.Group == nil && r.store.Capabilities().Split
+	return r.cfg.StragglerAfter > 0 && r.cfg.Group == nil && r.ledger == nil && r.store.Capabilities().Split
 }
 
 // await waits for a batch's answers. It returns nil once all came; or, when they

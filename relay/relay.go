@@ -24,11 +24,13 @@ import (
 type Relay struct {
 	store outboxdriver.Source
 	pub   broker.Publisher
-	cfg   Config
-	tmpl  *broker.Template
-	esc   func(string) string
-	log   *slog.Logger
-	late  *lateMarks
+	// ledger is pub when it is a broker.Ledger (ledger.go).
+	ledger broker.Ledger
+	cfg    Config
+	tmpl   *broker.Template
+	esc    func(string) string
+	log    *slog.Logger
+	late   *lateMarks
 	// jitter draws every random wait (Config.Rand).
 	jitter jitter
 
@@ -81,7 +83,11 @@ func New(store outboxdriver.Source, pub broker.Publisher, cfg *Config) (*Relay, 
 	if e, ok := pub.(broker.TopicEscaper); ok {
 		r.esc = e.EscapeTopicToken
 	}
+	r.ledger, _ = pub.(broker.Ledger)
 	if err := r.checkCapabilities(); err != nil {
+		return nil, err
+	}
+	if err := r.checkLedger(); err != nil {
 		return nil, err
 	}
 	if err := r.checkTemplate(); err != nil {
@@ -234,7 +240,9 @@ func (r *Relay) Run(ctx context.Context) error {
 		// be unwinding from a call on a dead connection: it publishes nothing more.
 		lost := func() { endTerm(); r.notLeader() }
 		go func() { defer close(hbDone); t.heartbeat(termCtx, r.log, lost) }()
-		err = r.lead(termCtx, t)
+		if err = r.resumeLedger(termCtx); err == nil {
+			err = r.lead(termCtx, t)
+		}
 		endTerm()
 		<-hbDone
 		if err == nil && ctx.Err() == nil {
@@ -242,6 +250,10 @@ func (r *Relay) Run(ctx context.Context) error {
 		}
 		r.notLeader()
 		r.releaseLock(ctx, lead)
+		if errStop(err) && ctx.Err() == nil {
+			r.log.Error("relay: stopping", "err", err)
+			return err
+		}
 		if err != nil && ctx.Err() == nil {
 			r.log.Warn("relay: stepped down", "err", err)
 			sleep(ctx, bo.next())
@@ -332,6 +344,10 @@ func (r *Relay) lead(ctx context.Context, t term) error {
 		default:
 			p.batch(cr, claimWait)
 		}
+		if p.fenced != nil {
+			p.dropPrefetched()
+			return p.fenced
+		}
 	}
 	p.dropPrefetched()
 	return nil
@@ -355,7 +371,8 @@ type pipeline struct {
 	markFail  atomic.Bool      // it failed: its rows go out again
 	bo        *backoff
 	lastCheck time.Time
-	linger    bool // the last empty pass was woken by a notification
+	linger    bool  // the last empty pass was woken by a notification
+	fenced    error // a batch came back fenced (ledger.go): the term ends
 }
 
 func (r *Relay) newPipeline(ctx context.Context, t term) *pipeline {
@@ -522,6 +539,9 @@ func (p *pipeline) batch(cr claimResult, claimWait time.Duration) {
 	} else {
 		rows, results = s.answered()
 	}
+	if p.fenced = fencedErr(results); p.fenced != nil {
+		r.log.Warn("relay: the publisher was fenced; the term ends, to resume it", "err", p.fenced)
+	}
 	params, failed, unavailable := r.outcome(rows, results)
 	r.count(params, failed, unavailable)
 	marked := r.writeBack(p.work, &p.marks, &p.markFail, cr.claim, params, len(rows), claimWait, pubTime)
@@ -685,9 +705,15 @@ func (r *Relay) writeBack(work context.Context, marks *sync.WaitGroup, failed *a
 		ctx, cancel := r.dbCtx(work)
 		defer cancel()
 		if err := c.Complete(ctx, p); err != nil {
-			// The rows stay unpublished and are sent again: a duplicate, never a loss.
+			// The rows stay unpublished and are sent again: a duplicate, never a loss
+			// (a ledger answers them without sending).
 			r.log.Error("relay: marking published rows failed; they will be published again", "rows", len(p.Published), "err", err)
 			failed.Store(true)
+		} else {
+			r.cfg.Failpoint(FailpointAfterMark)
+			if r.ledger != nil {
+				r.ledger.Marked(p.Published)
+			}
 		}
 		r.log.Debug("relay: batch", "rows", rows, "claim_wait", claimWait, "publish", pubTime, "mark", time.Since(start))
 	}()

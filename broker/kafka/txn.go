@@ -73,9 +73,19 @@ type TxPublisher struct {
 
 var _ broker.Ledger = (*TxPublisher)(nil)
 
-// ErrNoTransactions is returned by Resume when the cluster (or the user) cannot run
-// transactions.
-var ErrNoTransactions = errors.New("kafka: transactions are not available")
+// Errors Resume returns for a configuration that cannot work; both are permanent
+// (broker.IsPermanent), so the relay stops on them rather than retry.
+var (
+	// ErrNoTransactions: the cluster (or the user) cannot run transactions.
+	ErrNoTransactions error = permanentError("kafka: transactions are not available")
+	// ErrProgressTopic: the progress topic cannot be created, or does not compact.
+	ErrProgressTopic error = permanentError("kafka: the progress topic cannot be used")
+)
+
+type permanentError string
+
+func (e permanentError) Error() string        { return string(e) }
+func (e permanentError) Is(target error) bool { return target == broker.ErrPermanent }
 
 // DialTransactional returns a transactional publisher for the cluster a kafka:// URL
 // names (see ConnectOptions); extra client options follow the publisher's own. It
@@ -215,8 +225,10 @@ func (p *TxPublisher) ensureProgressTopic(ctx context.Context, cl *kgo.Client) e
 	switch err := kerr.ErrorForCode(resp.Topics[0].ErrorCode); {
 	case err == nil:
 		return nil
+	case kerr.IsRetriable(err):
+		return fmt.Errorf("kafka: create the progress topic %s: %w", topic, err)
 	case !errors.Is(err, kerr.TopicAlreadyExists):
-		return fmt.Errorf("kafka: create the progress topic %s (or create it yourself, cleanup.policy=compact): %w", topic, err)
+		return fmt.Errorf("%w: create %s (or create it yourself, cleanup.policy=compact): %w", ErrProgressTopic, topic, err)
 	}
 	dreq := kmsg.NewPtrDescribeConfigsRequest()
 	dr := kmsg.NewDescribeConfigsRequestResource()
@@ -232,7 +244,7 @@ func (p *TxPublisher) ensureProgressTopic(ctx context.Context, cl *kgo.Client) e
 		}
 		for _, c := range res.Configs {
 			if c.Name == "cleanup.policy" && (c.Value == nil || !strings.Contains(*c.Value, "compact")) {
-				return fmt.Errorf("kafka: the progress topic %s exists with cleanup.policy=%s; it must compact (cleanup.policy=compact)", topic, deref(c.Value))
+				return fmt.Errorf("%w: %s exists with cleanup.policy=%s; it must compact (cleanup.policy=compact)", ErrProgressTopic, topic, deref(c.Value))
 			}
 		}
 	}

@@ -251,15 +251,14 @@ func TestTxRefusedAtResume(t *testing.T) {
 		opts []kfake.Opt
 		url  func(addr string) string
 		want string
-		no   bool
 	}{
-		{"no transactions", []kfake.Opt{kfake.MaxVersions(noTxn)}, nil, "does not run transactions", true},
+		{"no transactions", []kfake.Opt{kfake.MaxVersions(noTxn)}, nil, "does not run transactions"},
 		{"no ACL on the transactional id", []kfake.Opt{kfake.EnableSASL(), kfake.Superuser("PLAIN", "admin", "admin"),
 			kfake.User("PLAIN", "app", "app",
 				kfake.ACL{Resource: kmsg.ACLResourceTypeTopic, Name: "*", Pattern: kmsg.ACLResourcePatternTypeLiteral, Operation: kmsg.ACLOperationAll, Allow: true},
 				kfake.ACL{Resource: kmsg.ACLResourceTypeCluster, Name: "kafka-cluster", Pattern: kmsg.ACLResourcePatternTypeLiteral, Operation: kmsg.ACLOperationAll, Allow: true}),
 			kfake.EnableACLs()},
-			func(addr string) string { return "kafka://app:app@" + addr + "?sasl=plain" }, "transactional id", true},
+			func(addr string) string { return "kafka://app:app@" + addr + "?sasl=plain" }, "transactional id"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			c := newCluster(t, tc.opts...)
@@ -277,7 +276,7 @@ func TestTxRefusedAtResume(t *testing.T) {
 			defer cancel()
 			_, err = p.Resume(ctx)
 			t.Logf("refused: %v", err)
-			if err == nil || tc.no && !errors.Is(err, kafka.ErrNoTransactions) || !strings.Contains(err.Error(), tc.want) {
+			if !errors.Is(err, kafka.ErrNoTransactions) || !broker.IsPermanent(err) || !strings.Contains(err.Error(), tc.want) {
 				t.Fatalf("resume: %v; want ErrNoTransactions saying %q", err, tc.want)
 			}
 			res := p.Publish(ctx, events("t", 1))
@@ -295,7 +294,7 @@ func TestTxRefusedAtResume(t *testing.T) {
 		p := dialTx(t, c.ListenAddrs()[0], "r", &kafka.TxConfig{ProgressTopic: "progress"})
 		ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
 		defer cancel()
-		if _, err := p.Resume(ctx); err == nil || !strings.Contains(err.Error(), "cleanup.policy=compact") {
+		if _, err := p.Resume(ctx); !errors.Is(err, kafka.ErrProgressTopic) || !broker.IsPermanent(err) || !strings.Contains(err.Error(), "cleanup.policy=compact") {
 			t.Fatalf("resume on a deleting progress topic: %v", err)
 		}
 	})

@@ -34,6 +34,8 @@ type brokerOptions struct {
 	amqpExchange     string
 	redisMaxLen      int64
 	kafkaCompression string
+	// Relay only: exactly-once into Kafka (kafka.TxPublisher).
+	kafkaTransactionalID, kafkaProgressTopic string
 
 	webhookSecretFile, webhookCA, webhookCert, webhookKey string
 	webhookAllowHTTP                                      bool

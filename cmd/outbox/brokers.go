@@ -15,6 +15,7 @@ import (
 	"github.com/outboxd/outbox/broker/sqs"
 	"github.com/outboxd/outbox/broker/stdout"
 	"github.com/outboxd/outbox/cloudevents"
+	"github.com/outboxd/outbox/internal/failpoint"
 	"github.com/outboxd/outbox/internal/redact"
 )
 
@@ -64,7 +65,12 @@ var brokerKinds = []brokerKind{
 			if err != nil {
 				return nil, usageErr("--kafka-compression: %v", err)
 			}
-			return kafka.Dial(ctx, rawURL, &kafka.Config{MaxMessageBytes: o.maxMessageBytes}, compression)
+			cfg := kafka.Config{MaxMessageBytes: o.maxMessageBytes}
+			if o.kafkaTransactionalID != "" {
+				return kafka.DialTransactional(rawURL, &kafka.TxConfig{Config: cfg, TransactionalID: o.kafkaTransactionalID,
+					ProgressTopic: o.kafkaProgressTopic, Failpoint: failpoint.FromEnv()}, compression)
+			}
+			return kafka.Dial(ctx, rawURL, &cfg, compression)
 		},
 		verifies: []string{"kafka", "kafkas"},
 		verify: func(_ context.Context, rawURL, subject string, _ verifyOptions) (verifyReader, error) {

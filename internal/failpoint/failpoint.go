@@ -7,6 +7,7 @@ package failpoint
 
 import (
 	"os"
+	"runtime"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -15,7 +16,8 @@ import (
 
 // FromEnv reads OUTBOX_FAILPOINT, for crash tests and the demo only. With
 // "name:n" the process kills itself with SIGKILL the n-th time it reaches that point;
-// with "name@FILE", the first time it reaches it after FILE exists.
+// with "name@FILE", the first time it reaches it after FILE exists. With "name:n:stop"
+// it stops (SIGSTOP) instead, as a pause would, until the test sends SIGCONT.
 func FromEnv() func(string) {
 	spec := os.Getenv("OUTBOX_FAILPOINT")
 	if spec == "" {
@@ -35,9 +37,19 @@ func FromEnv() func(string) {
 		}
 	}
 	name, nth, _ := strings.Cut(spec, ":")
+	nth, action, _ := strings.Cut(nth, ":")
 	n, err := strconv.Atoi(nth)
 	if err != nil || n < 1 {
 		n = 1
+	}
+	if action == "stop" {
+		kill = func() {
+			// Sent to this thread, the stop takes it before it returns from the
+			// call: nothing after the failpoint runs until SIGCONT.
+			runtime.LockOSThread()
+			defer runtime.UnlockOSThread()
+			_ = syscall.Tgkill(os.Getpid(), syscall.Gettid(), syscall.SIGSTOP)
+		}
 	}
 	var hits atomic.Int64
 	return func(point string) {
