@@ -2,6 +2,12 @@
 // is handled once in the consumer's transaction, and its offset committed only after
 // that transaction committed. Kafka has no per-record redelivery: a failing handler is
 // retried in place (with backoff), so the partition's order holds.
+//
+// When the relay publishes in Kafka transactions (exactly-once, kafka.TxPublisher),
+// build the client with kgo.FetchIsolationLevel(kgo.ReadCommitted()): franz-go, like
+// every Kafka client, reads uncommitted by default, which also hands over the records
+// of transactions Kafka aborted (a relay killed or fenced in the middle of one). Read
+// committed, each event arrives once, and the inbox is the second line of defence.
 package kafkainbox
 
 import (
@@ -26,7 +32,9 @@ func Message(r *kgo.Record) inbox.Message {
 	return m
 }
 
-// Consume polls cl (a group consumer built with kgo.DisableAutoCommit) until ctx ends.
+// Consume polls cl (a group consumer built with kgo.DisableAutoCommit, and
+// kgo.FetchIsolationLevel(kgo.ReadCommitted()) behind a transactional relay) until ctx
+// ends.
 // A failing record is retried in place (its partition waits, keeping the order) with
 // a growing pause; a permanent failure is logged and skipped. opts may be nil.
 func Consume[TTx any](ctx context.Context, cl *kgo.Client, ib *inbox.Inbox[TTx], name string,
