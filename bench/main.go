@@ -8,6 +8,7 @@
 //	go run -C bench . produce [-tx 20000] [-conns 8] [-per-tx 1]           writer vs hand-written INSERT
 //	go run -C bench . notify  [-seconds 5] [-conns 16]                     what NOTIFY costs producers
 //	go run -C bench . latency [-rate 5000] [-seconds 10] [-mode cdc] [-write message]  commit-to-broker latency
+//	go run -C bench . kafka   [-events 100000] [-runs 3] [-live-rate 2000]  exactly-once's cost: plain and transactional Kafka publishing (kfake), alternated
 //	go run -C bench . slowkey [-hold 40s] [-rate 500] [-seconds 60]       what one slow aggregate costs the others
 //
 // Each run works in a schema and stream of its own and removes them afterwards. The
@@ -47,7 +48,7 @@ import (
 
 func main() {
 	if len(os.Args) < 2 {
-		fmt.Fprintln(os.Stderr, "usage: bench compare|limits|drain|produce|notify|latency|slowkey|replay|tables [flags]")
+		fmt.Fprintln(os.Stderr, "usage: bench compare|limits|kafka|drain|produce|notify|latency|slowkey|replay|tables [flags]")
 		os.Exit(2)
 	}
 	dbURL := env("TEST_DATABASE_URL", testenv.DatabaseURLDefault)
@@ -66,6 +67,8 @@ func main() {
 		err = limits(dbURL, natsURL, os.Args[2:])
 	case "compare":
 		err = compare(dbURL, natsURL, os.Args[2:])
+	case "kafka":
+		err = kafkaBench(dbURL, os.Args[2:])
 	case "slowkey":
 		err = slowKey(dbURL, os.Args[2:])
 	case "replay":

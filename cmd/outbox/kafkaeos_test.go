@@ -11,6 +11,8 @@ import (
 
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/kmsg"
+	"github.com/twmb/franz-go/pkg/kversion"
 
 	"github.com/outboxd/outbox/broker"
 	"github.com/outboxd/outbox/internal/testenv"
@@ -269,4 +271,40 @@ func processStopped(pid int) bool {
 	// pid (comm) state ...: the state follows the last ')'.
 	i := strings.LastIndexByte(b, ')')
 	return i >= 0 && i+2 < len(b) && b[i+2] == 'T'
+}
+
+// TestKafkaExactlyOnceRefused: what exactly-once cannot run under is refused in one
+// line: the flag with another broker, with a group, CDC or --tables (usage errors,
+// before anything connects), and a cluster without transactions (the relay exits).
+func TestKafkaExactlyOnceRefused(t *testing.T) {
+	t.Parallel()
+	url := testenv.DatabaseURL(t)
+	table := migrateSchema(t, url, testenv.Schema(t, url), "outbox")
+	name := table.Schema + "." + table.Name
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--broker", "nats://127.0.0.1:4222", "--kafka-transactional-id", "x"}, "goes with a kafka:// broker"},
+		{[]string{"--broker", "kafka://127.0.0.1:1", "--kafka-transactional-id", "x", "--group"}, "one active relay per table"},
+		{[]string{"--broker", "kafka://127.0.0.1:1", "--kafka-transactional-id", "x", "--mode", "cdc"}, "poll mode"},
+		{[]string{"--broker", "kafka://127.0.0.1:1", "--kafka-progress-topic", "p"}, "goes with --kafka-transactional-id"},
+	} {
+		_, stderr, code := runCLI(t, nil, append([]string{"relay", "--http=", "--db", url, "--table", name}, tc.args...)...)
+		if code != 2 || !strings.Contains(stderr, tc.want) || strings.Count(strings.TrimSpace(stderr), "\n") > 0 {
+			t.Errorf("relay %v: exit %d, %q; want a one-line usage error saying %q", tc.args, code, stderr, tc.want)
+		}
+	}
+	noTxn := kversion.Stable()
+	noTxn.SetMaxKeyVersion(int16(kmsg.InitProducerID), -1)
+	k := newKafkaScope(t, kfake.MaxVersions(noTxn))
+	p := startRelayProc(t, nil, eosArgs(url, name, k.url, "orders")...)
+	select {
+	case <-p.done:
+	case <-time.After(time.Minute):
+		t.Fatal("the relay did not exit on a cluster without transactions")
+	}
+	if p.cmd.ProcessState.ExitCode() == 0 || !strings.Contains(p.output(), "transactions are not available") {
+		t.Fatalf("relay on a cluster without transactions: %v\n%s", p.cmd.ProcessState, p.output())
+	}
 }
