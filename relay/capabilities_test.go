@@ -56,12 +56,6 @@ func TestNewRefusesALedgerItCannotRun(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer ledger.Close()
-	db, err := outboxsqlite.Open(filepath.Join(t.TempDir(), "outbox.db"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer db.Close()
-	sqlite, _ := outboxsqlite.New(db, nil).Store()
 	e := setup(t)
 	for _, tc := range []struct {
 		name  string
@@ -69,7 +63,8 @@ func TestNewRefusesALedgerItCannotRun(t *testing.T) {
 		cfg   relay.Config
 		want  string
 	}{
-		{"SQLite", sqlite, relay.Config{}, "marks rows outside a claim"},
+		// A source that completes rows only through claims (as the CDC source).
+		{"no Completer", struct{ outboxdriver.Source }{e.store}, relay.Config{}, "marks rows outside a claim"},
 		{"group", e.store, relay.Config{Group: &relay.GroupConfig{}}, "single active relay"},
 	} {
 		_, err := relay.New(tc.store, ledger, &tc.cfg)
@@ -79,5 +74,14 @@ func TestNewRefusesALedgerItCannotRun(t *testing.T) {
 	}
 	if _, err := relay.New(e.store, ledger, nil); err != nil {
 		t.Errorf("a single relay on PostgreSQL: %v", err)
+	}
+	db, err := outboxsqlite.Open(filepath.Join(t.TempDir(), "outbox.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	sqlite, _ := outboxsqlite.New(db, nil).Store()
+	if _, err := relay.New(sqlite, ledger, nil); err != nil {
+		t.Errorf("a single relay on SQLite: %v", err)
 	}
 }

@@ -32,7 +32,7 @@ func (r *Relay) checkLedger() error {
 		return fmt.Errorf("relay: a transactional publisher (exactly-once) runs under a single active relay per table, not a group: %w", outboxdriver.ErrNotSupported)
 	}
 	if _, ok := r.store.(outboxdriver.Completer); !ok {
-		return fmt.Errorf("relay: a transactional publisher (exactly-once) needs a table store that marks rows outside a claim (the PostgreSQL polling relay), not %T: %w", r.store, outboxdriver.ErrNotSupported)
+		return fmt.Errorf("relay: a transactional publisher (exactly-once) needs a table store that marks rows outside a claim (a polling relay), not %T: %w", r.store, outboxdriver.ErrNotSupported)
 	}
 	return nil
 }

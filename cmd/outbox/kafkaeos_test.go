@@ -14,8 +14,11 @@ import (
 	"github.com/twmb/franz-go/pkg/kmsg"
 	"github.com/twmb/franz-go/pkg/kversion"
 
+	"github.com/outboxd/outbox"
 	"github.com/outboxd/outbox/broker"
 	"github.com/outboxd/outbox/internal/testenv"
+	"github.com/outboxd/outbox/outboxdriver"
+	"github.com/outboxd/outbox/outboxdriver/outboxmysql"
 )
 
 // Exactly-once into Kafka (--kafka-transactional-id), checked as a consumer sees it.
@@ -163,6 +166,55 @@ func TestKafkaExactlyOnceCrash(t *testing.T) {
 	}
 }
 
+// TestKafkaExactlyOnceCrashMariaDB: the kill between the commit and the mark, on
+// MariaDB: the resume marks what Kafka holds there too.
+func TestKafkaExactlyOnceCrashMariaDB(t *testing.T) {
+	t.Parallel()
+	db, name := testenv.MariaDB(t, "outbox_")
+	url := "mysql://root@127.0.0.1:3306/test"
+	if _, stderr, code := runCLI(t, nil, "migrate", "--db", url, "--table", name); code != 0 {
+		t.Fatalf("migrate: %s", stderr)
+	}
+	w, err := outbox.NewWriter(outboxmysql.New(db, &outboxdriver.Table{Name: name}), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	const aggs, n = 7, 300
+	want := map[string][]string{}
+	for i := 0; i < n; i += 10 {
+		evs := make([]outbox.Event, 10)
+		for j := range evs {
+			evs[j] = outbox.Event{AggregateType: "order", AggregateID: fmt.Sprintf("agg-%d", (i+j)%aggs), Type: "Step", Payload: []byte(`{}`)}
+		}
+		if err := w.Write(ctx, evs...); err != nil {
+			t.Fatal(err)
+		}
+		for _, e := range evs {
+			want[e.AggregateID] = append(want[e.AggregateID], e.ID)
+		}
+	}
+	k := newKafkaScope(t)
+	args := eosArgs(url, name, k.url, testenv.UniqueName("orders"))
+	first := startRelayProc(t, []string{"OUTBOX_FAILPOINT=relay.after-publish-before-mark:3"}, args...)
+	first.killedByFailpoint(t)
+	second := startRelayProc(t, nil, args...)
+	testenv.Wait(t, ctx, "every row marked", func() bool {
+		var left int
+		_ = db.QueryRowContext(ctx, "SELECT count(*) FROM `"+name+"` WHERE published_at IS NULL").Scan(&left)
+		return left == 0
+	})
+	_ = second.cmd.Process.Signal(syscall.SIGTERM)
+	<-second.done
+	checkOrder(t, want, k.read(t, n, kgo.ReadCommitted()))
+	if dups := k.extra(n); dups > 0 {
+		t.Fatalf("read_committed consumer saw %d duplicates", dups)
+	}
+	if !strings.Contains(second.output(), "already_published=50") {
+		t.Fatalf("the second relay did not mark the killed relay's batch from Kafka's progress:\n%s", second.output())
+	}
+}
+
 // TestKafkaExactlyOncePaused: the active relay is paused (SIGSTOP) in the middle of a
 // transaction, past its --leader-timeout. The standby takes over and resumes, which
 // fences the paused producer in Kafka; woken, the zombie's commit is refused, and it
@@ -288,6 +340,7 @@ func TestKafkaExactlyOnceRefused(t *testing.T) {
 		{[]string{"--broker", "nats://127.0.0.1:4222", "--kafka-transactional-id", "x"}, "goes with a kafka:// broker"},
 		{[]string{"--broker", "kafka://127.0.0.1:1", "--kafka-transactional-id", "x", "--group"}, "one active relay per table"},
 		{[]string{"--broker", "kafka://127.0.0.1:1", "--kafka-transactional-id", "x", "--mode", "cdc"}, "poll mode"},
+		{[]string{"--broker", "kafka://127.0.0.1:1", "--kafka-transactional-id", "x", "--tables", "a.b"}, "one active relay per table"},
 		{[]string{"--broker", "kafka://127.0.0.1:1", "--kafka-progress-topic", "p"}, "goes with --kafka-transactional-id"},
 	} {
 		_, stderr, code := runCLI(t, nil, append([]string{"relay", "--http=", "--db", url, "--table", name}, tc.args...)...)

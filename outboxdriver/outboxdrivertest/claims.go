@@ -7,6 +7,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/google/uuid"
+
 	"github.com/outboxd/outbox"
 	"github.com/outboxd/outbox/outboxdriver"
 )
@@ -182,6 +184,40 @@ func testComplete[TTx any](t *testing.T, h *Harness[TTx]) {
 	}
 	if st.Unpublished != 1 || st.Published != 2 {
 		t.Fatalf("status = %+v, want 1 unpublished and 2 published kept (one deleted)", st)
+	}
+}
+
+// testCompletePublished: a table store completes published rows outside any claim
+// (outboxdriver.Completer: a transactional publisher's resume, the CDC source), marked
+// or deleted as asked; ids it does not hold, or already completed, change nothing.
+func testCompletePublished[TTx any](t *testing.T, h *Harness[TTx]) {
+	ctx := ctxT(t)
+	all := writeCommitted(t, h, event("a", 1), event("a", 2), event("b", 1), event("c", 1))
+	s := store(t, h)
+	cp, ok := s.(outboxdriver.Completer)
+	if !ok {
+		t.Fatalf("%T completes nothing outside a claim (outboxdriver.Completer)", s)
+	}
+	if err := cp.CompletePublished(ctx, []string{all[0], all[2], uuid.NewString()}, outboxdriver.CompleteMark); err != nil {
+		t.Fatal(err)
+	}
+	if err := cp.CompletePublished(ctx, []string{all[1], all[0]}, outboxdriver.CompleteDelete); err != nil {
+		t.Fatal(err)
+	}
+	if err := cp.CompletePublished(ctx, nil, outboxdriver.CompleteMark); err != nil {
+		t.Fatal(err)
+	}
+	st, err := s.Status(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.Unpublished != 1 || st.Published != 1 {
+		t.Fatalf("status = %+v, want 1 unpublished (c1) and 1 published kept (b1; a1 and a2 deleted)", st)
+	}
+	c := claimAll(t, s)
+	defer func() { _ = c.Release(ctx) }()
+	if rows := c.Rows(); len(rows) != 1 || rows[0].ID != all[3] {
+		t.Fatalf("claimed %v, want only c1", rows)
 	}
 }
 

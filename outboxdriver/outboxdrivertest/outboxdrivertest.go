@@ -64,6 +64,7 @@ func Run[TTx any](t *testing.T, newHarness NewFunc[TTx]) {
 		{"LateCommitNotSkipped", testLateCommit[TTx]},
 		{"CompleteMarksAndDeletes", testComplete[TTx]},
 		{"CompleteArchives", testCompleteArchive[TTx]},
+		{"CompletePublished", testCompletePublished[TTx]},
 		{"PlainSQLInsert", testPlainSQL[TTx]},
 		{"InvalidEventsWriteNothing", testInvalid[TTx]},
 		{"DuplicateID", testDuplicate[TTx]},

@@ -456,15 +456,31 @@ func (c *claim) settleTx(ctx context.Context, p *outboxdriver.CompleteParams, ex
 	return sqltx.Commit(ctx, tx)
 }
 
+// CompletePublished implements outboxdriver.Completer: a claim's statement for
+// published rows, outside any claim (a transactional publisher's resume).
+func (d *Driver) CompletePublished(ctx context.Context, ids []string, c outboxdriver.Completion) error {
+	if len(ids) == 0 {
+		return nil
+	}
+	_, err := d.db.ExecContext(ctx, d.completePublished(len(ids), c), sqldead.Args(ids)...)
+	return interpretError(err)
+}
+
+var _ outboxdriver.Completer = (*Driver)(nil)
+
+// completePublished is the statement that marks (or deletes) n published rows.
+func (d *Driver) completePublished(n int, c outboxdriver.Completion) string {
+	if c == outboxdriver.CompleteDelete {
+		return `DELETE FROM ` + d.q + ` WHERE id IN (` + sqldead.Placeholders(n) + `)`
+	}
+	return `UPDATE ` + d.q + ` SET published_at = UTC_TIMESTAMP(6), last_error = NULL WHERE id IN (` + sqldead.Placeholders(n) + `)`
+}
+
 // write applies p in tx: marks (or deletes) the published rows, and records the
 // failures.
 func (c *claim) write(ctx context.Context, tx *sql.Tx, p *outboxdriver.CompleteParams) error {
 	if len(p.Published) > 0 {
-		stmt := `UPDATE ` + c.d.q + ` SET published_at = UTC_TIMESTAMP(6), last_error = NULL WHERE id IN (` + sqldead.Placeholders(len(p.Published)) + `)`
-		if p.Completion == outboxdriver.CompleteDelete {
-			stmt = `DELETE FROM ` + c.d.q + ` WHERE id IN (` + sqldead.Placeholders(len(p.Published)) + `)`
-		}
-		if _, err := tx.ExecContext(ctx, stmt, sqldead.Args(p.Published)...); err != nil {
+		if _, err := tx.ExecContext(ctx, c.d.completePublished(len(p.Published), p.Completion), sqldead.Args(p.Published)...); err != nil {
 			return err
 		}
 	}

@@ -444,16 +444,33 @@ func (c *claim) Settle(ctx context.Context, p *outboxdriver.CompleteParams) erro
 	}))
 }
 
+// CompletePublished implements outboxdriver.Completer: a claim's statement for
+// published rows, outside any claim (a transactional publisher's resume).
+func (d *Driver) CompletePublished(ctx context.Context, ids []string, c outboxdriver.Completion) error {
+	if len(ids) == 0 {
+		return nil
+	}
+	stmt, args := d.completePublished(ids, c)
+	_, err := d.db.ExecContext(ctx, stmt, args...)
+	return interpretError(err)
+}
+
+var _ outboxdriver.Completer = (*Driver)(nil)
+
+// completePublished is the statement that marks (or deletes) published rows.
+func (d *Driver) completePublished(ids []string, c outboxdriver.Completion) (string, []any) {
+	if c == outboxdriver.CompleteDelete {
+		return `DELETE FROM ` + d.q + ` WHERE id IN (SELECT value FROM json_each(?))`, []any{jsonIDs(ids)}
+	}
+	return `UPDATE ` + d.q + ` SET published_at = ?, last_error = NULL WHERE id IN (SELECT value FROM json_each(?))`,
+		[]any{d.nowMillis(), jsonIDs(ids)}
+}
+
 // write applies p in tx: marks (or deletes) the published rows, and records the
 // failures.
 func (c *claim) write(ctx context.Context, tx *sql.Tx, p *outboxdriver.CompleteParams) error {
 	if len(p.Published) > 0 {
-		stmt := `UPDATE ` + c.d.q + ` SET published_at = ?, last_error = NULL WHERE id IN (SELECT value FROM json_each(?))`
-		args := []any{c.d.nowMillis(), jsonIDs(p.Published)}
-		if p.Completion == outboxdriver.CompleteDelete {
-			stmt = `DELETE FROM ` + c.d.q + ` WHERE id IN (SELECT value FROM json_each(?))`
-			args = args[1:]
-		}
+		stmt, args := c.d.completePublished(p.Published, p.Completion)
 		if _, err := tx.ExecContext(ctx, stmt, args...); err != nil {
 			return err
 		}
