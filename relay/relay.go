@@ -539,7 +539,10 @@ func (p *pipeline) batch(cr claimResult, claimWait time.Duration) {
 	} else {
 		rows, results = s.answered()
 	}
-	if p.fenced = fencedErr(results); p.fenced != nil {
+	if p.fenced = fencedErr(results); p.fenced != nil && simbug.On("ledger-fence-ignored") {
+		p.fenced = nil
+	}
+	if p.fenced != nil {
 		r.log.Warn("relay: the publisher was fenced; the term ends, to resume it", "err", p.fenced)
 	}
 	params, failed, unavailable := r.outcome(rows, results)
@@ -709,6 +712,9 @@ func (r *Relay) writeBack(work context.Context, marks *sync.WaitGroup, failed *a
 			// (a ledger answers them without sending).
 			r.log.Error("relay: marking published rows failed; they will be published again", "rows", len(p.Published), "err", err)
 			failed.Store(true)
+			if r.ledger != nil && simbug.On("ledger-marked-early") {
+				r.ledger.Marked(p.Published)
+			}
 		} else {
 			r.cfg.Failpoint(FailpointAfterMark)
 			if r.ledger != nil {

@@ -20,6 +20,7 @@ import (
 	"time"
 
 	"github.com/outboxd/outbox"
+	"github.com/outboxd/outbox/broker"
 	"github.com/outboxd/outbox/outboxdriver"
 	"github.com/outboxd/outbox/outboxdriver/outboxsqlite"
 	"github.com/outboxd/outbox/relay"
@@ -137,6 +138,9 @@ type simScript struct {
 	txs     []simTx
 	actions []simAction
 	locks   []simLock
+	// ledger: the relays publish through a broker with a ledger (Kafka's
+	// transactions): no event may reach it twice.
+	ledger bool
 }
 
 func newSimScript(seed uint64, rng *rand.Rand) *simScript {
@@ -175,6 +179,7 @@ func newSimScript(seed uint64, rng *rand.Rand) *simScript {
 			dur: time.Duration(100+lrng.IntN(4000)) * time.Millisecond})
 	}
 	slices.SortStableFunc(s.locks, func(a, b simLock) int { return int(a.at - b.at) })
+	s.ledger = rand.New(rand.NewPCG(seed, 2)).IntN(3) == 0
 	return s
 }
 
@@ -259,11 +264,12 @@ func TestSimulation(t *testing.T) {
 var simBranches = []string{
 	"takeover", "takeover-from-crashed-or-claiming", "crash-with-claim", "commit-outcome-unknown",
 	"commit-after-caller-gave-up", "publish-answer-lost", "straggler", "settle", "dead-letter", "pause", "clock-step",
-	"foreign-lock",
+	"foreign-lock", "ledger-resume-marks",
 }
 
 // Counted, too rare to require of a CI sample (about one run in 400): a dead letter
-// moved by a process after another took its leadership ("dead-letter-after-term-lost").
+// moved by a process after another took its leadership ("dead-letter-after-term-lost");
+// a ledger's commit fenced by a newer epoch ("ledger-fenced", about one in 100).
 
 func firstDifference(a, b []string) string {
 	for i := range min(len(a), len(b)) {
@@ -296,8 +302,8 @@ func simulate(t *testing.T, seed uint64, path string) simResult {
 	rng := rand.New(rand.NewPCG(seed, 0))
 	script := newSimScript(seed, rng)
 	w := newSimWorld(seed, script.faultP)
-	w.note("seed %d: %d processes, faults %d‰, batch %d, %s, %d transactions, %d actions",
-		seed, script.procs, script.faultP, script.cfg.BatchSize, script.cfg.Completion, len(script.txs), len(script.actions))
+	w.note("seed %d: %d processes, faults %d‰, batch %d, %s, %d transactions, %d actions, ledger %v",
+		seed, script.procs, script.faultP, script.cfg.BatchSize, script.cfg.Completion, len(script.txs), len(script.actions), script.ledger)
 	ctx := context.Background()
 
 	// The application: its own handle on the file, writing through the writer.
@@ -332,7 +338,11 @@ func simulate(t *testing.T, seed uint64, path string) simResult {
 		cfg := script.cfg
 		cfg.Rand = rand.NewPCG(seed, uint64(p.id)+1)
 		cfg.Logger = slog.New(slog.DiscardHandler)
-		r, err := relay.New(&simStore{w: w, p: p, inner: inner}, &simBroker{w: w, p: p, maxBytes: simMaxBytes}, &cfg)
+		var pub broker.Publisher = &simBroker{w: w, p: p, maxBytes: simMaxBytes}
+		if script.ledger {
+			pub = newSimLedgerBroker(pub.(*simBroker))
+		}
+		r, err := relay.New(&simStore{w: w, p: p, inner: inner}, pub, &cfg)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -550,7 +560,7 @@ func simulate(t *testing.T, seed uint64, path string) simResult {
 		failure = simCheck(ctx, w, appStore, bad, good)
 	}
 	if failure == "" {
-		failure = simDuplicates(w, script.cfg.BatchSize)
+		failure = simDuplicates(w, script.cfg.BatchSize, script.ledger)
 	}
 	if failure != "" {
 		for _, q := range []string{"SELECT 'outbox', seq, id, coalesce(published_at,0), attempts, coalesce(last_error,'') FROM outbox", "SELECT 'dead', seq, id, dead_at, attempts, error FROM outbox_dead"} {
@@ -620,8 +630,8 @@ func simWrite(t *testing.T, w *simWorld, db *sql.DB, writer *outbox.Writer[*sql.
 // simDuplicates bounds the events sent again: each disruption (a faulted call, a
 // crash, a pause) may make the relays send again what was in flight then, at most
 // the batch in hand, the one prefetched, a slow key's and the one a paused process
-// still holds: four batches.
-func simDuplicates(w *simWorld, batch int) string {
+// still holds: four batches. Through a ledger, none.
+func simDuplicates(w *simWorld, batch int, ledger bool) string {
 	sent := map[string]bool{}
 	dups := 0
 	for _, m := range w.taken {
@@ -629,6 +639,9 @@ func simDuplicates(w *simWorld, batch int) string {
 			dups++
 		}
 		sent[m.id] = true
+	}
+	if ledger && dups > 0 {
+		return fmt.Sprintf("%d events reached the broker twice through its ledger (exactly once)", dups)
 	}
 	if bound := 4 * batch * (w.disruptions + 1); dups > bound {
 		return fmt.Sprintf("%d events sent again after %d disruptions: at most %d expected (four batches of %d each, and once more)", dups, w.disruptions, bound, batch)
@@ -708,6 +721,8 @@ var simPlantedBugs = []struct{ name, what string }{
 	{"sqlite-pass-failing", "the SQLite claim takes events behind a failing event of their aggregate"},
 	{"dead-marked-published", "the SQLite driver marks a dead letter published instead of moving it"},
 	{"heads-off", "a claim takes an event while another session holds an earlier one of its aggregate (the head rule removed)"},
+	{"ledger-marked-early", "the relay tells a ledger a batch is marked though its mark failed"},
+	{"ledger-fence-ignored", "the relay keeps its term after its ledger was fenced (it never resumes)"},
 }
 
 // The CI slice: seeds of the clean build, then seeds of each planted bug (a fixed

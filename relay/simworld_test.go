@@ -113,6 +113,8 @@ type simWorld struct {
 
 	// The broker's log: every message it took, in order, with the time.
 	taken []simTaken
+	// ledger is the broker's record of a simLedgerBroker's progress (runs with one).
+	ledger simLedger
 	// Committed event ids, by the time of their commit, and the rolled-back ones.
 	committed  map[string]time.Time
 	rolledBack map[string]bool
@@ -280,7 +282,7 @@ func (w *simWorld) verdict(c *simCall) simVerdict {
 	switch c.kind {
 	case "publish":
 		choice = []simFault{simRefused, simLate, simHung, simUnknown, simDown, simRefuse1, simCut, simStraggler, simStraggler}
-	case "complete", "settle", "check", "acquire", "cleanup":
+	case "complete", "settle", "check", "acquire", "cleanup", "resume", "commit", "complete-published":
 		choice = []simFault{simRefused, simLate, simHung, simUnknown}
 	case "claim": // a read
 		choice = []simFault{simRefused, simLate}
@@ -537,6 +539,12 @@ type simBroker struct {
 const simAckTimeout = 2 * time.Second
 
 func (b *simBroker) Publish(ctx context.Context, msgs []broker.Message) []broker.Result {
+	return b.publish(ctx, msgs, nil)
+}
+
+// publish is Publish; with stage set, the messages the broker takes are staged there
+// (a transaction's, for simLedgerBroker to commit) instead of going to its log.
+func (b *simBroker) publish(ctx context.Context, msgs []broker.Message, stage *[]simTaken) []broker.Result {
 	detail := fmt.Sprintf("%s #%d", shortID(msgs[0].ID), len(msgs))
 	ids := make([]string, len(msgs))
 	for i := range msgs {
@@ -596,7 +604,12 @@ func (b *simBroker) Publish(ctx context.Context, msgs []broker.Message) []broker
 		},
 		Send: func(_ context.Context, i int) (broker.Future, error) {
 			b.w.mu.Lock()
-			b.w.taken = append(b.w.taken, simTaken{id: msgs[i].ID, key: msgs[i].Key, at: time.Now(), proc: b.p.id})
+			taken := simTaken{id: msgs[i].ID, key: msgs[i].Key, at: time.Now(), proc: b.p.id}
+			if stage != nil {
+				*stage = append(*stage, taken)
+			} else {
+				b.w.taken = append(b.w.taken, taken)
+			}
 			b.w.mu.Unlock()
 			switch {
 			case v.fault == simUnknown:
