@@ -24,6 +24,7 @@ import (
 	"github.com/outboxd/outbox/broker/webhook"
 	"github.com/outboxd/outbox/cloudevents"
 	"github.com/outboxd/outbox/internal/redact"
+	"github.com/outboxd/outbox/outboxdriver"
 )
 
 // brokerOptions are the publisher settings from flags.
@@ -106,6 +107,22 @@ func brokerFlags(fs *flag.FlagSet) *brokerOptions {
 	fs.Int64Var(&bo.redisMaxLen, "redis-maxlen", 0, "Redis: trim each stream to about this many entries (0: no trimming)")
 	fs.StringVar(&bo.kafkaCompression, "kafka-compression", "none", "Kafka: compress produced batches with "+kafka.Compressions+" (none, as Kafka Connect: every consumer can read it)")
 	return &bo
+}
+
+// outsideTransactions is o without exactly-once: the options of the publisher that
+// sends the dashboard's replays, which belong to no relay's transactions or progress.
+func (o brokerOptions) outsideTransactions() brokerOptions {
+	o.kafkaTransactionalID = ""
+	return o
+}
+
+// forTable is o with the transactional id of one table of a --tables relay: the
+// prefix given, then the table's name (each table is a unit of its own to fence).
+func (o brokerOptions) forTable(t outboxdriver.Table) brokerOptions {
+	if o.kafkaTransactionalID != "" {
+		o.kafkaTransactionalID += "." + t.String()
+	}
+	return o
 }
 
 // cloudEventsBinding is the CloudEvents protocol binding of a broker scheme.

@@ -108,7 +108,7 @@ func parseRelayFlags(args []string, stderr io.Writer) (*relayOptions, error) {
 	ceMode := fs.String("cloudevents-mode", string(cloudevents.Binary), "with --format cloudevents: binary (attributes as headers, the payload as the body) or structured (the whole event as JSON)")
 	ceSource := fs.String("cloudevents-source", "", "with --format cloudevents: the source attribute (default /outbox/<schema>.<table>)")
 	bo := brokerFlags(fs)
-	fs.StringVar(&bo.kafkaTransactionalID, "kafka-transactional-id", "", "Kafka, exactly-once: publish each batch in a Kafka transaction under this transactional.id, one per table, with the relay's progress (poll mode, one active relay per table; docs/kafka.md)")
+	fs.StringVar(&bo.kafkaTransactionalID, "kafka-transactional-id", "", "Kafka, exactly-once: publish each batch in a Kafka transaction under this transactional.id, one per table (with --tables, a prefix: ID.schema.table), with the relay's progress (poll mode, one active relay per table; docs/kafka.md)")
 	fs.StringVar(&bo.kafkaProgressTopic, "kafka-progress-topic", kafka.ProgressTopicDefault, "with --kafka-transactional-id: the compacted topic of the relay's progress records (created if absent)")
 	leaseTTL := fs.Duration("lease-ttl", outboxsqlite.LeaseTTLDefault, "SQLite only: how long leadership lasts unrenewed; a standby takes over this long after the active relay dies")
 	group := fs.Bool("group", false, "PostgreSQL, poll mode: run as one of several active relays, each owning some of the table's partitions (every relay of the table needs it)")
@@ -167,8 +167,8 @@ func parseRelayFlags(args []string, stderr io.Writer) (*relayOptions, error) {
 		switch {
 		case scheme != "kafka" && scheme != "kafkas":
 			return nil, usageErr("--kafka-transactional-id goes with a kafka:// broker")
-		case *mode != "poll" || *group || flagSet(fs, "tables"):
-			return nil, usageErr("--kafka-transactional-id (exactly-once) needs poll mode with one active relay per table (no --mode cdc, --group or --tables yet)")
+		case *mode != "poll" || *group:
+			return nil, usageErr("--kafka-transactional-id (exactly-once) needs poll mode with one active relay per table (no --mode cdc or --group yet)")
 		}
 	} else if flagSet(fs, "kafka-progress-topic") {
 		return nil, usageErr("--kafka-progress-topic goes with --kafka-transactional-id")
@@ -418,7 +418,14 @@ func buildRelay(ctx context.Context, o *relayOptions) (_ *relayService, err erro
 		if err != nil {
 			return nil, err
 		}
-		svc.replays = replay.NewRunner(db.replayer(), pub, &replay.Config{Topic: tmpl, Router: cfg.Router})
+		replayPub := pub
+		if o.broker.kafkaTransactionalID != "" {
+			if replayPub, err = startBroker(ctx, o.brokerURL, o.broker.outsideTransactions(), logger); err != nil {
+				return nil, err
+			}
+			svc.closers = append(svc.closers, func() { _ = replayPub.Close() })
+		}
+		svc.replays = replay.NewRunner(db.replayer(), replayPub, &replay.Config{Topic: tmpl, Router: cfg.Router})
 		svc.closers = append(svc.closers, func() { svc.replays.Stop(context.Background()) })
 	}
 	return svc, nil

@@ -48,7 +48,9 @@ func runRelayTables(ctx context.Context, o *relayOptions) error {
 	shared := outboxpgx.NewShared(sessions)
 	defer shared.Close()
 	o.broker.logger = logger
-	pub, err := startBroker(ctx, o.brokerURL, o.broker, logger)
+	// Shared by the tables' relays, and the dashboard's replays; with exactly-once,
+	// each relay has a transactional publisher of its own (startTable).
+	pub, err := startBroker(ctx, o.brokerURL, o.broker.outsideTransactions(), logger)
 	if err != nil {
 		return err
 	}
@@ -230,6 +232,8 @@ type tableRelay struct {
 	regs    prometheus.Registerer
 	cancel  context.CancelFunc
 	done    chan struct{}
+	// closePub closes the relay's own publisher (exactly-once: one per table).
+	closePub func()
 }
 
 // sayRefused logs each table refused as owned by others, once per reason (the
@@ -425,8 +429,18 @@ func (s *tableRelays) start(ctx context.Context, t outboxdriver.Table) {
 			return
 		}
 	}
-	r, err := relay.New(src, s.pub, &cfg)
+	pub, closePub := s.pub, func() {}
+	if s.o.broker.kafkaTransactionalID != "" {
+		if pub, err = openBroker(ctx, s.o.brokerURL, s.o.broker.forTable(t)); err != nil {
+			metrics.Unregister(regs)
+			fail(err)
+			return
+		}
+		closePub = func() { _ = pub.Close() }
+	}
+	r, err := relay.New(src, pub, &cfg)
 	if err != nil {
+		closePub()
 		metrics.Unregister(regs)
 		fail(err)
 		return
@@ -435,6 +449,7 @@ func (s *tableRelays) start(ctx context.Context, t outboxdriver.Table) {
 	// template and wire format, as a relay of the table alone has them.
 	tmpl, err := broker.ParseTemplate(cfg.TopicTemplate)
 	if err != nil {
+		closePub()
 		metrics.Unregister(regs)
 		fail(err)
 		return
@@ -442,7 +457,7 @@ func (s *tableRelays) start(ctx context.Context, t outboxdriver.Table) {
 	replays := replay.NewRunner(replay.New(s.pool, t), s.pub, &replay.Config{Topic: tmpl, Router: cfg.Router})
 	rctx, cancel := context.WithCancel(ctx)
 	tr := &tableRelay{table: t, r: r, store: store, status: status, replays: replays, metrics: metrics, regs: regs,
-		cancel: cancel, done: make(chan struct{})}
+		cancel: cancel, done: make(chan struct{}), closePub: closePub}
 	go func() {
 		defer close(tr.done)
 		if err := r.Run(rctx); err != nil && rctx.Err() == nil {
@@ -467,6 +482,7 @@ func (s *tableRelays) stop(name string) {
 	}
 	tr.cancel()
 	<-tr.done
+	tr.closePub()
 	tr.replays.Stop(context.Background())
 	tr.metrics.Unregister(tr.regs)
 	s.o.logger.Info("relay: stopped relaying table", "table", name)
