@@ -227,6 +227,17 @@ type Ledger interface {
 	Marked(ids []string)
 }
 
+// UnitLedger is a Ledger that opens one ledger of its own per unit of ownership.
+// Several active relays of one table (a group) give each lease partition its own, so
+// that a partition's new owner fences the producer of the one before it, not just its
+// own: a paused owner that lost the partition can no longer publish for it.
+type UnitLedger interface {
+	Ledger
+	// Unit returns a new ledger for the unit (a name such as "p3"). It is not resumed
+	// yet; the caller resumes it before it publishes, and closes it.
+	Unit(name string) (Ledger, error)
+}
+
 // TopicEscaper is implemented by publishers whose topic names have a syntax of their
 // own (NATS subjects): the relay escapes every value it puts into a topic template.
 type TopicEscaper interface {

@@ -6,6 +6,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/outboxd/outbox/broker"
 	"github.com/outboxd/outbox/broker/kafka"
 	"github.com/outboxd/outbox/broker/memory"
 	"github.com/outboxd/outbox/outboxdriver"
@@ -47,9 +48,10 @@ func TestNewRefusesWhatTheStoreCannotHonour(t *testing.T) {
 	}
 }
 
-// TestNewRefusesALedgerItCannotRun: a transactional publisher (broker.Ledger) runs
-// under one active relay per table on a store that marks rows outside a claim; relay.New
-// refuses the rest in one error, before anything connects.
+// TestNewRefusesALedgerItCannotRun: a transactional publisher (broker.Ledger) runs on a
+// store that marks rows outside a claim, and in a group only with a ledger per
+// partition (broker.UnitLedger); relay.New refuses the rest in one error, before
+// anything connects.
 func TestNewRefusesALedgerItCannotRun(t *testing.T) {
 	ledger, err := kafka.DialTransactional("kafka://127.0.0.1:1", &kafka.TxConfig{TransactionalID: "t"})
 	if err != nil {
@@ -60,20 +62,25 @@ func TestNewRefusesALedgerItCannotRun(t *testing.T) {
 	for _, tc := range []struct {
 		name  string
 		store outboxdriver.Source
+		pub   broker.Ledger
 		cfg   relay.Config
 		want  string
 	}{
 		// A source that completes rows only through claims (as the CDC source).
-		{"no Completer", struct{ outboxdriver.Source }{e.store}, relay.Config{}, "marks rows outside a claim"},
-		{"group", e.store, relay.Config{Group: &relay.GroupConfig{}}, "single active relay"},
+		{"no Completer", struct{ outboxdriver.Source }{e.store}, ledger, relay.Config{}, "marks rows outside a claim"},
+		// A ledger with no Unit: one producer cannot be fenced per partition.
+		{"group", e.store, struct{ broker.Ledger }{ledger}, relay.Config{Group: &relay.GroupConfig{}}, "one ledger per partition"},
 	} {
-		_, err := relay.New(tc.store, ledger, &tc.cfg)
+		_, err := relay.New(tc.store, tc.pub, &tc.cfg)
 		if !errors.Is(err, outboxdriver.ErrNotSupported) || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("%s: relay.New: %v; want ErrNotSupported naming %s", tc.name, err, tc.want)
 		}
 	}
 	if _, err := relay.New(e.store, ledger, nil); err != nil {
 		t.Errorf("a single relay on PostgreSQL: %v", err)
+	}
+	if _, err := relay.New(e.store, ledger, &relay.Config{Group: &relay.GroupConfig{}}); err != nil {
+		t.Errorf("a group member on PostgreSQL with a ledger per partition: %v", err)
 	}
 	db, err := outboxsqlite.Open(filepath.Join(t.TempDir(), "outbox.db"))
 	if err != nil {

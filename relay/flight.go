@@ -78,7 +78,16 @@ func (r *Relay) startPublish(work context.Context, rows []outboxdriver.Row) *fli
 		if r.splits() { // early answers serve only a batch that may be split
 			ctx = broker.WithAnswers(work, msgs, func(j int, res broker.Result) { f.decide(idx[j], res) })
 		}
-		pubResults := r.pub.Publish(ctx, msgs)
+		var pubResults []broker.Result
+		if r.units != nil {
+			partition := make([]int, len(msgs))
+			for j, i := range idx {
+				partition[j] = rows[i].Partition
+			}
+			pubResults = r.units.publish(ctx, msgs, partition)
+		} else {
+			pubResults = r.pub.Publish(ctx, msgs)
+		}
 		if endTrace != nil {
 			endTrace(pubResults)
 		}

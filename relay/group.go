@@ -36,6 +36,8 @@ type groupTerm struct {
 
 	ready      map[int]outboxdriver.Lease // leased, and no previous owner's claim left
 	validUntil time.Time                  // by this relay's clock, with a margin
+	// tableResumed: the table's own ledger was resumed in this term (ledger.go).
+	tableResumed bool
 }
 
 func (g *groupTerm) interval() time.Duration { return g.ttl / 3 }
@@ -114,11 +116,22 @@ func (g *groupTerm) check(ctx context.Context) error {
 			g.r.log.Info("relay: rows of new partitions still locked (a previous owner's claim, or another session); "+
 				"going on: their aggregates wait for the locks, the others flow", "partitions", len(fresh), "err", err)
 		}
+		if g.r.units != nil {
+			var tableDone bool
+			fresh, tableDone, err = g.r.resumeUnits(ctx, min(g.ttl/2, g.r.cfg.LeaderTimeout), fresh, !g.tableResumed)
+			if err != nil {
+				return err
+			}
+			g.tableResumed = g.tableResumed || tableDone
+		}
 		for _, l := range leases {
 			if slices.Contains(fresh, l.Partition) {
 				ready[l.Partition] = l
 			}
 		}
+	}
+	if g.r.units != nil {
+		g.r.units.keep(leases)
 	}
 	if len(ready) != len(g.ready) {
 		g.r.log.Info("relay: partitions", "relay", g.id, "owned", len(ready), "wanted", len(want), "relays", len(m.Relays))
@@ -140,6 +153,9 @@ func (r *Relay) runGroup(ctx context.Context) error {
 			r.log.Warn("relay: could not leave the group; its partitions free up when the leases expire", "err", err)
 		}
 	}()
+	if r.units != nil {
+		defer r.units.closeAll()
+	}
 	bo := r.newBackoff("group")
 	waiting := false
 	for ctx.Err() == nil {
@@ -167,6 +183,10 @@ func (r *Relay) runGroup(ctx context.Context) error {
 		g := &groupTerm{r: r, gs: gs, id: id, ttl: ttl, member: member}
 		if err := g.check(ctx); err != nil {
 			r.releaseLock(ctx, member)
+			if errStop(err) && ctx.Err() == nil {
+				r.log.Error("relay: stopping", "err", err)
+				return err
+			}
 			if ctx.Err() == nil {
 				r.log.Error("relay: cannot join the group", "err", err)
 				sleep(ctx, bo.next())
@@ -181,6 +201,10 @@ func (r *Relay) runGroup(ctx context.Context) error {
 		r.releaseLock(ctx, member)
 		r.setPartitions(0)
 		r.notLeader()
+		if errStop(err) && ctx.Err() == nil {
+			r.log.Error("relay: stopping", "err", err)
+			return err
+		}
 		if err != nil && ctx.Err() == nil {
 			r.log.Warn("relay: group term ended", "err", err)
 			sleep(ctx, bo.next())

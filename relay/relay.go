@@ -26,11 +26,14 @@ type Relay struct {
 	pub   broker.Publisher
 	// ledger is pub when it is a broker.Ledger (ledger.go).
 	ledger broker.Ledger
-	cfg    Config
-	tmpl   *broker.Template
-	esc    func(string) string
-	log    *slog.Logger
-	late   *lateMarks
+	// units are a group member's ledgers, one per partition (ledger.go); nil unless
+	// ledger is set and the relay is in a group.
+	units *units
+	cfg   Config
+	tmpl  *broker.Template
+	esc   func(string) string
+	log   *slog.Logger
+	late  *lateMarks
 	// jitter draws every random wait (Config.Rand).
 	jitter jitter
 
@@ -89,6 +92,9 @@ func New(store outboxdriver.Source, pub broker.Publisher, cfg *Config) (*Relay, 
 	}
 	if err := r.checkLedger(); err != nil {
 		return nil, err
+	}
+	if ul, ok := r.ledger.(broker.UnitLedger); ok && c.Group != nil {
+		r.units = &units{open: ul.Unit, by: map[int]broker.Ledger{}}
 	}
 	if err := r.checkTemplate(); err != nil {
 		return nil, err
@@ -713,12 +719,12 @@ func (r *Relay) writeBack(work context.Context, marks *sync.WaitGroup, failed *a
 			r.log.Error("relay: marking published rows failed; they will be published again", "rows", len(p.Published), "err", err)
 			failed.Store(true)
 			if r.ledger != nil && simbug.On("ledger-marked-early") {
-				r.ledger.Marked(p.Published)
+				r.marked(p.Published)
 			}
 		} else {
 			r.cfg.Failpoint(FailpointAfterMark)
 			if r.ledger != nil {
-				r.ledger.Marked(p.Published)
+				r.marked(p.Published)
 			}
 		}
 		r.log.Debug("relay: batch", "rows", rows, "claim_wait", claimWait, "publish", pubTime, "mark", time.Since(start))

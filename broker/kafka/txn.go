@@ -43,8 +43,9 @@ const FailpointBeforeCommit = "kafka.before-commit"
 // TxConfig configures a TxPublisher.
 type TxConfig struct {
 	Config
-	// TransactionalID is the producer's transactional.id: one per outbox table. A
-	// relay that resumes with the same id fences every relay before it. Required.
+	// TransactionalID is the producer's transactional.id: one per outbox table (a
+	// group of relays adds one per lease partition, ID.p<N>: Unit). A relay that
+	// resumes with the same id fences every relay before it. Required.
 	TransactionalID string
 	// ProgressTopic is the compacted topic that holds the progress records; Resume
 	// creates it (one partition, cleanup.policy=compact) or checks that it compacts.
@@ -71,7 +72,7 @@ type TxPublisher struct {
 	pending map[string]struct{} // ids committed to Kafka whose rows may not be marked yet
 }
 
-var _ broker.Ledger = (*TxPublisher)(nil)
+var _ broker.UnitLedger = (*TxPublisher)(nil)
 
 // Errors Resume returns for a configuration that cannot work; both are permanent
 // (broker.IsPermanent), so the relay stops on them rather than retry.
@@ -119,6 +120,19 @@ func DialTransactional(rawURL string, cfg *TxConfig, extra ...kgo.Opt) (*TxPubli
 		p.cfg.Failpoint = func(string) {}
 	}
 	return p, nil
+}
+
+// Unit implements broker.UnitLedger: a publisher of its own, not resumed yet, with
+// the transactional id ID.name (a group's lease partition: ID.p3) and its own progress
+// records.
+func (p *TxPublisher) Unit(name string) (broker.Ledger, error) {
+	if name == "" {
+		return nil, errors.New("kafka transactions: a unit needs a name")
+	}
+	u := &TxPublisher{cfg: p.cfg, opts: p.opts, pending: map[string]struct{}{},
+		ready: fmt.Errorf("%w: not resumed yet", broker.ErrFenced)}
+	u.cfg.TransactionalID += "." + name
+	return u, nil
 }
 
 // progress is a progress record's value.

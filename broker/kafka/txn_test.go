@@ -197,6 +197,54 @@ func TestTxResumeFencesAndRecovers(t *testing.T) {
 	noMore(t, c.ListenAddrs(), "orders", len(want))
 }
 
+// TestTxUnits: each unit (a group's lease partition) is a transactional id of its own,
+// ID.name: resuming one unit fences that unit's earlier owner only, and returns that
+// unit's unmarked ids only.
+func TestTxUnits(t *testing.T) {
+	c := newCluster(t, kfake.SeedTopics(3, "orders"))
+	defer c.Close()
+	addr := c.ListenAddrs()[0]
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	unit := func(p *kafka.TxPublisher, name string) broker.Ledger {
+		t.Helper()
+		u, err := p.Unit(name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = u.Close() })
+		if ids, err := u.Resume(ctx); err != nil || len(ids) != 0 {
+			t.Fatalf("resume unit %s: %v, %v", name, ids, err)
+		}
+		return u
+	}
+	if _, err := dialTx(t, addr, "orders-relay", nil).Unit(""); err == nil {
+		t.Fatal("a unit with no name was opened")
+	}
+	m1, m2 := dialTx(t, addr, "orders-relay", nil), dialTx(t, addr, "orders-relay", nil)
+	p1, p2 := unit(m1, "p1"), unit(m1, "p2")
+	a, b := events("orders", 3), events("orders", 3)
+	requireOK(t, p1.Publish(ctx, a))
+	requireOK(t, p2.Publish(ctx, b))
+
+	// Another member takes p1: it resumes with p1's unmarked ids, and fences p1's owner.
+	u, err := m2.Unit("p1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer u.Close()
+	if got, err := u.Resume(ctx); err != nil || !sameSet(got, ids(a)) {
+		t.Fatalf("resume p1 elsewhere: %v, %v; want %v", got, err, ids(a))
+	}
+	for i, r := range p1.Publish(ctx, events("orders", 2)) {
+		if !broker.IsFenced(r.Err) {
+			t.Fatalf("the old owner of p1, message %d: err = %v, want ErrFenced", i, r.Err)
+		}
+	}
+	// p2's owner is not touched.
+	requireOK(t, p2.Publish(ctx, events("orders", 2)))
+}
+
 // TestTxAbortedBatch: a record the broker refuses aborts its transaction. It fails on
 // its own; the others are held back (no attempt), and no read_committed consumer sees
 // any of them, though a read_uncommitted one does: the check can fail.

@@ -353,6 +353,63 @@ func TestKafkaExactlyOnceBrokerFaults(t *testing.T) {
 	}
 }
 
+// TestKafkaExactlyOnceGroup: a group of relays (--group), each lease partition with a
+// transactional id of its own. r2 is paused (SIGSTOP) in an open transaction and loses
+// its partitions; r1 takes them, and is killed between a commit and its mark; r3 takes
+// everything, resumes each partition (which fences r2's producers and marks r1's
+// committed batch) and drains the table. Woken, r2's commit is refused and it rejoins.
+// A read_committed consumer sees every event once, in order per aggregate.
+func TestKafkaExactlyOnceGroup(t *testing.T) {
+	t.Parallel()
+	url := testenv.DatabaseURL(t)
+	pool := testenv.Pool(t, url)
+	table := migrateSchema(t, url, testenv.Schema(t, url), "outbox")
+	k := newKafkaScope(t)
+	const aggs, n = 40, 800
+	want := writeEvents(t, pool, table, aggs, n)
+	txnID := testenv.UniqueName("orders")
+	args := func(id string) []string {
+		return eosArgs(url, table.Schema+"."+table.Name, k.url, txnID, "--group", "--relay-id", id, "--partition-lease", "2s")
+	}
+	r2 := startRelayProc(t, []string{"OUTBOX_FAILPOINT=kafka.before-commit:3:stop"}, args("r2")...)
+	testenv.Wait(t, context.Background(), "r2 paused in a transaction", func() bool {
+		return processStopped(r2.cmd.Process.Pid)
+	})
+	r1 := startRelayProc(t, []string{"OUTBOX_FAILPOINT=relay.after-publish-before-mark:3"}, args("r1")...)
+	r1.killedByFailpoint(t)
+	r3 := startRelayProc(t, nil, args("r3")...)
+	waitUnpublished(t, pool, table, 0, time.Minute)
+	_ = r2.cmd.Process.Signal(syscall.SIGCONT) // a zombie, mid-transaction
+	testenv.Wait(t, context.Background(), "r2's commit fenced", func() bool {
+		return strings.Contains(r2.output(), "the publisher was fenced")
+	})
+	more := writeEvents(t, pool, table, aggs, n)
+	for agg, ids := range more {
+		want[agg] = append(want[agg], ids...)
+	}
+	waitUnpublished(t, pool, table, 0, time.Minute)
+	for _, p := range []*proc{r2, r3} {
+		_ = p.cmd.Process.Signal(syscall.SIGTERM)
+		<-p.done
+	}
+	checkOrder(t, want, k.read(t, 2*n, kgo.ReadCommitted()))
+	if dups := k.extra(2 * n); dups > 0 {
+		t.Fatalf("read_committed consumer saw %d duplicates", dups)
+	}
+	if !strings.Contains(r3.output(), "partition=") || !strings.Contains(r3.output(), "resumed the transactional publisher") {
+		t.Fatalf("r3 resumed no partition:\n%s", r3.output())
+	}
+	marked := 0
+	for _, line := range strings.Split(r3.output(), "\n") {
+		if strings.Contains(line, "resumed the transactional publisher") && !strings.Contains(line, "already_published=0") {
+			marked++
+		}
+	}
+	if marked == 0 {
+		t.Fatalf("r3 marked nothing from Kafka's progress, though r1 was killed after a commit:\n%s", r3.output())
+	}
+}
+
 // processStopped reports whether the process is stopped (by a signal).
 func processStopped(pid int) bool {
 	raw, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
@@ -366,7 +423,7 @@ func processStopped(pid int) bool {
 }
 
 // TestKafkaExactlyOnceRefused: what exactly-once cannot run under is refused in one
-// line: the flag with another broker, with a group, CDC or --tables (usage errors,
+// line: the flag with another broker, or with CDC (usage errors,
 // before anything connects), and a cluster without transactions (the relay exits).
 func TestKafkaExactlyOnceRefused(t *testing.T) {
 	t.Parallel()
@@ -378,7 +435,6 @@ func TestKafkaExactlyOnceRefused(t *testing.T) {
 		want string
 	}{
 		{[]string{"--broker", "nats://127.0.0.1:4222", "--kafka-transactional-id", "x"}, "goes with a kafka:// broker"},
-		{[]string{"--broker", "kafka://127.0.0.1:1", "--kafka-transactional-id", "x", "--group"}, "one active relay per table"},
 		{[]string{"--broker", "kafka://127.0.0.1:1", "--kafka-transactional-id", "x", "--mode", "cdc"}, "poll mode"},
 		{[]string{"--broker", "kafka://127.0.0.1:1", "--kafka-progress-topic", "p"}, "goes with --kafka-transactional-id"},
 	} {
