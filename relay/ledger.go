@@ -128,8 +128,12 @@ func (r *Relay) resumeUnits(ctx context.Context, limit time.Duration, partitions
 		case errStop(a.err):
 			stop = a.err
 		default:
+			unit := "table"
+			if a.p >= 0 {
+				unit = fmt.Sprintf("p%d", a.p)
+			}
 			r.log.Warn("relay: could not resume a transactional publisher; tried again at the next check",
-				"partition", a.p, "err", a.err)
+				"unit", unit, "err", a.err)
 		}
 	}
 	slices.Sort(ok)
