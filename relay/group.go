@@ -181,6 +181,9 @@ func (r *Relay) runGroup(ctx context.Context) error {
 		}
 		waiting = false
 		g := &groupTerm{r: r, gs: gs, id: id, ttl: ttl, member: member}
+		if r.units != nil {
+			r.units.newTerm()
+		}
 		if err := g.check(ctx); err != nil {
 			r.releaseLock(ctx, member)
 			if errStop(err) && ctx.Err() == nil {

@@ -81,63 +81,121 @@ type units struct {
 	open func(name string) (broker.Ledger, error)
 	mu   sync.Mutex
 	by   map[int]broker.Ledger
+	// Resumes run in the background, across checks: under load a resume may outlast
+	// a check, and one restarted at every check would never end. tableUnit (-1) is
+	// the table's own ledger. gen counts terms: a resume of an earlier term that ends
+	// late counts for nothing.
+	resuming map[int]bool
+	resumed  map[int]bool
+	stop     error // a permanent error a resume met
+	gen      int
+	news     chan struct{} // a resume ended
 }
 
-// resumeUnits resumes the ledgers of the partitions (opened if new) at once, and the
-// table's own when withTable, each bounded by limit; each marks what it holds. It
-// returns the partitions that may be published (those resumed) and whether the table's
-// was. A permanent error (a cluster without transactions) is returned; others leave
-// the ledger to the next check.
+// tableUnit stands for the table's own ledger among the units.
+const tableUnit = -1
+
+func newUnits(open func(name string) (broker.Ledger, error)) *units {
+	return &units{open: open, by: map[int]broker.Ledger{}, resuming: map[int]bool{}, resumed: map[int]bool{}, news: make(chan struct{}, 1)}
+}
+
+// newTerm forgets what was resumed: a term resumes every ledger again.
+func (u *units) newTerm() {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	u.gen++
+	clear(u.resumed)
+	clear(u.resuming)
+	u.stop = nil
+}
+
+// resumeUnits starts, in the background, the resume of each partition's ledger (opened
+// if new) and of the table's own when withTable, unless one is under way. It waits for
+// them up to wait, then returns the partitions resumed (each marked what it holds),
+// whether the table's is, and a permanent error a resume met (a cluster without
+// transactions). The others go on resuming; a resume that fails otherwise is logged and
+// started again at the next check.
 //
 // All at once, because every progress record shares a partition of the progress
 // topic: a resume reads it read_committed, so it waits for any open transaction there,
 // such as a paused member's. Resuming that member's partitions (the new owner's) aborts
 // it, and that resume must not wait behind another.
-func (r *Relay) resumeUnits(ctx context.Context, limit time.Duration, partitions []int, withTable bool) ([]int, bool, error) {
-	type answer struct {
-		p   int // -1: the table's
-		err error
-	}
-	answers := make(chan answer, len(partitions)+1)
-	for _, p := range partitions {
-		go func() {
-			answers <- answer{p, bounded(ctx, limit, func(ctx context.Context) error { return r.resumeUnit(ctx, p) })}
-		}()
-	}
+func (r *Relay) resumeUnits(ctx context.Context, wait time.Duration, partitions []int, withTable bool) ([]int, bool, error) {
+	u := r.units
+	want := partitions
 	if withTable {
-		go func() {
-			answers <- answer{-1, bounded(ctx, limit, func(ctx context.Context) error { return r.resumeOne(ctx, r.ledger, "unit", "table") })}
-		}()
+		want = append(slices.Clone(partitions), tableUnit)
 	}
-	var (
-		ok      []int
-		table   bool
-		stop    error
-		pending = len(partitions)
-	)
-	if withTable {
-		pending++
-	}
-	for range pending {
-		a := <-answers
-		switch {
-		case a.err == nil && a.p < 0:
-			table = true
-		case a.err == nil:
-			ok = append(ok, a.p)
-		case errStop(a.err):
-			stop = a.err
-		default:
-			unit := "table"
-			if a.p >= 0 {
-				unit = fmt.Sprintf("p%d", a.p)
+	timer := time.NewTimer(wait)
+	defer timer.Stop()
+	for first := true; ; first = false {
+		u.mu.Lock()
+		if u.stop != nil {
+			u.mu.Unlock()
+			return nil, false, u.stop
+		}
+		var ok []int
+		pending := 0
+		for _, p := range want {
+			switch {
+			case u.resumed[p]:
+				if p != tableUnit {
+					ok = append(ok, p)
+				}
+			case u.resuming[p]:
+				pending++
+			case first: // a resume that failed meanwhile waits for the next check
+				u.resuming[p] = true
+				pending++
+				go r.resumeInBackground(ctx, p, u.gen) // ends with the term's work
 			}
-			r.log.Warn("relay: could not resume a transactional publisher; tried again at the next check",
-				"unit", unit, "err", a.err)
+		}
+		table := u.resumed[tableUnit]
+		u.mu.Unlock()
+		if pending == 0 {
+			return ok, table, nil
+		}
+		select {
+		case <-u.news:
+		case <-timer.C:
+			return ok, table, nil
+		case <-ctx.Done():
+			return nil, false, ctx.Err()
 		}
 	}
-	slices.Sort(ok)
-	return ok, table, stop
+}
+
+func (r *Relay) resumeInBackground(ctx context.Context, p, gen int) {
+	u := r.units
+	err := bounded(ctx, r.cfg.LeaderTimeout, func(ctx context.Context) error {
+		if p == tableUnit {
+			return r.resumeOne(ctx, r.ledger, "unit", "table")
+		}
+		return r.resumeUnit(ctx, p)
+	})
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	if gen != u.gen {
+		return
+	}
+	delete(u.resuming, p)
+	select {
+	case u.news <- struct{}{}:
+	default:
+	}
+	switch {
+	case err == nil:
+		// Unless the partition was given up meanwhile (keep closed its ledger).
+		u.resumed[p] = p == tableUnit || u.by[p] != nil
+	case errStop(err):
+		u.stop = err
+	default:
+		unit := "table"
+		if p != tableUnit {
+			unit = fmt.Sprintf("p%d", p)
+		}
+		r.log.Warn("relay: could not resume a transactional publisher; tried again at the next check", "unit", unit, "err", err)
+	}
 }
 
 func (r *Relay) resumeUnit(ctx context.Context, p int) error {
@@ -159,12 +217,17 @@ func (r *Relay) resumeUnit(ctx context.Context, p int) error {
 // keep closes the ledgers of the partitions not leased: given up, or taken over.
 func (u *units) keep(leased []outboxdriver.Lease) {
 	u.mu.Lock()
-	defer u.mu.Unlock()
+	var gone []broker.Ledger
 	for p, l := range u.by {
 		if !slices.ContainsFunc(leased, func(l outboxdriver.Lease) bool { return l.Partition == p }) {
-			_ = l.Close()
+			gone = append(gone, l)
 			delete(u.by, p)
+			delete(u.resumed, p)
 		}
+	}
+	u.mu.Unlock()
+	for _, l := range gone { // outside the lock: a resume under way holds the ledger a while
+		_ = l.Close()
 	}
 }
 

@@ -94,7 +94,7 @@ func New(store outboxdriver.Source, pub broker.Publisher, cfg *Config) (*Relay, 
 		return nil, err
 	}
 	if ul, ok := r.ledger.(broker.UnitLedger); ok && c.Group != nil {
-		r.units = &units{open: ul.Unit, by: map[int]broker.Ledger{}}
+		r.units = newUnits(ul.Unit)
 	}
 	if err := r.checkTemplate(); err != nil {
 		return nil, err

@@ -369,7 +369,7 @@ func TestKafkaExactlyOnceGroup(t *testing.T) {
 	want := writeEvents(t, pool, table, aggs, n)
 	txnID := testenv.UniqueName("orders")
 	args := func(id string) []string {
-		return eosArgs(url, table.Schema+"."+table.Name, k.url, txnID, "--group", "--relay-id", id, "--partition-lease", "2s")
+		return eosArgs(url, table.Schema+"."+table.Name, k.url, txnID, "--group", "--relay-id", id, "--partition-lease", "3s")
 	}
 	r2 := startRelayProc(t, []string{"OUTBOX_FAILPOINT=kafka.before-commit:3:stop"}, args("r2")...)
 	testenv.Wait(t, context.Background(), "r2 paused in a transaction", func() bool {
