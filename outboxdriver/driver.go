@@ -167,6 +167,10 @@ type Capabilities struct {
 	// skip the aggregates in flight (ClaimParams.Skip). The relay uses it so that a
 	// slow key holds only itself.
 	Split bool
+	// CompletesLater: Complete returns before the published rows are completed (a
+	// CDC source completes them beside the stream); CompleteParams.Completed is told
+	// when they are. Without it, Complete returning nil says they are.
+	CompletesLater bool
 }
 
 // Completes reports whether Complete honours completion c.
@@ -503,6 +507,11 @@ type CompleteParams struct {
 	Completion Completion
 	// Failed are rows the broker did not take.
 	Failed []Failure
+	// Completed, when set, is told the published ids whose rows' completion has
+	// committed, by a store that completes them after Complete returned
+	// (Capabilities.CompletesLater). A transactional publisher drops those ids from
+	// its progress only then (relay's ledger).
+	Completed func(ids []string)
 }
 
 // Completion is what becomes of a row once published.

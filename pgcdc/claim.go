@@ -3,7 +3,10 @@ package pgcdc
 import (
 	"context"
 	"fmt"
+	"slices"
 	"time"
+
+	"github.com/jackc/pgx/v5"
 
 	"github.com/outboxd/outbox/outboxdriver"
 )
@@ -12,7 +15,17 @@ import (
 // backfill completes rows; streamed events have no row to complete), custom columns
 // and wake-ups from the stream; never several active relays.
 func (s *Source) Capabilities() outboxdriver.Capabilities {
-	return outboxdriver.Capabilities{Completions: s.inner.Capabilities().Completions, Columns: true, Listen: true}
+	return outboxdriver.Capabilities{Completions: s.inner.Capabilities().Completions, Columns: true, Listen: true,
+		CompletesLater: s.completer != nil}
+}
+
+// CompletePublished implements outboxdriver.Completer with the table store's: a
+// transactional publisher's resume completes the rows the broker already holds.
+func (s *Source) CompletePublished(ctx context.Context, ids []string, c outboxdriver.Completion) error {
+	if s.completer == nil {
+		return fmt.Errorf("pgcdc: the table store cannot complete rows outside a claim: %w", outboxdriver.ErrNotSupported)
+	}
+	return s.completer.CompletePublished(ctx, ids, c)
 }
 
 // Claim implements outboxdriver.Source. While the rows written before the slot are
@@ -30,8 +43,11 @@ func (s *Source) Claim(ctx context.Context, p *outboxdriver.ClaimParams) (outbox
 		backfill := *p // the relay's bounds (bytes, hold timeout), up to the slot's start
 		backfill.MaxSeq = ss.backfillUntil
 		c, err := s.inner.Claim(ctx, &backfill)
-		if err != nil || len(c.Rows()) > 0 {
-			return c, err
+		if err != nil {
+			return nil, err
+		}
+		if len(c.Rows()) > 0 {
+			return backfillClaim{c}, nil
 		}
 		if err := ss.finishBackfill(ctx); err != nil {
 			return nil, err
@@ -57,7 +73,15 @@ func (s *Source) Claim(ctx context.Context, p *outboxdriver.ClaimParams) (outbox
 			continue
 		}
 		if len(held) == 0 {
-			return &claim{ss: ss, es: out}, nil
+			kept, err := ss.unpublished(ctx, out)
+			if err != nil {
+				ss.q.giveBack(out)
+				return nil, err
+			}
+			if len(kept) == 0 && len(out) > 0 {
+				continue // all sent again, and published before: take what follows
+			}
+			return &claim{ss: ss, es: kept}, nil
 		}
 		// Give the events back before the database work: the next take starts over.
 		ss.q.giveBack(out)
@@ -69,8 +93,9 @@ func (s *Source) Claim(ctx context.Context, p *outboxdriver.ClaimParams) (outbox
 }
 
 // published hands acknowledged events on: rows of the table to the marker, which
-// completes them there before they count as done; table-less events are done.
-func (ss *session) published(es []*entry, c outboxdriver.Completion) {
+// completes them there before they count as done (and tells p.Completed);
+// table-less events are done.
+func (ss *session) published(es []*entry, p *outboxdriver.CompleteParams) {
 	if ss.marks == nil {
 		ss.q.done(es)
 		return
@@ -85,7 +110,68 @@ func (ss *session) published(es []*entry, c outboxdriver.Completion) {
 		}
 	}
 	ss.q.done(done)
-	ss.marks.add(rows, c)
+	if p.Completed != nil && len(done) > 0 {
+		ids := make([]string, len(done))
+		for i, e := range done {
+			ids[i] = e.row.ID
+		}
+		p.Completed(ids)
+	}
+	ss.marks.add(rows, p.Completion, p.Completed)
+}
+
+// unpublished returns es without the events whose rows are marked published: the
+// stream sends again what followed the slot's confirmed position, which can trail
+// the marks (a relay killed before it reported the position, a PostgreSQL crash
+// before the slot was saved), and a transactional publisher's resume marks what the
+// broker already holds. Only events committed before this session began are asked
+// about (nothing later was streamed before), and of those only rows at or below the
+// highest marked one; the others are done.
+func (ss *session) unpublished(ctx context.Context, es []*entry) ([]*entry, error) {
+	if len(es) == 0 {
+		return es, nil
+	}
+	markedMax, err := ss.markedMax(ctx)
+	if err != nil {
+		return nil, err
+	}
+	var ids []string
+	var xids []uint32
+	for _, e := range es {
+		if e.inserted && e.reject == nil && e.commitLSN != 0 && e.commitLSN <= ss.resentUntil && e.row.Seq <= markedMax {
+			ids, xids = append(ids, e.row.ID), append(xids, e.xid)
+		}
+	}
+	if len(ids) == 0 {
+		return es, nil
+	}
+	// Committed before the session began, yet perhaps not visible to others yet.
+	if err := ss.src.waitVisible(ctx, xids); err != nil {
+		return nil, err
+	}
+	rows, err := ss.src.pool.Query(ctx, `SELECT id::text FROM `+ss.src.qTable+` WHERE id = ANY($1::text[]::uuid[]) AND published_at IS NOT NULL`, ids)
+	if err != nil {
+		return nil, fmt.Errorf("pgcdc: %w", interpret(err))
+	}
+	marked, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		return nil, fmt.Errorf("pgcdc: %w", interpret(err))
+	}
+	if len(marked) == 0 {
+		return es, nil
+	}
+	kept := make([]*entry, 0, len(es))
+	var done []*entry
+	for _, e := range es {
+		if e.inserted && e.reject == nil && slices.Contains(marked, e.row.ID) {
+			done = append(done, e)
+		} else {
+			kept = append(kept, e)
+		}
+	}
+	ss.q.done(done)
+	ss.src.log.Info("pgcdc: skipped events the stream sent again whose rows are marked published", "events", len(done))
+	return kept, nil
 }
 
 // finishBackfill ends the backfill once no row before the slot waits any more.
@@ -209,7 +295,7 @@ func (c *claim) Complete(ctx context.Context, p *outboxdriver.CompleteParams) er
 			}
 		}
 		c.ss.q.giveBack(back)
-		c.ss.published(acked, p.Completion)
+		c.ss.published(acked, p)
 		return err
 	}
 	if len(dead) > 0 {
@@ -233,7 +319,7 @@ func (c *claim) Complete(ctx context.Context, p *outboxdriver.CompleteParams) er
 	}
 	c.ss.q.giveBack(back)
 	c.ss.q.done(done)
-	c.ss.published(acked, p.Completion)
+	c.ss.published(acked, p)
 	// Report now, before the relay sends its next batch. A failed write ends the
 	// stream, and the relay steps down.
 	if err := c.ss.t.st.sendStatus(false); err != nil {
@@ -277,6 +363,46 @@ func (s *Source) Cleanup(ctx context.Context, p *outboxdriver.CleanupParams) (in
 		return 0, fmt.Errorf("pgcdc: cleanup: %w", interpret(err))
 	}
 	return tag.RowsAffected(), nil
+}
+
+// markedMax returns the highest seq of a marked row when the session first asked.
+// Rows marked later are the session's own, which its stream does not send again:
+// a backlog streamed after earlier rows were published costs one question, not one a
+// batch.
+func (ss *session) markedMax(ctx context.Context) (int64, error) {
+	ss.resentMu.Lock()
+	defer ss.resentMu.Unlock()
+	if ss.markedSeqKnown {
+		return ss.markedSeq, nil
+	}
+	if err := ss.src.pool.QueryRow(ctx, `SELECT coalesce(max(seq), 0) FROM `+ss.src.qTable+` WHERE published_at IS NOT NULL`).Scan(&ss.markedSeq); err != nil {
+		return 0, fmt.Errorf("pgcdc: %w", interpret(err))
+	}
+	ss.markedSeqKnown = true
+	return ss.markedSeq, nil
+}
+
+// backfillClaim is the table store's claim of rows written before the slot: its
+// Complete completes them itself, and tells Completed so (the source
+// CompletesLater for every claim).
+type backfillClaim struct{ outboxdriver.Claim }
+
+func (c backfillClaim) Complete(ctx context.Context, p *outboxdriver.CompleteParams) error {
+	if err := c.Claim.Complete(ctx, p); err != nil {
+		return err
+	}
+	if p.Completed != nil {
+		p.Completed(p.Published)
+	}
+	return nil
+}
+
+// KeepAlive implements outboxdriver.ClaimKeeper with the table store's claim's.
+func (c backfillClaim) KeepAlive(ctx context.Context) error {
+	if k, ok := c.Claim.(outboxdriver.ClaimKeeper); ok {
+		return k.KeepAlive(ctx)
+	}
+	return nil
 }
 
 // Release implements outboxdriver.Claim: the events go back, in order.

@@ -25,9 +25,14 @@ type marker struct {
 	mu         sync.Mutex
 	pending    []*entry
 	completion outboxdriver.Completion
+	completed  func(ids []string) // told the ids once completed (CompleteParams.Completed)
 	wake       chan struct{}
 	flushing   sync.Mutex // one batch at a time: the loop's, or Release's last one
 }
+
+// FailpointAfterMark is called after a batch's rows are completed and before their
+// position is reported: the stream sends them again, and unpublished skips them.
+const FailpointAfterMark = "wal.after-mark-before-confirm"
 
 // markBatchMax bounds the ids of one completing statement.
 const markBatchMax = 5000
@@ -36,14 +41,15 @@ func newMarker(ss *session) *marker {
 	return &marker{ss: ss, wake: make(chan struct{}, 1)}
 }
 
-// add queues acknowledged rows, to be completed with c.
-func (m *marker) add(es []*entry, c outboxdriver.Completion) {
+// add queues acknowledged rows, to be completed with c; completed (if set) is told
+// once they are.
+func (m *marker) add(es []*entry, c outboxdriver.Completion, completed func(ids []string)) {
 	if len(es) == 0 {
 		return
 	}
 	m.mu.Lock()
 	m.pending = append(m.pending, es...)
-	m.completion = c
+	m.completion, m.completed = c, completed
 	m.mu.Unlock()
 	select {
 	case m.wake <- struct{}{}:
@@ -90,7 +96,7 @@ func (m *marker) flush(ctx context.Context) (more bool, err error) {
 	m.mu.Lock()
 	n := min(len(m.pending), markBatchMax)
 	batch := m.pending[:n:n]
-	c := m.completion
+	c, completed := m.completion, m.completed
 	m.mu.Unlock()
 	if n == 0 {
 		return false, nil
@@ -107,6 +113,10 @@ func (m *marker) flush(ctx context.Context) (more bool, err error) {
 	if err := m.ss.src.completer.CompletePublished(ctx, ids, c); err != nil {
 		return true, err
 	}
+	if completed != nil {
+		completed(ids)
+	}
+	m.ss.src.cfg.Failpoint(FailpointAfterMark)
 	m.mu.Lock()
 	m.pending = m.pending[n:]
 	more = len(m.pending) > 0

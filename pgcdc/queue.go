@@ -105,6 +105,7 @@ type entry struct {
 	availableAt time.Time
 	reject      error  // goes to the dead letters instead of the broker
 	xid         uint32 // the transaction that wrote it (0: none), see waitVisible
+	commitLSN   uint64 // where that transaction committed (0: unknown), see session.resent
 	inserted    bool   // a row of the table, completed there once published (marker)
 	// failed: the broker did not take it; until its retry time its aggregate's later
 	// events wait behind it. An event only delayed (NotBefore) holds nothing back.
@@ -169,15 +170,16 @@ func (l *ledger) hasSpace() bool {
 	return l.open < l.capacity && (l.maxBytes <= 0 || l.openBytes < l.maxBytes)
 }
 
-// push adds an event read from the stream, written by transaction xid (a row of the
-// table when inserted). One reader pushes, so each queue stays in index order.
-func (q *queue) push(row outboxdriver.Row, availableAt time.Time, reject error, xid uint32, inserted bool) {
-	idx := q.number(len(row.Payload))
+// push adds an event read from the stream. One reader pushes, so each queue stays in
+// index order.
+func (q *queue) push(ch *Change) {
+	idx := q.number(len(ch.Row.Payload))
 	q.pmu.Lock()
-	q.pending = append(q.pending, &entry{idx: idx, own: q.own.next, row: row, availableAt: availableAt, reject: reject, xid: xid, inserted: inserted})
+	q.pending = append(q.pending, &entry{idx: idx, own: q.own.next, row: ch.Row, availableAt: ch.AvailableAt, reject: ch.Reject,
+		xid: ch.Xid, commitLSN: ch.CommitLSN, inserted: ch.Inserted})
 	q.own.next++
 	q.open++
-	q.bytes += len(row.Payload)
+	q.bytes += len(ch.Row.Payload)
 	q.pmu.Unlock()
 	q.hint()
 }

@@ -17,10 +17,10 @@ func row(agg string) outboxdriver.Row {
 func TestQueueConfirmsOnlyAfterEverythingBefore(t *testing.T) {
 	q := newQueue(100, 0)
 	q.reached = 10
-	q.push(row("a"), time.Time{}, nil, 0, false)
-	q.push(row("b"), time.Time{}, nil, 0, false)
+	q.push(&Change{Row: row("a")})
+	q.push(&Change{Row: row("b")})
 	q.mark(20) // commit of a, b
-	q.push(row("c"), time.Time{}, nil, 0, false)
+	q.push(&Change{Row: row("c")})
 	q.mark(30)
 	q.mark(35) // a keepalive between transactions: same checkpoint, later position
 	now := time.Now()
@@ -48,7 +48,7 @@ func TestQueueHoldsAggregateBehindWaitingEvent(t *testing.T) {
 	q := newQueue(100, 0)
 	for _, a := range []string{"x", "y", "x", "y"} {
 		r := row(a)
-		q.push(r, time.Time{}, nil, 0, false)
+		q.push(&Change{Row: r})
 	}
 	now := time.Now()
 	out, _ := q.take(10, 0, now, nil)
@@ -68,8 +68,8 @@ func TestQueueHoldsAggregateBehindWaitingEvent(t *testing.T) {
 
 func TestQueueBoundsPending(t *testing.T) {
 	q := newQueue(2, 0)
-	q.push(row("a"), time.Time{}, nil, 0, false)
-	q.push(row("b"), time.Time{}, nil, 0, false)
+	q.push(&Change{Row: row("a")})
+	q.push(&Change{Row: row("b")})
 	if q.waitSpace(time.Now().Add(20 * time.Millisecond)) {
 		t.Fatal("space reported in a full queue")
 	}
@@ -98,12 +98,12 @@ func TestQueueBoundsPendingBytes(t *testing.T) {
 		r.Payload = make([]byte, n)
 		return r
 	}
-	q.push(big("huge", 50_000), time.Time{}, nil, 0, false) // far over the bound, stuck (never done here)
+	q.push(&Change{Row: big("huge", 50_000)}) // far over the bound, stuck (never done here)
 	for i := 1; i < minOpenEvents; i++ {
 		if !q.waitSpace(time.Now()) {
 			t.Fatalf("no space with %d events open behind one huge event: the stream would stall every aggregate", i)
 		}
-		q.push(big(fmt.Sprint("k", i), 10), time.Time{}, nil, 0, false)
+		q.push(&Change{Row: big(fmt.Sprint("k", i), 10)})
 	}
 	if q.waitSpace(time.Now().Add(20 * time.Millisecond)) {
 		t.Fatal("space reported with 100 events and 50,990 of 1,000 bytes open")
@@ -118,8 +118,8 @@ func TestQueueBoundsPendingBytes(t *testing.T) {
 		t.Fatal("no space after others' events were done")
 	}
 	q2 := newQueue(10_000, 500)
-	q2.push(big("a", 600), time.Time{}, nil, 0, false)
-	q2.push(big("b", 600), time.Time{}, nil, 0, false)
+	q2.push(&Change{Row: big("a", 600)})
+	q2.push(&Change{Row: big("b", 600)})
 	if got, _ := q2.take(10, 500, time.Now(), nil); len(got) != 1 {
 		t.Fatalf("a take bounded to 500 bytes took %d events of 600, want the first alone", len(got))
 	}
@@ -130,8 +130,8 @@ func TestQueueBoundsPendingBytes(t *testing.T) {
 func TestQueueDelayedEventHoldsNothing(t *testing.T) {
 	q := newQueue(100, 0)
 	now := time.Now()
-	q.push(row("x"), now.Add(time.Hour), nil, 0, false)
-	q.push(row("x"), time.Time{}, nil, 0, false)
+	q.push(&Change{Row: row("x"), AvailableAt: now.Add(time.Hour)})
+	q.push(&Change{Row: row("x")})
 	got, _ := q.take(10, 0, now, nil)
 	if len(got) != 1 || got[0].idx != 1 {
 		t.Fatalf("took %v, want x's second event past the delayed first", idxs(got))
@@ -147,14 +147,14 @@ func TestQueueDelayedEventHoldsNothing(t *testing.T) {
 func TestSharedLedgerAndOwnProgress(t *testing.T) {
 	l := newLedger(100, 0)
 	fast, slow := newTableQueue(l), newTableQueue(l)
-	slow.push(row("s1"), time.Time{}, nil, 1, true)
+	slow.push(&Change{Row: row("s1"), Xid: 1, Inserted: true})
 	slow.committed(10)
 	l.mark(11)
-	fast.push(row("f1"), time.Time{}, nil, 2, true)
-	fast.push(row("f2"), time.Time{}, nil, 2, true)
+	fast.push(&Change{Row: row("f1"), Xid: 2, Inserted: true})
+	fast.push(&Change{Row: row("f2"), Xid: 2, Inserted: true})
 	fast.committed(20)
 	l.mark(21)
-	fast.push(row("f3"), time.Time{}, nil, 3, true)
+	fast.push(&Change{Row: row("f3"), Xid: 3, Inserted: true})
 	fast.committed(30)
 	l.mark(31)
 	now := time.Now()
@@ -183,8 +183,8 @@ func TestSharedLedgerAndOwnProgress(t *testing.T) {
 		t.Fatalf("slow table's progress %d (want 10), stream confirmed %d (want 31)", got, conf)
 	}
 	// A table let go: its events count as done, those claimed once given back.
-	slow.push(row("s2"), time.Time{}, nil, 4, true)
-	slow.push(row("s3"), time.Time{}, nil, 4, true)
+	slow.push(&Change{Row: row("s2"), Xid: 4, Inserted: true})
+	slow.push(&Change{Row: row("s3"), Xid: 4, Inserted: true})
 	slow.committed(40)
 	l.mark(41)
 	claimed, _ := slow.take(1, 0, now, nil)

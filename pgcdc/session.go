@@ -29,6 +29,11 @@ type session struct {
 	marked        chan struct{} // closed when the marker stopped (nil: no marker)
 	backfilling   atomic.Bool   // still publishing the rows written before the slot
 	backfillUntil int64         // the backfill's last seq
+	resentUntil   uint64        // the WAL's end when the session began: what an earlier one may have sent (unpublished)
+
+	resentMu       sync.Mutex
+	markedSeq      int64 // the highest marked row's seq at the first claim (markedMax)
+	markedSeqKnown bool
 
 	heldMu sync.Mutex
 	held   map[string]bool
@@ -228,6 +233,10 @@ func startReplication(ctx context.Context, conn *pgconn.PgConn, slot, publicatio
 // and starts the marker.
 func (s *Source) newSession(ctx context.Context, lead outboxdriver.Leadership, t *term, q *queue) (*session, error) {
 	sess := &session{src: s, lead: lead, q: q, t: t}
+	// Read once the table is ours: whoever published its events before has stopped.
+	if err := s.pool.QueryRow(ctx, `SELECT (pg_current_wal_lsn() - '0/0')::bigint`).Scan(&sess.resentUntil); err != nil {
+		return nil, fmt.Errorf("pgcdc: %w", interpret(err))
+	}
 	var backfilled *time.Time
 	var until *int64
 	err := s.pool.QueryRow(ctx, `SELECT backfilled_at, backfill_until FROM `+s.qCDC+` WHERE slot = $1`, s.cfg.Slot).Scan(&backfilled, &until)

@@ -84,7 +84,8 @@ type Config struct {
 	RecreateSlot bool
 	// Logger receives the source's logs. Default: slog.Default().
 	Logger *slog.Logger
-	// Failpoint, for fault-injection tests only, is called at FailpointAfterReceive.
+	// Failpoint, for fault-injection tests only, is called at FailpointAfterReceive
+	// and FailpointAfterMark.
 	Failpoint func(name string)
 }
 

@@ -180,7 +180,7 @@ func (s *stream) handle(data []byte, at uint64) error {
 		if q == nil {
 			return nil
 		}
-		q.push(ch.Row, ch.AvailableAt, ch.Reject, ch.Xid, ch.Inserted)
+		q.push(&ch)
 		if ch.CommitLSN != 0 && !slices.Contains(s.touched, q) {
 			s.touched = append(s.touched, q)
 		}

@@ -18,7 +18,9 @@ import (
 //     fences the owner before it) and marks the rows of the ids the ledger returns,
 //     outside any claim (outboxdriver.Completer): they are in the broker already;
 //   - once a batch's mark committed, it tells the ledger (Marked), so the next batch's
-//     record no longer carries those ids;
+//     record no longer carries those ids. A store that completes rows after Complete
+//     returns (CDC: Capabilities.CompletesLater) tells it through
+//     CompleteParams.Completed;
 //   - a batch that comes back fenced (broker.ErrFenced: a newer owner, or a commit
 //     whose outcome only a resume can tell) ends the term; the relay takes the table
 //     again, and resumes, or stands by.
@@ -34,7 +36,7 @@ import (
 // marks what it left.
 
 // checkLedger refuses what a ledger cannot run under: a group, unless the publisher
-// has a ledger per unit, and a source that cannot mark rows outside a claim (CDC).
+// has a ledger per unit, and a source that cannot mark rows outside a claim.
 func (r *Relay) checkLedger() error {
 	if r.ledger == nil {
 		return nil
@@ -45,7 +47,7 @@ func (r *Relay) checkLedger() error {
 		}
 	}
 	if _, ok := r.store.(outboxdriver.Completer); !ok {
-		return fmt.Errorf("relay: a transactional publisher (exactly-once) needs a table store that marks rows outside a claim (a polling relay), not %T: %w", r.store, outboxdriver.ErrNotSupported)
+		return fmt.Errorf("relay: a transactional publisher (exactly-once) needs a table store that marks rows outside a claim, not %T: %w", r.store, outboxdriver.ErrNotSupported)
 	}
 	return nil
 }

@@ -713,6 +713,10 @@ func (r *Relay) writeBack(work context.Context, marks *sync.WaitGroup, failed *a
 		start := time.Now()
 		ctx, cancel := r.dbCtx(work)
 		defer cancel()
+		later := r.ledger != nil && r.store.Capabilities().CompletesLater
+		if later {
+			p.Completed = r.marked // once the rows' completion commits
+		}
 		if err := c.Complete(ctx, p); err != nil {
 			// The rows stay unpublished and are sent again: a duplicate, never a loss
 			// (a ledger answers them without sending).
@@ -723,7 +727,7 @@ func (r *Relay) writeBack(work context.Context, marks *sync.WaitGroup, failed *a
 			}
 		} else {
 			r.cfg.Failpoint(FailpointAfterMark)
-			if r.ledger != nil {
+			if r.ledger != nil && !later {
 				r.marked(p.Published)
 			}
 		}

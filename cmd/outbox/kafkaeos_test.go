@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"slices"
 	"strings"
 	"syscall"
 	"testing"
@@ -166,6 +167,68 @@ func TestKafkaExactlyOnceCrash(t *testing.T) {
 	}
 }
 
+// TestKafkaExactlyOnceCDC: a CDC relay (--mode cdc) killed at each point of a
+// batch's way: read from the WAL, in an open transaction, committed in Kafka before
+// the rows were marked, and marked before the position was confirmed (the slot sends
+// those events again: the rows' marks skip them). Events are written as rows while
+// it dies, in transactions of several events; a read_committed consumer sees every
+// one exactly once, in order per aggregate, and the same kill without transactions
+// duplicates.
+func TestKafkaExactlyOnceCDC(t *testing.T) {
+	t.Parallel()
+	url := testenv.DatabaseURL(t)
+	pool := testenv.Pool(t, url)
+	for _, tc := range []struct {
+		point string
+		plain bool
+	}{
+		{point: "wal.after-receive-before-publish:300"},
+		{point: "kafka.before-commit:3"},
+		{point: "relay.after-publish-before-mark:3"},
+		{point: "wal.after-mark-before-confirm:3"},
+		{point: "relay.after-publish-before-mark:3", plain: true},
+	} {
+		name := strings.Split(tc.point, ":")[0]
+		if tc.plain {
+			name += "/without-transactions"
+		}
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			table, _ := cdcTable(t, url, pool)
+			k := newKafkaScope(t)
+			const aggs, n = 7, 600
+			txnID := testenv.UniqueName("orders")
+			args := eosArgs(url, table.Schema+"."+table.Name, k.url, txnID, "--mode", "cdc")
+			if tc.plain {
+				args = slices.DeleteFunc(args, func(a string) bool { return a == "--kafka-transactional-id" || a == txnID })
+			}
+			first := startRelayProc(t, []string{"OUTBOX_FAILPOINT=" + tc.point}, args...)
+			want := writeEvents(t, pool, table, aggs, n)
+			first.killedByFailpoint(t)
+			second := startRelayProc(t, nil, args...)
+			waitUnpublished(t, pool, table, 0, time.Minute)
+			got := k.read(t, n, kgo.ReadCommitted())
+			_ = second.cmd.Process.Signal(syscall.SIGTERM)
+			<-second.done
+			if tc.plain {
+				if dups := k.extra(n); dups == 0 {
+					t.Fatal("killed after the publish, the plain publisher sent nothing twice: the check below could not fail")
+				} else {
+					t.Logf("without transactions: %d duplicates", dups)
+				}
+				return
+			}
+			checkOrder(t, want, got)
+			if dups := k.extra(n); dups > 0 {
+				t.Fatalf("read_committed consumer saw %d duplicates", dups)
+			}
+			if !strings.Contains(second.output(), "resumed the transactional publisher") {
+				t.Fatalf("the second relay never said it resumed:\n%s", second.output())
+			}
+		})
+	}
+}
+
 // TestKafkaExactlyOnceCrashMariaDB: the kill between the commit and the mark, on
 // MariaDB: the resume marks what Kafka holds there too.
 func TestKafkaExactlyOnceCrashMariaDB(t *testing.T) {
@@ -255,42 +318,47 @@ func TestKafkaExactlyOnceTables(t *testing.T) {
 	}
 }
 
-// TestKafkaExactlyOncePaused: the active relay is paused (SIGSTOP) in the middle of a
-// transaction, past its --leader-timeout. The standby takes over and resumes, which
-// fences the paused producer in Kafka; woken, the zombie's commit is refused, and it
-// steps down. Every event reaches a read_committed consumer once, in order.
+// TestKafkaExactlyOncePaused: the active relay, polling or CDC, is paused (SIGSTOP) in
+// the middle of a transaction, past its --leader-timeout. The standby takes over and
+// resumes, which fences the paused producer in Kafka; woken, the zombie's commit is
+// refused, and it steps down. Every event reaches a read_committed consumer once, in order.
 func TestKafkaExactlyOncePaused(t *testing.T) {
 	t.Parallel()
 	url := testenv.DatabaseURL(t)
 	pool := testenv.Pool(t, url)
-	table := migrateSchema(t, url, testenv.Schema(t, url), "outbox")
-	k := newKafkaScope(t)
-	const aggs, n = 7, 400
-	want := writeEvents(t, pool, table, aggs, n)
-	args := eosArgs(url, table.Schema+"."+table.Name, k.url, testenv.UniqueName("orders"), "--leader-timeout", "2s")
-	first := startRelayProc(t, []string{"OUTBOX_FAILPOINT=kafka.before-commit:3:stop"}, args...)
-	testenv.Wait(t, context.Background(), "the active relay paused in a transaction", func() bool {
-		return processStopped(first.cmd.Process.Pid)
-	})
-	second := startRelayProc(t, nil, args...)
-	waitUnpublished(t, pool, table, 0, time.Minute)
-	_ = first.cmd.Process.Signal(syscall.SIGCONT) // the zombie wakes up, mid-transaction
-	// Woken, it commits the transaction it had open: Kafka refuses it.
-	testenv.Wait(t, context.Background(), "the woken relay's commit fenced", func() bool {
-		return strings.Contains(first.output(), "the publisher was fenced")
-	})
-	more := writeEvents(t, pool, table, aggs, n)
-	for agg, ids := range more {
-		want[agg] = append(want[agg], ids...)
-	}
-	waitUnpublished(t, pool, table, 0, time.Minute)
-	for _, p := range []*proc{first, second} {
-		_ = p.cmd.Process.Signal(syscall.SIGTERM)
-		<-p.done
-	}
-	checkOrder(t, want, k.read(t, 2*n, kgo.ReadCommitted()))
-	if dups := k.extra(2 * n); dups > 0 {
-		t.Fatalf("read_committed consumer saw %d duplicates", dups)
+	for _, mode := range []string{"poll", "cdc"} {
+		t.Run(mode, func(t *testing.T) {
+			t.Parallel()
+			table := modeTable(t, url, pool, mode)
+			k := newKafkaScope(t)
+			const aggs, n = 7, 400
+			want := writeEvents(t, pool, table, aggs, n)
+			args := eosArgs(url, table.Schema+"."+table.Name, k.url, testenv.UniqueName("orders"), "--leader-timeout", "2s", "--mode", mode)
+			first := startRelayProc(t, []string{"OUTBOX_FAILPOINT=kafka.before-commit:3:stop"}, args...)
+			testenv.Wait(t, context.Background(), "the active relay paused in a transaction", func() bool {
+				return processStopped(first.cmd.Process.Pid)
+			})
+			second := startRelayProc(t, nil, args...)
+			waitUnpublished(t, pool, table, 0, time.Minute)
+			_ = first.cmd.Process.Signal(syscall.SIGCONT) // the zombie wakes up, mid-transaction
+			// Woken, it commits the transaction it had open: Kafka refuses it.
+			testenv.Wait(t, context.Background(), "the woken relay's commit fenced", func() bool {
+				return strings.Contains(first.output(), "the publisher was fenced")
+			})
+			more := writeEvents(t, pool, table, aggs, n)
+			for agg, ids := range more {
+				want[agg] = append(want[agg], ids...)
+			}
+			waitUnpublished(t, pool, table, 0, time.Minute)
+			for _, p := range []*proc{first, second} {
+				_ = p.cmd.Process.Signal(syscall.SIGTERM)
+				<-p.done
+			}
+			checkOrder(t, want, k.read(t, 2*n, kgo.ReadCommitted()))
+			if dups := k.extra(2 * n); dups > 0 {
+				t.Fatalf("read_committed consumer saw %d duplicates", dups)
+			}
+		})
 	}
 }
 
@@ -423,7 +491,7 @@ func processStopped(pid int) bool {
 }
 
 // TestKafkaExactlyOnceRefused: what exactly-once cannot run under is refused in one
-// line: the flag with another broker, or with CDC (usage errors,
+// line: the flag with another broker, or CDC with rows deleted (usage errors,
 // before anything connects), and a cluster without transactions (the relay exits).
 func TestKafkaExactlyOnceRefused(t *testing.T) {
 	t.Parallel()
@@ -435,8 +503,9 @@ func TestKafkaExactlyOnceRefused(t *testing.T) {
 		want string
 	}{
 		{[]string{"--broker", "nats://127.0.0.1:4222", "--kafka-transactional-id", "x"}, "goes with a kafka:// broker"},
-		{[]string{"--broker", "kafka://127.0.0.1:1", "--kafka-transactional-id", "x", "--mode", "cdc"}, "poll mode"},
+		{[]string{"--broker", "kafka://127.0.0.1:1", "--kafka-transactional-id", "x", "--mode", "cdc", "--completion", "delete"}, "needs --completion mark"},
 		{[]string{"--broker", "kafka://127.0.0.1:1", "--kafka-progress-topic", "p"}, "goes with --kafka-transactional-id"},
+		{[]string{"--broker", "kafka://127.0.0.1:1", "--kafka-transactional-id", "x", "--mode", "cdc", "--tables", "s_*.outbox"}, "not --tables yet"},
 	} {
 		_, stderr, code := runCLI(t, nil, append([]string{"relay", "--http=", "--db", url, "--table", name}, tc.args...)...)
 		if code != 2 || !strings.Contains(stderr, tc.want) || strings.Count(strings.TrimSpace(stderr), "\n") > 0 {
