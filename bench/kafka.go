@@ -36,6 +36,7 @@ func kafkaBench(dbURL string, args []string) error {
 	batch := fs.Int("batch", 1000, "relay batch size")
 	rate := fs.Int("live-rate", 2000, "live load: events/s (0: no live load)")
 	seconds := fs.Int("seconds", 10, "live load: how long")
+	mode := fs.String("mode", "poll", "relay mode: poll or cdc")
 	_ = fs.Parse(args)
 
 	cluster, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.DefaultNumPartitions(6), kfake.AllowAutoTopicCreation())
@@ -47,7 +48,7 @@ func kafkaBench(dbURL string, args []string) error {
 	if out, err := exec.Command("go", "build", "-C", "..", "-o", bin, "./cmd/outbox").CombinedOutput(); err != nil {
 		return fmt.Errorf("build relay: %v\n%s", err, out)
 	}
-	k := kafkaRun{cluster: cluster, dbURL: dbURL, bin: bin, brokerURL: "kafka://" + cluster.ListenAddrs()[0], addrs: cluster.ListenAddrs(), batch: *batch}
+	k := kafkaRun{cluster: cluster, dbURL: dbURL, bin: bin, brokerURL: "kafka://" + cluster.ListenAddrs()[0], addrs: cluster.ListenAddrs(), batch: *batch, mode: *mode}
 	modes := []bool{false, true}
 	drains := map[bool][]drainResult{}
 	for i := 0; i < *runs; i++ {
@@ -69,8 +70,8 @@ func kafkaBench(dbURL string, args []string) error {
 		return v[len(v)/2]
 	}
 	plain, tx := med(false, drainResult.rate), med(true, drainResult.rate)
-	fmt.Printf("\nbacklog of %d, batch %d, median of %d: plain %.0f events/s (%.1f µs/event), transactions %.0f events/s (%.1f µs/event): %.0f%% of plain\n",
-		*events, *batch, *runs, plain, med(false, drainResult.cpuPerEvent), tx, med(true, drainResult.cpuPerEvent), 100*tx/plain)
+	fmt.Printf("\n%s mode, backlog of %d, batch %d, median of %d: plain %.0f events/s (%.1f µs/event), transactions %.0f events/s (%.1f µs/event): %.0f%% of plain\n",
+		*mode, *events, *batch, *runs, plain, med(false, drainResult.cpuPerEvent), tx, med(true, drainResult.cpuPerEvent), 100*tx/plain)
 	if *rate == 0 {
 		return nil
 	}
@@ -91,6 +92,7 @@ type kafkaRun struct {
 	dbURL, bin, brokerURL string
 	addrs                 []string
 	batch                 int
+	mode                  string // poll or cdc
 }
 
 func (kafkaRun) label(tx bool) string {
@@ -107,7 +109,7 @@ func (k kafkaRun) start(table outboxdriver.Table, topic string, tx bool) (*exec.
 		return nil, err
 	}
 	args := []string{"relay", "--http=", "--db", k.dbURL, "--broker", k.brokerURL, "--table", table.Schema + "." + table.Name,
-		"--topic-template", topic, "--batch-size", strconv.Itoa(k.batch), "--log-level", env("BENCH_RELAY_LOG", "warn")}
+		"--topic-template", topic, "--batch-size", strconv.Itoa(k.batch), "--log-level", env("BENCH_RELAY_LOG", "warn"), "--mode", k.mode}
 	if tx {
 		args = append(args, "--kafka-transactional-id", table.Schema)
 	}
@@ -119,7 +121,7 @@ func (k kafkaRun) start(table outboxdriver.Table, topic string, tx bool) (*exec.
 // drain times the relay through a backlog, to every row marked.
 func (k kafkaRun) drain(events int, tx bool) (drainResult, error) {
 	ctx := context.Background()
-	pool, table, drop, err := scratch(ctx, k.dbURL, 4)
+	pool, table, drop, err := scratchFor(ctx, k.dbURL, 4, k.mode, "rows")
 	if err != nil {
 		return drainResult{}, err
 	}
@@ -163,7 +165,7 @@ func waitMarked(ctx context.Context, pool *pgxpool.Pool, table outboxdriver.Tabl
 // sorted.
 func (k kafkaRun) live(rate, seconds int, tx bool) ([]time.Duration, error) {
 	ctx := context.Background()
-	pool, table, drop, err := scratch(ctx, k.dbURL, 4)
+	pool, table, drop, err := scratchFor(ctx, k.dbURL, 4, k.mode, "rows")
 	if err != nil {
 		return nil, err
 	}

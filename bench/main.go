@@ -8,7 +8,7 @@
 //	go run -C bench . produce [-tx 20000] [-conns 8] [-per-tx 1]           writer vs hand-written INSERT
 //	go run -C bench . notify  [-seconds 5] [-conns 16]                     what NOTIFY costs producers
 //	go run -C bench . latency [-rate 5000] [-seconds 10] [-mode cdc] [-write message]  commit-to-broker latency
-//	go run -C bench . kafka   [-events 100000] [-runs 3] [-live-rate 2000]  exactly-once's cost: plain and transactional Kafka publishing (kfake), alternated
+//	go run -C bench . kafka   [-events 100000] [-runs 3] [-live-rate 2000] [-mode cdc]  exactly-once's cost: plain and transactional Kafka publishing (kfake), alternated
 //	go run -C bench . slowkey [-hold 40s] [-rate 500] [-seconds 60]       what one slow aggregate costs the others
 //
 // Each run works in a schema and stream of its own and removes them afterwards. The
