@@ -3,7 +3,6 @@ package pgcdc
 import (
 	"context"
 	"fmt"
-	"slices"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -153,17 +152,21 @@ func (ss *session) unpublished(ctx context.Context, es []*entry) ([]*entry, erro
 	if err != nil {
 		return nil, fmt.Errorf("pgcdc: %w", interpret(err))
 	}
-	marked, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	ids, err = pgx.CollectRows(rows, pgx.RowTo[string])
 	if err != nil {
 		return nil, fmt.Errorf("pgcdc: %w", interpret(err))
 	}
-	if len(marked) == 0 {
+	if len(ids) == 0 {
 		return es, nil
+	}
+	marked := make(map[string]bool, len(ids))
+	for _, id := range ids {
+		marked[id] = true
 	}
 	kept := make([]*entry, 0, len(es))
 	var done []*entry
 	for _, e := range es {
-		if e.inserted && e.reject == nil && slices.Contains(marked, e.row.ID) {
+		if e.inserted && e.reject == nil && marked[e.row.ID] {
 			done = append(done, e)
 		} else {
 			kept = append(kept, e)
