@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/kmsg"
@@ -340,24 +341,7 @@ func TestKafkaExactlyOncePaused(t *testing.T) {
 			})
 			second := startRelayProc(t, nil, args...)
 			waitUnpublished(t, pool, table, 0, time.Minute)
-			_ = first.cmd.Process.Signal(syscall.SIGCONT) // the zombie wakes up, mid-transaction
-			// Woken, it commits the transaction it had open: Kafka refuses it.
-			testenv.Wait(t, context.Background(), "the woken relay's commit fenced", func() bool {
-				return strings.Contains(first.output(), "the publisher was fenced")
-			})
-			more := writeEvents(t, pool, table, aggs, n)
-			for agg, ids := range more {
-				want[agg] = append(want[agg], ids...)
-			}
-			waitUnpublished(t, pool, table, 0, time.Minute)
-			for _, p := range []*proc{first, second} {
-				_ = p.cmd.Process.Signal(syscall.SIGTERM)
-				<-p.done
-			}
-			checkOrder(t, want, k.read(t, 2*n, kgo.ReadCommitted()))
-			if dups := k.extra(2 * n); dups > 0 {
-				t.Fatalf("read_committed consumer saw %d duplicates", dups)
-			}
+			zombieFenced(t, k, pool, table, want, aggs, n, first, second)
 		})
 	}
 }
@@ -447,23 +431,7 @@ func TestKafkaExactlyOnceGroup(t *testing.T) {
 	r1.killedByFailpoint(t)
 	r3 := startRelayProc(t, nil, args("r3")...)
 	waitUnpublished(t, pool, table, 0, time.Minute)
-	_ = r2.cmd.Process.Signal(syscall.SIGCONT) // a zombie, mid-transaction
-	testenv.Wait(t, context.Background(), "r2's commit fenced", func() bool {
-		return strings.Contains(r2.output(), "the publisher was fenced")
-	})
-	more := writeEvents(t, pool, table, aggs, n)
-	for agg, ids := range more {
-		want[agg] = append(want[agg], ids...)
-	}
-	waitUnpublished(t, pool, table, 0, time.Minute)
-	for _, p := range []*proc{r2, r3} {
-		_ = p.cmd.Process.Signal(syscall.SIGTERM)
-		<-p.done
-	}
-	checkOrder(t, want, k.read(t, 2*n, kgo.ReadCommitted()))
-	if dups := k.extra(2 * n); dups > 0 {
-		t.Fatalf("read_committed consumer saw %d duplicates", dups)
-	}
+	zombieFenced(t, k, pool, table, want, aggs, n, r2, r3)
 	if !strings.Contains(r3.output(), "partition=") || !strings.Contains(r3.output(), "resumed the transactional publisher") {
 		t.Fatalf("r3 resumed no partition:\n%s", r3.output())
 	}
@@ -479,6 +447,29 @@ func TestKafkaExactlyOnceGroup(t *testing.T) {
 }
 
 // processStopped reports whether the process is stopped (by a signal).
+// zombieFenced wakes a relay paused inside a transaction and waits until Kafka refuses
+// its commit; then n more events are written, and once every row is marked the relays
+// stop and a read_committed consumer must see every event of want once, in order.
+func zombieFenced(t *testing.T, k *kafkaScope, pool *pgxpool.Pool, table outboxdriver.Table, want map[string][]string, aggs, n int, zombie *proc, others ...*proc) {
+	t.Helper()
+	_ = zombie.cmd.Process.Signal(syscall.SIGCONT) // mid-transaction
+	testenv.Wait(t, context.Background(), "the woken relay's commit fenced", func() bool {
+		return strings.Contains(zombie.output(), "the publisher was fenced")
+	})
+	for agg, ids := range writeEvents(t, pool, table, aggs, n) {
+		want[agg] = append(want[agg], ids...)
+	}
+	waitUnpublished(t, pool, table, 0, time.Minute)
+	for _, p := range append([]*proc{zombie}, others...) {
+		_ = p.cmd.Process.Signal(syscall.SIGTERM)
+		<-p.done
+	}
+	checkOrder(t, want, k.read(t, 2*n, kgo.ReadCommitted()))
+	if dups := k.extra(2 * n); dups > 0 {
+		t.Fatalf("read_committed consumer saw %d duplicates", dups)
+	}
+}
+
 func processStopped(pid int) bool {
 	raw, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
 	if err != nil {
