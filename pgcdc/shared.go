@@ -91,7 +91,8 @@ type Shared struct {
 	queues   map[*Source]*queue // the current term's
 
 	skipped atomic.Int64
-	warned  atomic.Bool // of unbounded WAL, once
+	terms   atomic.Int64 // streams started
+	warned  atomic.Bool  // of unbounded WAL, once
 }
 
 // declinedFor is how long an event of a table that Match matched and Rescan did not
@@ -547,6 +548,7 @@ func (sh *Shared) startTerm(ctx context.Context) (*term, error) {
 		return nil, err
 	}
 	ok = true
+	sh.terms.Add(1)
 	go t.run()
 	sh.log.Info("pgcdc: streaming the shared slot", "from", si.confirmed, "tables", len(tables))
 	return t, nil
@@ -560,6 +562,11 @@ func (sh *Shared) Streaming() bool {
 	sh.mu.Unlock()
 	return t != nil && t.alive() == nil
 }
+
+// Terms is how many times this process started streaming the slot: each start
+// after a cut, or after the stream met a table registered with the slot and not
+// added yet (it stops there and starts again), is one more.
+func (sh *Shared) Terms() int64 { return sh.terms.Load() }
 
 // Skipped is how many WAL messages of the tables' prefixes could not be decoded
 // into an event (each is logged with its position).

@@ -171,6 +171,7 @@ func (r *Relay) runGroup(ctx context.Context) error {
 				r.log.Error("relay: cannot reach the database to join the group", "err", err)
 				sleep(ctx, bo.next())
 			default:
+				r.stats.standby.Add(1)
 				if !waiting {
 					r.log.Warn("relay: a relay outside the group (no --group, or CDC) holds the table; waiting")
 					waiting = true

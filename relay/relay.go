@@ -48,6 +48,7 @@ type Relay struct {
 
 type stats struct {
 	published, failed, batches, dead, cleaned, late atomic.Int64
+	claims, standby                                 atomic.Int64
 	brokerDownSince                                 atomic.Int64 // unix nanos; 0 while the broker answers
 	partitions                                      atomic.Int64 // partitions owned in a group
 	leader                                          atomic.Bool
@@ -67,6 +68,13 @@ type Stats struct {
 	BrokerDownSince time.Time
 	Leader          bool // whether this relay is the active one now (a group member: active)
 	Partitions      int  // partitions this group member owns now
+	// Claims counts the store's answers to the relay's claims, empty ones too: each is
+	// a turn of the publishing loop. A test waits for turns, not for time, before it
+	// says something did not happen (an event held back stays held across them).
+	Claims int64
+	// Standby counts the times this relay tried to become active and found another
+	// relay active on the table (a relay outside the group, for a group member).
+	Standby int64
 }
 
 // New returns a relay reading from store (a table store, or a CDC source) and
@@ -155,6 +163,8 @@ func (r *Relay) Stats() Stats {
 		}(),
 		Leader:     r.stats.leader.Load(),
 		Partitions: int(r.stats.partitions.Load()),
+		Claims:     r.stats.claims.Load(),
+		Standby:    r.stats.standby.Load(),
 	}
 }
 
@@ -228,6 +238,7 @@ func (r *Relay) Run(ctx context.Context) error {
 		}
 		bo.reset()
 		if lead == nil {
+			r.stats.standby.Add(1)
 			if !standby {
 				standby = true
 				r.log.Info("relay: standby: another relay is active; taking over when it goes", "retry_every", r.cfg.LeaderRetry)
@@ -319,6 +330,7 @@ func (r *Relay) startClaim(termCtx, ctx context.Context, t term, skip []outboxdr
 		defer cancel()
 		c, err := r.store.Claim(cctx, p)
 		if err == nil {
+			r.stats.claims.Add(1)
 			c = r.keepClaim(termCtx, c, p.HoldTimeout)
 		}
 		ch <- claimResult{c, err}

@@ -2,6 +2,7 @@ package testenv
 
 import (
 	"context"
+	"fmt"
 	"testing"
 	"time"
 )
@@ -39,4 +40,15 @@ func WaitTell(t testing.TB, ctx context.Context, what string, cond func() bool, 
 		case <-time.After(d):
 		}
 	}
+}
+
+// WaitTurns waits until count, a counter of turns of the loop under test (a relay's
+// Stats().Claims), has gone up by n from its value now. It is how a test shows an
+// absence: something that did not happen in n turns, each of which would have done
+// it, did not happen, on a machine of any speed (where a sleep only hopes it was
+// long enough).
+func WaitTurns(t testing.TB, ctx context.Context, what string, n int64, count func() int64) {
+	t.Helper()
+	from := count()
+	Wait(t, ctx, fmt.Sprintf("%d turns of %s", n, what), func() bool { return count() >= from+n })
 }
