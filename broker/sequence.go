@@ -153,7 +153,7 @@ func (q *sequencer) admit(i int) bool {
 	case q.stop != nil:
 		err = q.stop
 	case q.held[seqKey(m)] != nil && !simbug.On("sequence-no-holdback"):
-		err = fmt.Errorf("%w (%v)", ErrHeldBack, q.held[seqKey(m)])
+		err = fmt.Errorf("%w (%v)", ErrHeldBack, q.held[seqKey(m)]) //nolint:errorlint // held back, not failed: the cause is told, not wrapped, or errors.As would find a permanent failure in it
 	case q.deferred[m.Topic] != nil:
 		err = q.deferred[m.Topic]
 		q.hold(m, err)
@@ -239,7 +239,7 @@ func (q *sequencer) await(actx context.Context, i int, f Future) {
 		if first != nil {
 			// An earlier message of its key failed already: this one waits behind
 			// it whatever its own answer, and is not charged for it.
-			err = fmt.Errorf("%w (%v)", ErrHeldBack, err)
+			err = fmt.Errorf("%w (%v)", ErrHeldBack, err) //nolint:errorlint // held back, not failed: the cause is told, not wrapped, or errors.As would find a permanent failure in it
 		}
 	}
 	if err != nil {

@@ -222,6 +222,7 @@ func TestSequenceSequentialOrder(t *testing.T) {
 }
 
 func sequentialOrder(t *testing.T, rounds bool) {
+	t.Helper()
 	var msgs []broker.Message
 	for i := 0; i < 40; i++ {
 		msgs = append(msgs, broker.Message{ID: fmt.Sprint(i), Topic: "t", Key: fmt.Sprint(i % 4)})
@@ -259,7 +260,7 @@ func sequentialOrder(t *testing.T, rounds bool) {
 type answerLater struct{ done func() }
 
 func (a answerLater) Wait(context.Context) error {
-	time.Sleep(time.Millisecond)
+	time.Sleep(time.Millisecond) //nolint:forbidigo // a broker's answer that comes a moment late, whatever the test waits for
 	a.done()
 	return nil
 }

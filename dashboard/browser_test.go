@@ -249,6 +249,7 @@ func TestBrowser(t *testing.T) {
 // takeScreenshot writes a PNG of the overview after half a minute of steady load,
 // for the README: go test ./dashboard -run TestBrowser -args -screenshot $PWD/docs/dashboard.png
 func takeScreenshot(t *testing.T, ctx context.Context, ui string, write func(...outbox.Event)) {
+	t.Helper()
 	end := time.Now().Add(30 * time.Second)
 	for i := 0; time.Now().Before(end); i++ {
 		var evs []outbox.Event
@@ -256,7 +257,7 @@ func takeScreenshot(t *testing.T, ctx context.Context, ui string, write func(...
 			evs = append(evs, outbox.Event{AggregateType: "order", AggregateID: fmt.Sprint("o-", j%40), Type: "Placed", Payload: []byte(`{"total":42}`)})
 		}
 		write(evs...)
-		time.Sleep(100 * time.Millisecond)
+		time.Sleep(100 * time.Millisecond) //nolint:forbidigo // paces the steady load of the README's screenshot (run by hand)
 	}
 	if err := chromedp.Do(ctx, chromedp.Navigate(ui+"/"), chromedp.WaitVisible(chromedp.CSS("#published")), chromedp.Sleep(time.Second)); err != nil {
 		t.Fatal(err)

@@ -129,6 +129,7 @@ func (f *fixture) state(t *testing.T, id string) outboxdriver.EventState {
 
 // client is a browser-like client: cookies kept, redirects not followed.
 func client(t *testing.T) *http.Client {
+	t.Helper()
 	jar, _ := cookiejar.New(nil)
 	return &http.Client{Jar: jar, CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
 }
@@ -367,7 +368,7 @@ func TestSamplesOnlyWhileWatched(t *testing.T) {
 	done := make(chan struct{})
 	go func() { defer close(done); d.Run(ctx) }()
 	defer func() { cancel(); <-done }()
-	time.Sleep(200 * time.Millisecond)
+	time.Sleep(200 * time.Millisecond) //nolint:forbidigo // 20 sample intervals with nobody watching: an absence the dashboard gives no sign of
 	if n := cs.n.Load(); n != 0 {
 		t.Fatalf("%d status reads with nobody watching", n)
 	}

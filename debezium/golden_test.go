@@ -2,6 +2,7 @@ package debezium_test
 
 import (
 	"context"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -77,10 +78,12 @@ func TestGolden(t *testing.T) {
 // relayOne relays with a router built from opts into a fresh Kafka (3 partitions per
 // topic) and returns the first record of topic.
 func relayOne(ctx context.Context, t *testing.T, src outboxdriver.Source, opts map[string]string, table outboxdriver.Table, topic string) record {
+	t.Helper()
 	return asRecord(relayRecord(ctx, t, src, &debezium.Config{Options: opts, Table: table}, topic))
 }
 
 func relayRecord(ctx context.Context, t *testing.T, src outboxdriver.Source, cfg *debezium.Config, topic string) *kgo.Record {
+	t.Helper()
 	router, err := debezium.New(cfg)
 	if err != nil {
 		t.Fatal(err)
@@ -213,6 +216,7 @@ VALUES ($1, $2, $3, $4, $5, '{}', 'acme', 2, 1, true, 1232)`, dbzID, dbzAggType,
 // opens the relay's source in mode: the table store (poll) or a CDC source on a slot
 // dropped when the test ends.
 func migratedSource(ctx context.Context, t *testing.T, pool *pgxpool.Pool, table outboxdriver.Table, mode string) func(*testing.T) outboxdriver.Source {
+	t.Helper()
 	drv := outboxpgx.New(pool, &table)
 	m, _ := drv.Migrator()
 	if _, err := m.Migrate(ctx); err != nil {
@@ -232,6 +236,7 @@ func migratedSource(ctx context.Context, t *testing.T, pool *pgxpool.Pool, table
 		}
 	})
 	return func(t *testing.T) outboxdriver.Source {
+		t.Helper()
 		s, err := pgcdc.ForDriver(drv, &pgcdc.Config{Logger: testenv.QuietLogger(), StatusInterval: 100 * time.Millisecond})
 		if err != nil {
 			t.Fatal(err)
@@ -248,16 +253,13 @@ func migratedSource(ctx context.Context, t *testing.T, pool *pgxpool.Pool, table
 
 // advanceSlot moves slot to the current WAL position once no relay streams from it.
 func advanceSlot(t *testing.T, pool *pgxpool.Pool, slot string) {
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		_, err := pool.Exec(context.Background(), `SELECT pg_replication_slot_advance($1, pg_current_wal_lsn())`, slot)
-		if err == nil {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Errorf("advance slot %s: %v", slot, err)
-			return
-		}
-		time.Sleep(20 * time.Millisecond) // the stopped relay's walsender is still leaving
-	}
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	var err error
+	// Until the stopped relay's walsender has left, the slot is active and refuses.
+	testenv.WaitTell(t, ctx, "slot "+slot+" to advance", func() bool {
+		_, err = pool.Exec(ctx, `SELECT pg_replication_slot_advance($1, pg_current_wal_lsn())`, slot)
+		return err == nil
+	}, func() string { return fmt.Sprint(err) })
 }

@@ -30,6 +30,7 @@ type suite[TTx any] struct {
 }
 
 func run[TTx any](t *testing.T, s suite[TTx]) {
+	t.Helper()
 	t.Run("ConcurrentRedeliveryChangesStateOnce", func(t *testing.T) {
 		ib := s.newInbox(t, false)
 		base := s.count(t)
@@ -143,6 +144,7 @@ func TestPgx(t *testing.T) {
 	t.Cleanup(func() { _, _ = pool.Exec(context.Background(), "DROP TABLE "+counter) })
 	run(t, suite[pgx.Tx]{
 		newInbox: func(t *testing.T, guard bool) *inbox.Inbox[pgx.Tx] {
+			t.Helper()
 			table := testenv.UniqueName("inbox_")
 			ib, err := inbox.NewPgx(pool, &inbox.Config{Table: table, VersionGuard: guard})
 			if err != nil {
@@ -159,6 +161,7 @@ func TestPgx(t *testing.T) {
 			return err
 		},
 		count: func(t *testing.T) int {
+			t.Helper()
 			var n int
 			if err := pool.QueryRow(ctx, "SELECT n FROM "+counter).Scan(&n); err != nil {
 				t.Fatal(err)
@@ -169,6 +172,7 @@ func TestPgx(t *testing.T) {
 }
 
 func sqlSuite(t *testing.T, db *sql.DB, d inbox.Dialect) suite[*sql.Tx] {
+	t.Helper()
 	ctx := context.Background()
 	counter := testenv.UniqueName("counter_")
 	if _, err := db.ExecContext(ctx, "CREATE TABLE "+counter+" (id int PRIMARY KEY, n int NOT NULL)"); err != nil {
@@ -180,6 +184,7 @@ func sqlSuite(t *testing.T, db *sql.DB, d inbox.Dialect) suite[*sql.Tx] {
 	t.Cleanup(func() { _, _ = db.ExecContext(context.Background(), "DROP TABLE "+counter) })
 	return suite[*sql.Tx]{
 		newInbox: func(t *testing.T, guard bool) *inbox.Inbox[*sql.Tx] {
+			t.Helper()
 			table := testenv.UniqueName("inbox_")
 			ib, err := inbox.NewSQL(db, d, &inbox.Config{Table: table, VersionGuard: guard})
 			if err != nil {
@@ -199,6 +204,7 @@ func sqlSuite(t *testing.T, db *sql.DB, d inbox.Dialect) suite[*sql.Tx] {
 			return err
 		},
 		count: func(t *testing.T) int {
+			t.Helper()
 			var n int
 			if err := db.QueryRowContext(ctx, "SELECT n FROM "+counter).Scan(&n); err != nil {
 				t.Fatal(err)

@@ -33,8 +33,10 @@ func TestConformance(t *testing.T) {
 // conformance runs the suite on a table of its own slot, or (shared) on a table of
 // a Shared stream.
 func conformance(t *testing.T, mode outboxdriver.WriteMode, shared bool) {
+	t.Helper()
 	url := testenv.DatabaseURL(t)
 	outboxdrivertest.RunSource(t, func(t *testing.T, payload outboxdriver.PayloadType) *outboxdrivertest.Harness[pgx.Tx] {
+		t.Helper()
 		pool := testenv.Pool(t, url)
 		testenv.LogicalReplication(t, pool)
 		table := outboxdriver.Table{Schema: testenv.Schema(t, url), Name: "outbox", Payload: payload, Write: mode}
@@ -45,6 +47,7 @@ func conformance(t *testing.T, mode outboxdriver.WriteMode, shared bool) {
 			Commit:   func(ctx context.Context, tx pgx.Tx) error { return tx.Commit(ctx) },
 			Rollback: func(ctx context.Context, tx pgx.Tx) error { return tx.Rollback(ctx) },
 			Source: func(t *testing.T) outboxdriver.Source {
+				t.Helper()
 				if shared {
 					return sharedSource(t, pool, drv, table)
 				}

@@ -483,5 +483,5 @@ func (r *reader) str() string {
 }
 
 func (r *reader) fail(what string) error {
-	return fmt.Errorf("%w: %s: %v", ErrMalformed, what, r.err)
+	return fmt.Errorf("%w: %s: %v", ErrMalformed, what, r.err) //nolint:errorlint // malformed input, whatever the read said: one sentinel to branch on
 }

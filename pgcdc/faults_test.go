@@ -34,7 +34,7 @@ func TestStartDuringBurstBackfillsRowsBeforeTheSlot(t *testing.T) {
 	var wrote sync.WaitGroup
 	wrote.Add(1)
 	go func() { defer wrote.Done(); e.produce(t, 4, 150) }()
-	time.Sleep(50 * time.Millisecond) // the burst is under way: some rows predate the slot
+	e.waitRows(t, 20) // the burst is under way: some rows predate the slot
 	src, err := pgcdc.ForDriver(e.drv, &pgcdc.Config{Logger: quiet(), StatusInterval: 100 * time.Millisecond})
 	if err != nil {
 		t.Fatal(err)
@@ -56,7 +56,7 @@ func TestStandbyTakesOver(t *testing.T) {
 	var wrote sync.WaitGroup
 	wrote.Add(1)
 	go func() { defer wrote.Done(); e.produce(t, 4, 150) }()
-	time.Sleep(100 * time.Millisecond)
+	waitMessages(t, b, 20) // the active relay is under way
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	if err := active.Stop(ctx); err != nil {
@@ -92,17 +92,17 @@ FROM pg_replication_slots WHERE slot_name = $1`, e.slot).Scan(&n); err != nil {
 		}
 	}
 	written := lag()
-	deadline := time.Now().Add(20 * time.Second)
-	for lag() > written/10 {
-		if time.Now().After(deadline) {
-			t.Fatalf("slot still %d bytes behind after the busy writes (%d at first)", lag(), written)
-		}
+	wctx, cancel := context.WithTimeout(ctx, 20*time.Second)
+	defer cancel()
+	testenv.WaitTell(t, wctx, "the slot to move past the busy writes", func() bool {
 		// Any WAL activity makes the server send its position.
 		if _, err := e.pool.Exec(ctx, `INSERT INTO `+other+` VALUES ('tick')`); err != nil {
 			t.Fatal(err)
 		}
-		time.Sleep(100 * time.Millisecond)
-	}
+		return lag() <= written/10
+	}, func() string {
+		return fmt.Sprintf("slot still %d bytes behind after the busy writes (%d at first)", lag(), written)
+	})
 	t.Logf("lag fell from %d to %d bytes with no outbox event", written, lag())
 }
 

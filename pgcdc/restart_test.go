@@ -71,20 +71,20 @@ func TestPostgresRestart(t *testing.T) {
 						if err != nil {
 							// The server is down. A commit whose answer was lost may
 							// have happened: writing i again is then a repeat.
-							time.Sleep(50 * time.Millisecond)
+							time.Sleep(50 * time.Millisecond) //nolint:forbidigo // a producer's pause while the server restarts, not a wait for a state
 							continue
 						}
 						i++
-						time.Sleep(2 * time.Millisecond)
+						time.Sleep(2 * time.Millisecond) //nolint:forbidigo // paces the producers, so that the restarts fall amid their writes
 					}
 				}("agg-" + strconv.Itoa(a))
 			}
-			time.Sleep(150 * time.Millisecond)
+			waitMessages(t, b, 50) // the restarts fall amid the writes
 			t0 := time.Now()
 			c.Stop(t, "fast")
 			c.Start(t)
 			t.Logf("clean restart took %v", time.Since(t0).Round(time.Millisecond))
-			time.Sleep(150 * time.Millisecond)
+			waitMessages(t, b, min(len(b.Messages())+50, aggs*per))
 			t0 = time.Now()
 			c.Stop(t, "immediate") // a crash: the slot's saved position may be older
 			c.Start(t)

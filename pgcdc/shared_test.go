@@ -215,11 +215,10 @@ FROM pg_replication_slots`, slot, pgcdc.DefaultSlot(a.table), pgcdc.DefaultSlot(
 	}
 	se2 := startShared(t, a.pool, pgcdc.SharedConfig{Slot: slot}, nil)
 	ba2 := memory.New(0)
-	a.startRelay(t, se2.add(t, a), ba2, nil)
+	r := a.startRelay(t, se2.add(t, a), ba2, nil)
 	se2.add(t, c)
 	waitMessages(t, ba2, 1)
-	time.Sleep(300 * time.Millisecond) // a repeat would show up now
-	if msgs := ba2.Messages(); len(msgs) != 1 || msgs[0].ID != last.ID {
+	if msgs := a.settled(t, r, ba2); len(msgs) != 1 || msgs[0].ID != last.ID {
 		t.Fatalf("after a clean restart the relay sent %d events (%s...), want only %s", len(msgs), msgs[0].ID, last.ID)
 	}
 }
@@ -316,8 +315,7 @@ func TestSharedSlotStandby(t *testing.T) {
 		t.Fatal(err)
 	}
 	waitMessages(t, b2, 1)
-	time.Sleep(300 * time.Millisecond)
-	if msgs := b2.Messages(); len(msgs) != 1 {
+	if msgs := a.settled(t, r2, b2); len(msgs) != 1 {
 		t.Fatalf("the standby sent %d events after a clean hand-over, want 1", len(msgs))
 	}
 }
@@ -374,13 +372,12 @@ func TestSharedSlotStuckTable(t *testing.T) {
 	se.stop()
 	se2 := startShared(t, testenv.Pool(t, a.url), pgcdc.SharedConfig{Slot: slot, Logger: slog.Default()}, nil)
 	ba2, bb2 := memory.New(0), memory.New(0)
-	a.startRelay(t, se2.add(t, a), ba2, nil)
+	ra2 := a.startRelay(t, se2.add(t, a), ba2, nil)
 	srcB := se2.add(t, b)
 	release()
 	a.startRelay(t, srcB, bb2, nil)
 	checkDelivery(t, waitMessages(t, bb2, 10), 2, 5)
-	time.Sleep(300 * time.Millisecond) // a repeat of a's would show up now
-	if n := len(ba2.Messages()); n != 0 {
+	if n := len(a.settled(t, ra2, ba2)); n != 0 {
 		t.Fatalf("a sent %d of its events again after the restart, want 0", n)
 	}
 	if n := len(bb.Messages()); n != 0 {
@@ -413,7 +410,9 @@ func TestSharedSlotWaitsForItsTables(t *testing.T) {
 	se2 := startShared(t, a.pool, pgcdc.SharedConfig{Slot: slot}, nil)
 	ba := memory.New(0)
 	a.startRelay(t, se2.add(t, a), ba, nil)
-	time.Sleep(500 * time.Millisecond) // b's events come first: nothing of a's passes them
+	// b's events come first: nothing of a's passes them. The stream meets b's first
+	// event, stops, and starts again, turn after turn.
+	testenv.WaitTurns(t, ctx, "the shared stream", 2, se2.sh.Terms)
 	if n := len(ba.Messages()); n != 0 {
 		t.Fatalf("%d of a's events published past b's unread ones", n)
 	}
@@ -526,8 +525,7 @@ func TestSharedSlotParksAStuckTable(t *testing.T) {
 	checkDelivery(t, waitMessages(t, bc, 60), 2, 30)
 	a.produceFrom(t, 3, 10, 5)
 	checkDelivery(t, waitMessages(t, ba, 45), 3, 15)
-	time.Sleep(300 * time.Millisecond) // a repeat of a's would show up now
-	if n := len(ba.Messages()); n != 45 {
+	if n := len(a.settled(t, ra, ba)); n != 45 {
 		t.Fatalf("a's relay published %d events, want 45: the stream read again sent some of a's again", n)
 	}
 }

@@ -63,6 +63,7 @@ type steadyWriter struct {
 }
 
 func (s *steadyWriter) run(t testing.TB, e *env, stop <-chan struct{}, done chan<- struct{}) {
+	t.Helper()
 	defer close(done)
 	ctx := context.Background()
 	for i := 0; ; i++ {
@@ -151,14 +152,14 @@ func TestPoisonEvent(t *testing.T) {
 	mem := memory.New(0)
 	obs := observe(mem)
 	const attempts = 4
-	startRelay(t, e, obs, &relay.Config{BatchSize: 100, PollInterval: 10 * time.Millisecond,
+	r := startRelay(t, e, obs, &relay.Config{BatchSize: 100, PollInterval: 10 * time.Millisecond,
 		MaxAttempts: attempts, RetryMin: 30 * time.Millisecond, RetryMax: 60 * time.Millisecond})
 	ctx := waitCtx(t)
 
 	sw := &steadyWriter{written: map[string]time.Time{}}
 	stop, done := make(chan struct{}), make(chan struct{})
 	go sw.run(t, e, stop, done)
-	time.Sleep(700 * time.Millisecond) // healthy aggregates flow
+	testenv.Wait(t, ctx, "healthy aggregates to flow", func() bool { return len(mem.Messages()) >= 20 })
 	poisonStart := time.Now()
 	mem.Refuse("poison", false)
 	poison := []outbox.Event{
@@ -176,7 +177,9 @@ func TestPoisonEvent(t *testing.T) {
 		}
 		return len(dead) > 0
 	})
-	time.Sleep(700 * time.Millisecond) // the quarantine holds while others flow
+	// The quarantine holds while others flow: turns of the relay, each of which
+	// would have claimed the successor (due at once) were it not held back.
+	testenv.WaitTurns(t, ctx, "the relay's loop with the aggregate quarantined", 5, func() int64 { return r.Stats().Claims })
 	poisonEnd := time.Now()
 	close(stop)
 	<-done
@@ -263,7 +266,7 @@ func TestBrokerDownCostsNoAttempts(t *testing.T) {
 	if err := e.w.Write(ctx, evs...); err != nil {
 		t.Fatal(err)
 	}
-	time.Sleep(3 * time.Second)
+	time.Sleep(3 * time.Second) //nolint:forbidigo // counts the publish calls of 3 s of outage: an upper bound, which a busy machine only lowers
 	calls := obs.calls.Load()
 	if calls > 12 {
 		t.Fatalf("%d publish attempts in 3 s of outage: the relay spins instead of backing off", calls)

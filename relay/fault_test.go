@@ -277,6 +277,7 @@ func sqlFaultStore(t *testing.T, drv outboxdriver.Driver[*sql.Tx], empty func(co
 }
 
 func generatedFaults(t *testing.T, e faultStore) {
+	t.Helper()
 	rapid.Check(t, func(rt *rapid.T) {
 		aggs := rapid.IntRange(1, 6).Draw(rt, "aggregates")
 		type ev struct {
@@ -343,7 +344,7 @@ func generatedFaults(t *testing.T, e faultStore) {
 		// backlog before it was (then the rest of the script is dropped).
 		deadline := time.Now().Add(faultDeadline)
 		for f.faultsLeft() > 0 && !settled() && time.Now().Before(deadline) {
-			time.Sleep(5 * time.Millisecond)
+			time.Sleep(5 * time.Millisecond) //nolint:forbidigo // polls inside a rapid check, whose T is no testing.TB for testenv.Wait
 		}
 		f.mu.Lock()
 		f.script = nil
@@ -360,7 +361,7 @@ func generatedFaults(t *testing.T, e faultStore) {
 				st, _ := e.store.Status(ctx)
 				rt.Fatalf("%v after the faults stopped: %+v, %d bad (script %v)", faultDeadline, st, len(bad), script)
 			}
-			time.Sleep(10 * time.Millisecond)
+			time.Sleep(10 * time.Millisecond) //nolint:forbidigo // polls inside a rapid check, whose T is no testing.TB for testenv.Wait
 		}
 
 		// Delivered: each good event once at least, first deliveries in write order.

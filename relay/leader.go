@@ -67,7 +67,7 @@ func (t *singleTerm) heartbeat(ctx context.Context, log *slog.Logger, lost func(
 		case errors.Is(err, outboxdriver.ErrLeadershipLost):
 			t.err = err
 		case !time.Now().Before(t.validUntil):
-			t.err = fmt.Errorf("%w: no heartbeat within %v (last check: %v)", outboxdriver.ErrLeadershipLost, t.bound*3/4, err)
+			t.err = fmt.Errorf("%w: no heartbeat within %v (last check: %v)", outboxdriver.ErrLeadershipLost, t.bound*3/4, err) //nolint:errorlint // leadership is lost, whatever cut the connection: one sentinel to branch on
 		}
 		done := t.err != nil
 		t.mu.Unlock()

@@ -35,7 +35,10 @@ type env struct {
 	table outboxdriver.Table
 }
 
-func setup(t *testing.T) *env { return setupB(t) }
+func setup(t *testing.T) *env {
+	t.Helper()
+	return setupB(t)
+}
 
 func setupB(t testing.TB) *env {
 	t.Helper()
@@ -170,6 +173,7 @@ func checkDelivery(t *testing.T, want map[string][]string, got []broker.Message)
 }
 
 func waitCtx(t *testing.T) context.Context {
+	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	t.Cleanup(cancel)
 	return ctx
@@ -408,6 +412,7 @@ func TestListenerKilled(t *testing.T) {
 }
 
 func terminateCount(t *testing.T, e *env) int {
+	t.Helper()
 	var n int
 	if err := e.pool.QueryRow(context.Background(), `SELECT count(*) FROM pg_stat_activity
 		WHERE application_name = $1 AND query LIKE 'LISTEN %'`, e.table.Schema).Scan(&n); err != nil {
@@ -481,7 +486,7 @@ func TestGroupExcludesSingleRelay(t *testing.T) {
 	}
 	waitFor("the single relay to lead", func() bool { return single.Stats().Leader })
 	member := startRelay(t, e, b, &relay.Config{Group: &relay.GroupConfig{RelayID: "m", LeaseTTL: time.Second}})
-	time.Sleep(300 * time.Millisecond)
+	testenv.WaitTurns(t, waitCtx(t), "the member's tries to join", 3, func() int64 { return member.Stats().Standby })
 	if member.Stats().Leader {
 		t.Fatal("a group member runs alongside the single active relay")
 	}

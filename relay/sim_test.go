@@ -282,6 +282,7 @@ func firstDifference(a, b []string) string {
 
 // runSim runs one seed in a bubble of its own.
 func runSim(t *testing.T, seed uint64) simResult {
+	t.Helper()
 	var res simResult
 	dir := t.TempDir()
 	// A run takes milliseconds: one that takes a minute is stuck (a goroutine that
@@ -299,6 +300,7 @@ func runSim(t *testing.T, seed uint64) simResult {
 
 // simulate plays seed's script and checks the outcome.
 func simulate(t *testing.T, seed uint64, path string) simResult {
+	t.Helper()
 	rng := rand.New(rand.NewPCG(seed, 0))
 	script := newSimScript(seed, rng)
 	w := newSimWorld(seed, script.faultP)
@@ -584,6 +586,7 @@ func simulate(t *testing.T, seed uint64, path string) simResult {
 
 // simWrite runs one transaction of the script through the writer.
 func simWrite(t *testing.T, w *simWorld, db *sql.DB, writer *outbox.Writer[*sql.Tx], tx simTx, bad map[string]bool, good map[string][]string) {
+	t.Helper()
 	ctx := context.Background()
 	sqlTx, err := db.BeginTx(ctx, nil)
 	if err != nil {

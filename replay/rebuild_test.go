@@ -5,9 +5,11 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/twmb/franz-go/pkg/kfake"
@@ -80,6 +82,7 @@ func TestRebuildFromReplay(t *testing.T) {
 type consumeFunc func(ctx context.Context, sub string, ib *inbox.Inbox[pgx.Tx], fn func(context.Context, pgx.Tx, *inbox.Message) error) error
 
 func rebuildScenario(t *testing.T, pub broker.Publisher, topic string, consume consumeFunc) {
+	t.Helper()
 	e := newEnv(t)
 	ctx := context.Background()
 	tmpl, err := broker.ParseTemplate(topic)
@@ -114,7 +117,29 @@ func rebuildScenario(t *testing.T, pub broker.Publisher, topic string, consume c
 	if _, err := e.pool.Exec(ctx, `CREATE TABLE `+model+` (aggregate text PRIMARY KEY, total bigint NOT NULL, applied int NOT NULL)`); err != nil {
 		t.Fatal(err)
 	}
+	// Signs: one message per aggregate, sent after the replay on the aggregate's key.
+	// A consumer that has handled a sign has handled every message of its aggregate
+	// before it (per-key order), replayed ones included: it is how the test knows
+	// the consumer is done, instead of sleeping.
+	var signs atomic.Int64
+	sendSigns := func() {
+		t.Helper()
+		msgs := make([]broker.Message, 0, len(want))
+		for agg := range want {
+			msgs = append(msgs, broker.Message{ID: uuid.Must(uuid.NewV7()).String(), Topic: tmpl.Execute(broker.TopicFields{AggregateType: "order", Type: "Sign"}, nil),
+				Key: agg, EventType: "Sign", AggregateType: "order", AggregateID: agg, Payload: []byte(`{}`)})
+		}
+		for _, r := range pub.Publish(ctx, msgs) {
+			if r.Err != nil {
+				t.Fatal(r.Err)
+			}
+		}
+	}
 	apply := func(ctx context.Context, tx pgx.Tx, m *inbox.Message) error {
+		if m.Type == "Sign" {
+			signs.Add(1)
+			return nil
+		}
 		var p struct{ N int64 }
 		if err := json.Unmarshal(m.Payload, &p); err != nil {
 			return inbox.Permanent(err)
@@ -177,7 +202,8 @@ ON CONFLICT (aggregate) DO UPDATE SET total = `+model+`.total + $2, applied = `+
 	if res, err := replay.New(e.pool, e.table).Run(ctx, pub, &replay.Config{Name: "rebuild", Topic: tmpl}); err != nil || res.Sent != 60 {
 		t.Fatalf("replay: %+v, %v", res, err)
 	}
-	time.Sleep(300 * time.Millisecond) // a replayed event applied again would show now
+	sendSigns() // a replayed event applied again would show before them
+	testenv.Wait(t, ctx, "the live consumer past the signs", func() bool { return signs.Load() == int64(len(want)) })
 	stop()
 	if got := snapshot(); fmt.Sprint(got) != fmt.Sprint(live) {
 		t.Fatalf("the live consumer applied replayed events: %v, was %v", got, live)
@@ -190,7 +216,8 @@ ON CONFLICT (aggregate) DO UPDATE SET total = `+model+`.total + $2, applied = `+
 	}
 	stop = run("rebuilder", rebuilder)
 	testenv.Wait(t, ctx, "the rebuilt read model", func() bool { return applied() >= 60 })
-	time.Sleep(300 * time.Millisecond)
+	sendSigns() // the first signs are duplicates to the rebuilder: only these run
+	testenv.Wait(t, ctx, "the rebuilder past the new signs", func() bool { return signs.Load() == 2*int64(len(want)) })
 	stop()
 	if got := snapshot(); fmt.Sprint(got) != fmt.Sprint(live) {
 		t.Fatalf("rebuilt model %v, want the live one %v", got, live)

@@ -23,6 +23,7 @@ import (
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
 func amqpURL(t *testing.T) string {
+	t.Helper()
 	return testenv.ServiceURL(t, "TEST_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/", "127.0.0.1:5672", "RabbitMQ")
 }
 
@@ -34,6 +35,7 @@ type sink struct {
 }
 
 func newSink(t *testing.T, url, exchange string) *sink {
+	t.Helper()
 	conn, err := amqp091.Dial(url)
 	if err != nil {
 		t.Fatal(err)
@@ -110,6 +112,7 @@ func (s *sink) read(ctx context.Context, topic string, n int) ([]broker.Message,
 // closeConnections makes RabbitMQ drop the publisher's connections, as a broker
 // restart would.
 func closeConnections(t *testing.T, name string) {
+	t.Helper()
 	out, err := exec.Command("rabbitmqctl", "-q", "list_connections", "pid", "client_properties").Output()
 	if err != nil {
 		testenv.Missing(t, "rabbitmqctl: %v", err)
@@ -132,6 +135,7 @@ func closeConnections(t *testing.T, name string) {
 func TestConformance(t *testing.T) {
 	url := amqpURL(t)
 	brokertest.Run(t, func(t *testing.T) *brokertest.Harness {
+		t.Helper()
 		exchange := testenv.UniqueName("outboxtest.")
 		s := newSink(t, url, exchange)
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
@@ -147,7 +151,10 @@ func TestConformance(t *testing.T) {
 			Publisher:   pub,
 			Topic:       func(*testing.T) string { return testenv.UniqueName("outbox.event.t") },
 			Read:        s.read,
-			Restart:     func(t *testing.T) { closeConnections(t, name) },
+			Restart: func(t *testing.T) {
+				t.Helper()
+				closeConnections(t, name)
+			},
 		}
 	})
 }

@@ -75,6 +75,7 @@ func requireOK(t *testing.T, res []broker.Result, n int) {
 }
 
 func ctxT(t *testing.T, d time.Duration) context.Context {
+	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), d)
 	t.Cleanup(cancel)
 	return ctx

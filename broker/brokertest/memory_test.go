@@ -18,6 +18,7 @@ func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 // suite (and the suite is run where it lives).
 func TestConformanceMemory(t *testing.T) {
 	brokertest.Run(t, func(t *testing.T) *brokertest.Harness {
+		t.Helper()
 		b := memory.New(4096)
 		return &brokertest.Harness{
 			CloudEvents: cloudevents.NATS,

@@ -27,6 +27,7 @@ func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 // the real protocol, so the publisher's client, partitioner and error handling run
 // exactly as against a broker.
 func newCluster(t *testing.T, opts ...kfake.Opt) *kfake.Cluster {
+	t.Helper()
 	c, err := kfake.NewCluster(append([]kfake.Opt{kfake.NumBrokers(1), kfake.AllowAutoTopicCreation(), kfake.DefaultNumPartitions(3)}, opts...)...)
 	if err != nil {
 		t.Fatal(err)
@@ -59,6 +60,7 @@ func readTopic(ctx context.Context, addrs []string, topic string, n int, opts ..
 }
 
 func harness(t *testing.T, addrs func() []string, restart func(*testing.T)) *brokertest.Harness {
+	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	pub, err := kafka.Dial(ctx, "kafka://"+addrs()[0], &kafka.Config{MaxMessageBytes: 4096}, kgo.AllowAutoTopicCreation())
@@ -79,6 +81,7 @@ func harness(t *testing.T, addrs func() []string, restart func(*testing.T)) *bro
 
 func TestConformance(t *testing.T) {
 	brokertest.Run(t, func(t *testing.T) *brokertest.Harness {
+		t.Helper()
 		c := newCluster(t)
 		t.Cleanup(c.Close)
 		return harness(t, c.ListenAddrs, nil)
@@ -88,10 +91,12 @@ func TestConformance(t *testing.T) {
 // TestConformanceRestart restarts kfake on the same port and data folder.
 func TestConformanceRestart(t *testing.T) {
 	brokertest.Run(t, func(t *testing.T) *brokertest.Harness {
+		t.Helper()
 		port, dir := testenv.FreePort(t), t.TempDir()
 		c := newCluster(t, kfake.Ports(port), kfake.DataDir(dir), kfake.SyncWrites())
 		t.Cleanup(func() { c.Close() })
 		return harness(t, func() []string { return c.ListenAddrs() }, func(t *testing.T) {
+			t.Helper()
 			c.Close()
 			c = newCluster(t, kfake.Ports(port), kfake.DataDir(dir), kfake.SyncWrites())
 		})

@@ -96,6 +96,7 @@ func (r resuming) Publish(ctx context.Context, msgs []broker.Message) []broker.R
 }
 
 func txHarness(t *testing.T, addrs func() []string, restart func(*testing.T)) *brokertest.Harness {
+	t.Helper()
 	pub := dialTx(t, addrs()[0], testenv.UniqueName("tx"), &kafka.TxConfig{Config: kafka.Config{MaxMessageBytes: 4096}})
 	resume(t, pub)
 	return &brokertest.Harness{
@@ -111,6 +112,7 @@ func txHarness(t *testing.T, addrs func() []string, restart func(*testing.T)) *b
 
 func TestTxConformance(t *testing.T) {
 	brokertest.Run(t, func(t *testing.T) *brokertest.Harness {
+		t.Helper()
 		c := newCluster(t)
 		t.Cleanup(c.Close)
 		return txHarness(t, c.ListenAddrs, nil)
@@ -119,10 +121,12 @@ func TestTxConformance(t *testing.T) {
 
 func TestTxConformanceRestart(t *testing.T) {
 	brokertest.Run(t, func(t *testing.T) *brokertest.Harness {
+		t.Helper()
 		port, dir := testenv.FreePort(t), t.TempDir()
 		c := newCluster(t, kfake.Ports(port), kfake.DataDir(dir), kfake.SyncWrites())
 		t.Cleanup(func() { c.Close() })
 		return txHarness(t, func() []string { return c.ListenAddrs() }, func(t *testing.T) {
+			t.Helper()
 			c.Close()
 			c = newCluster(t, kfake.Ports(port), kfake.DataDir(dir), kfake.SyncWrites())
 		})

@@ -34,6 +34,7 @@ type subscriber struct {
 }
 
 func subscribe(t *testing.T, addr, filter string) *subscriber {
+	t.Helper()
 	s := &subscriber{addr: addr, filter: filter, ready: make(chan struct{}, 1), stop: make(chan struct{}), done: make(chan struct{})}
 	go s.run()
 	t.Cleanup(func() { close(s.stop); <-s.done })
@@ -42,10 +43,22 @@ func subscribe(t *testing.T, addr, filter string) *subscriber {
 }
 
 func (s *subscriber) waitReady(t *testing.T) {
+	t.Helper()
 	select {
 	case <-s.ready:
 	case <-time.After(10 * time.Second):
 		t.Fatal("subscriber did not connect")
+	}
+}
+
+// pause waits a moment before the next connection attempt, and reports whether the
+// subscriber was stopped meanwhile.
+func (s *subscriber) pause() (stopped bool) {
+	select {
+	case <-s.stop:
+		return true
+	case <-time.After(20 * time.Millisecond):
+		return false
 	}
 }
 
@@ -59,7 +72,9 @@ func (s *subscriber) run() {
 		}
 		conn, err := net.DialTimeout("tcp", s.addr, time.Second)
 		if err != nil {
-			time.Sleep(20 * time.Millisecond)
+			if s.pause() {
+				return
+			}
 			continue
 		}
 		c := paho.NewClient(paho.ClientConfig{Conn: conn, OnPublishReceived: []func(paho.PublishReceived) (bool, error){
@@ -85,7 +100,9 @@ func (s *subscriber) run() {
 		cancel()
 		if err != nil {
 			_ = conn.Close()
-			time.Sleep(20 * time.Millisecond)
+			if s.pause() {
+				return
+			}
 			continue
 		}
 		select {
@@ -124,10 +141,12 @@ func (s *subscriber) read(ctx context.Context, topic string, n int) ([]broker.Me
 }
 
 func harness(t *testing.T, addr string, restart func(*testing.T, *subscriber)) *brokertest.Harness {
+	t.Helper()
 	return harnessWithID(t, addr, "", restart)
 }
 
 func harnessWithID(t *testing.T, addr, clientID string, restart func(*testing.T, *subscriber)) *brokertest.Harness {
+	t.Helper()
 	prefix := testenv.UniqueName("outboxtest")
 	s := subscribe(t, addr, prefix+"/#")
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
@@ -144,14 +163,20 @@ func harnessWithID(t *testing.T, addr, clientID string, restart func(*testing.T,
 		Read:        s.read,
 	}
 	if restart != nil {
-		h.Restart = func(t *testing.T) { restart(t, s) }
+		h.Restart = func(t *testing.T) {
+			t.Helper()
+			restart(t, s)
+		}
 	}
 	return h
 }
 
 func TestConformanceMachine(t *testing.T) {
 	testenv.ServiceURL(t, "TEST_MQTT_URL", "mqtt://127.0.0.1:1883", "127.0.0.1:1883", "Mosquitto")
-	brokertest.Run(t, func(t *testing.T) *brokertest.Harness { return harness(t, "127.0.0.1:1883", nil) })
+	brokertest.Run(t, func(t *testing.T) *brokertest.Harness {
+		t.Helper()
+		return harness(t, "127.0.0.1:1883", nil)
+	})
 }
 
 // TestConformanceSessionTakenOver: the broker closes the publisher's connection for
@@ -160,8 +185,10 @@ func TestConformanceMachine(t *testing.T) {
 func TestConformanceSessionTakenOver(t *testing.T) {
 	testenv.ServiceURL(t, "TEST_MQTT_URL", "mqtt://127.0.0.1:1883", "127.0.0.1:1883", "Mosquitto")
 	brokertest.Run(t, func(t *testing.T) *brokertest.Harness {
+		t.Helper()
 		id := testenv.UniqueName("outbox-relay-")
 		return harnessWithID(t, "127.0.0.1:1883", id, func(t *testing.T, _ *subscriber) {
+			t.Helper()
 			conn, err := net.DialTimeout("tcp", "127.0.0.1:1883", time.Second)
 			if err != nil {
 				t.Fatal(err)
@@ -188,6 +215,7 @@ func TestConformanceRestart(t *testing.T) {
 	addr := "127.0.0.1:" + port
 	var cmd *exec.Cmd
 	start := func(t *testing.T) {
+		t.Helper()
 		cmd = exec.Command(bin, "-p", port)
 		if err := cmd.Start(); err != nil {
 			testenv.Missing(t, "mosquitto: %v", err)
@@ -206,7 +234,9 @@ func TestConformanceRestart(t *testing.T) {
 	start(t)
 	t.Cleanup(stop)
 	brokertest.Run(t, func(t *testing.T) *brokertest.Harness {
+		t.Helper()
 		return harness(t, addr, func(t *testing.T, s *subscriber) {
+			t.Helper()
 			stop()
 			start(t)
 			s.waitReady(t) // the subscriber is back before anything is published

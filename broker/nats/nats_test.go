@@ -24,6 +24,7 @@ func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
 // harness publishes into a stream of its own on the server at url.
 func harness(t *testing.T, url string, restart func(t *testing.T)) *brokertest.Harness {
+	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	prefix := testenv.UniqueName("bt")
@@ -57,7 +58,10 @@ func harness(t *testing.T, url string, restart func(t *testing.T)) *brokertest.H
 // TestConformanceMachine runs the suite against the machine's NATS server.
 func TestConformanceMachine(t *testing.T) {
 	url := natstest.URL(t)
-	brokertest.Run(t, func(t *testing.T) *brokertest.Harness { return harness(t, url, nil) })
+	brokertest.Run(t, func(t *testing.T) *brokertest.Harness {
+		t.Helper()
+		return harness(t, url, nil)
+	})
 }
 
 // TestConformanceEmbedded runs it against an in-process server, which it can restart.
@@ -69,7 +73,9 @@ func TestConformanceEmbedded(t *testing.T) {
 	t.Cleanup(srv.Stop)
 	keepStreamsDir(t, srv.URL())
 	brokertest.Run(t, func(t *testing.T) *brokertest.Harness {
+		t.Helper()
 		return harness(t, srv.URL(), func(t *testing.T) {
+			t.Helper()
 			if err := srv.Restart(); err != nil {
 				t.Fatal(err)
 			}

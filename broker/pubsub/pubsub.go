@@ -201,7 +201,7 @@ func (f published) Wait(ctx context.Context) error {
 	_, err := f.r.Get(ctx)
 	var paused gpubsub.ErrPublishingPaused
 	if errors.As(err, &paused) {
-		return fmt.Errorf("%w (%v)", broker.ErrHeldBack, err)
+		return fmt.Errorf("%w (%v)", broker.ErrHeldBack, err) //nolint:errorlint // held back, not failed: the cause is told, not wrapped, or errors.As would find a permanent failure in it
 	}
 	return err
 }

@@ -62,6 +62,7 @@ func read(srv *pstest.Server, topic string) []broker.Message {
 
 func TestConformance(t *testing.T) {
 	brokertest.Run(t, func(t *testing.T) *brokertest.Harness {
+		t.Helper()
 		srv, p := fake(t, &pubsub.Config{CreateTopics: true, MaxMessageBytes: 4096})
 		return &brokertest.Harness{
 			CloudEvents: cloudevents.PubSub,

@@ -37,13 +37,14 @@ func read(ctx context.Context, c *goredis.Client, topic string, n int) ([]broker
 		}
 		select {
 		case <-ctx.Done():
-			return nil, fmt.Errorf("read %s: %v: %w", topic, err, ctx.Err())
+			return nil, fmt.Errorf("read %s: %w: %w", topic, err, ctx.Err())
 		case <-time.After(10 * time.Millisecond):
 		}
 	}
 }
 
 func harness(t *testing.T, url string, restart func(*testing.T)) *brokertest.Harness {
+	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	pub, err := redis.Dial(ctx, url, &redis.Config{MaxMessageBytes: 4096, MaxLen: 100000})
@@ -76,7 +77,10 @@ func harness(t *testing.T, url string, restart func(*testing.T)) *brokertest.Har
 
 func TestConformanceMachine(t *testing.T) {
 	url := testenv.ServiceURL(t, "TEST_REDIS_URL", "redis://127.0.0.1:6379/0", "127.0.0.1:6379", "Redis")
-	brokertest.Run(t, func(t *testing.T) *brokertest.Harness { return harness(t, url, nil) })
+	brokertest.Run(t, func(t *testing.T) *brokertest.Harness {
+		t.Helper()
+		return harness(t, url, nil)
+	})
 }
 
 // TestConformanceClientKilled: the server closes the publisher's connections
@@ -87,8 +91,10 @@ func TestConformanceClientKilled(t *testing.T) {
 	admin := goredis.NewClient(opts)
 	defer admin.Close()
 	brokertest.Run(t, func(t *testing.T) *brokertest.Harness {
+		t.Helper()
 		name := testenv.UniqueName("outboxkill")
 		return harness(t, url+"?client_name="+name, func(t *testing.T) {
+			t.Helper()
 			// The connections of this harness only: other tests share the server.
 			list, err := admin.ClientList(context.Background()).Result()
 			if err != nil {
@@ -125,6 +131,7 @@ func TestConformanceRestart(t *testing.T) {
 	dir := t.TempDir()
 	var cmd *exec.Cmd
 	start := func(t *testing.T) {
+		t.Helper()
 		cmd = exec.Command(bin, "--port", port, "--bind", "127.0.0.1", "--dir", dir, "--appendonly", "yes",
 			"--appendfsync", "always", "--save", "")
 		if err := cmd.Start(); err != nil {
@@ -143,7 +150,12 @@ func TestConformanceRestart(t *testing.T) {
 	start(t)
 	t.Cleanup(stop)
 	brokertest.Run(t, func(t *testing.T) *brokertest.Harness {
-		return harness(t, "redis://127.0.0.1:"+port+"/0", func(t *testing.T) { stop(); start(t) })
+		t.Helper()
+		return harness(t, "redis://127.0.0.1:"+port+"/0", func(t *testing.T) {
+			t.Helper()
+			stop()
+			start(t)
+		})
 	})
 }
 

@@ -470,7 +470,7 @@ func (p *Publisher) entry(i int, m *broker.Message) (*entry, error) {
 	} else {
 		packed, err := json.Marshal(headers)
 		if err != nil || !utf8.Valid(packed) {
-			return nil, broker.Permanent(fmt.Errorf("headers SQS cannot carry: %v", err))
+			return nil, broker.Permanent(fmt.Errorf("headers SQS cannot carry: %w", err))
 		}
 		str(HeaderPacked, string(packed))
 	}

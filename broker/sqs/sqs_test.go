@@ -25,6 +25,7 @@ func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 func TestConformance(t *testing.T) {
 	endpoint := sqsemu.Start(t)
 	brokertest.Run(t, func(t *testing.T) *brokertest.Harness {
+		t.Helper()
 		c := sqsemu.Client(endpoint)
 		p, err := sqs.New(c, &sqs.Config{CreateQueues: true, MaxMessageBytes: 4096})
 		if err != nil {

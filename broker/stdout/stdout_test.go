@@ -49,6 +49,7 @@ func (b *buffer) lines() []stdout.Line {
 
 func TestConformance(t *testing.T) {
 	brokertest.Run(t, func(t *testing.T) *brokertest.Harness {
+		t.Helper()
 		buf := &buffer{}
 		return &brokertest.Harness{
 			CloudEvents: cloudevents.Stdout,

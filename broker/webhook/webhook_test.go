@@ -37,6 +37,7 @@ type receiver struct {
 }
 
 func newReceiver(t *testing.T) *receiver {
+	t.Helper()
 	r := &receiver{t: t, addr: "127.0.0.1:0"}
 	r.start()
 	t.Cleanup(r.stop)
@@ -116,6 +117,7 @@ func (r *receiver) read(ctx context.Context, topic string, n int) ([]broker.Mess
 
 func TestConformance(t *testing.T) {
 	brokertest.Run(t, func(t *testing.T) *brokertest.Harness {
+		t.Helper()
 		r := newReceiver(t)
 		pub, err := webhook.Dial(context.Background(), r.url(), &webhook.Config{Secret: secret, MaxMessageBytes: 4096, Timeout: 2 * time.Second})
 		if err != nil {

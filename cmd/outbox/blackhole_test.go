@@ -27,6 +27,7 @@ func TestBlackHoledRelay(t *testing.T) {
 }
 
 func blackHoled(t *testing.T, mode string) {
+	t.Helper()
 	url := testenv.DatabaseURL(t)
 	pool := testenv.Pool(t, url)
 	cutURL, proxy := cutDatabase(t, url)

@@ -142,11 +142,11 @@ var brokerKinds = []brokerKind{
 		schemes: []string{"http", "https"}, tls: []string{"https"}, binding: cloudevents.HTTP,
 		check: checkWebhook, dial: openWebhook,
 		verifies: []string{"http", "https"},
-		verify: func(_ context.Context, rawURL, _ string, v verifyOptions) (verifyReader, error) {
+		verify: func(ctx context.Context, rawURL, _ string, v verifyOptions) (verifyReader, error) {
 			if v.webhookListen == "" || v.webhookSecret == "" {
 				return nil, usageErr("--broker %s: a webhook is read back by verify itself: give --webhook-listen (where the relay posts) and --webhook-secret", redact.Endpoint(rawURL))
 			}
-			return webhookVerifyReader(v.webhookListen, v.webhookSecret)
+			return webhookVerifyReader(ctx, v.webhookListen, v.webhookSecret)
 		},
 	},
 	{

@@ -44,7 +44,8 @@ func runDemo(ctx context.Context, args []string, stdout, stderr io.Writer) error
 		"(in this process); a billing service applies them through an inbox.\n\n")
 	cfg := demo.Config{
 		Dir: workDir, Duration: *duration, Rate: *rate,
-		RelayCommand: func(args ...string) *exec.Cmd { return exec.Command(exe, append([]string{"relay"}, args...)...) },
+		// The demo stops its relays itself, in order (SIGTERM, or a failpoint's kill).
+		RelayCommand: func(args ...string) *exec.Cmd { return exec.Command(exe, append([]string{"relay"}, args...)...) }, //nolint:noctx // stopped by the demo, not by a context
 	}
 	tty := isTerminal(stderr)
 	if !*quiet {

@@ -40,13 +40,22 @@ func TestGroupOfRelays(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	const aggs, n = 40, 3000
+	// The producer writes through every phase below, each ended by what the leases
+	// table shows, not by time.
+	const aggs = 40
 	want := map[string][]string{}
 	var mu sync.Mutex
-	done := make(chan error, 1)
+	stop, done := make(chan struct{}), make(chan error, 1)
+	written := 0
 	go func() {
 		ctx := context.Background()
-		for i := 0; i < n; i += 10 {
+		for i := 0; ; i += 10 {
+			select {
+			case <-stop:
+				done <- nil
+				return
+			default:
+			}
 			evs := make([]outbox.Event, 0, 10)
 			for j := i; j < i+10; j++ {
 				evs = append(evs, outbox.Event{AggregateType: "order", AggregateID: fmt.Sprintf("agg-%d", j%aggs), Type: "Step",
@@ -60,25 +69,49 @@ func TestGroupOfRelays(t *testing.T) {
 			for _, ev := range evs {
 				want[ev.AggregateID] = append(want[ev.AggregateID], ev.ID)
 			}
+			written += len(evs)
 			mu.Unlock()
-			time.Sleep(25 * time.Millisecond) // about 7 s of writing
+			time.Sleep(25 * time.Millisecond) //nolint:forbidigo // paces the producer (400 events/s) through the phases
 		}
-		done <- nil
 	}()
 
-	time.Sleep(time.Second)
+	leases := pgx.Identifier{table.Schema, table.Derived("_leases")}.Sanitize()
+	phase := func(what string, ok func(owned map[string]int) bool) {
+		t.Helper()
+		var owned map[string]int
+		testenv.WaitTell(t, context.Background(), what, func() bool {
+			owned = map[string]int{}
+			rows, err := pool.Query(context.Background(), `SELECT owner, count(*) FROM `+leases+` WHERE owner IS NOT NULL AND lease_until > now() GROUP BY owner`)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer rows.Close()
+			for rows.Next() {
+				var owner string
+				var n int
+				if err := rows.Scan(&owner, &n); err != nil {
+					t.Fatal(err)
+				}
+				owned[owner] = n
+			}
+			return rows.Err() == nil && ok(owned)
+		}, func() string { return fmt.Sprintf("partitions owned: %v", owned) })
+	}
+	phase("r1, r2 and r3 owning partitions", func(o map[string]int) bool { return o["r1"] > 0 && o["r2"] > 0 && o["r3"] > 0 })
 	_ = relays["r1"].cmd.Process.Kill() // dies: its partitions move after its lease
-	time.Sleep(time.Second)
+	phase("r1's partitions moved to r2 and r3", func(o map[string]int) bool { return o["r1"] == 0 && o["r2"]+o["r3"] == 64 })
 	_ = relays["r2"].cmd.Process.Signal(syscall.SIGSTOP) // paused past its lease...
-	time.Sleep(4 * time.Second)
+	phase("r2's partitions moved to r3 while it is paused", func(o map[string]int) bool { return o["r2"] == 0 && o["r3"] == 64 })
 	_ = relays["r2"].cmd.Process.Signal(syscall.SIGCONT) // ...then back, a zombie until it checks
 	relays["r4"] = startRelayProc(t, nil, args("r4")...)
+	phase("r4 owning partitions", func(o map[string]int) bool { return o["r4"] > 0 })
+	close(stop)
 	if err := <-done; err != nil {
 		t.Fatal(err)
 	}
 	waitUnpublished(t, pool, table, 0, 60*time.Second)
 	mu.Lock()
-	checkOrder(t, want, ns.read(t, n))
+	checkOrder(t, want, ns.read(t, written))
 	mu.Unlock()
 	if testing.Verbose() {
 		for id, p := range relays {

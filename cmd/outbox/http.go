@@ -88,7 +88,7 @@ const maxHTTPConns = 128
 // listenAndServe serves h on addr, and samples for the dashboard if there is one,
 // until the returned func is called (or ctx ends).
 func listenAndServe(ctx context.Context, addr string, h http.Handler, dash sampler, what string, log *slog.Logger) (func(), error) {
-	ln, err := net.Listen("tcp", addr)
+	ln, err := new(net.ListenConfig).Listen(ctx, "tcp", addr)
 	if err != nil {
 		return nil, usageErr("cannot listen on %s: %v", addr, err)
 	}

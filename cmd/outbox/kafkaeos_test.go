@@ -361,10 +361,12 @@ func TestKafkaExactlyOnceBrokerFaults(t *testing.T) {
 		fault func(t *testing.T, k *kafkaScope, txnID string)
 	}{
 		{"restart", func(t *testing.T) []kfake.Opt {
+			t.Helper()
 			return []kfake.Opt{kfake.Ports(testenv.FreePort(t)), kfake.DataDir(t.TempDir()), kfake.SyncWrites()}
 		}, nil},
 		{"coordinator lost", func(*testing.T) []kfake.Opt { return []kfake.Opt{kfake.NumBrokers(3)} },
 			func(t *testing.T, k *kafkaScope, txnID string) {
+				t.Helper()
 				node := k.cluster.CoordinatorFor(txnID)
 				if err := k.cluster.RemoveNode(node); err != nil {
 					t.Fatal(err)

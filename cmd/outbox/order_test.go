@@ -140,6 +140,7 @@ func TestLateCommitReachesHandler(t *testing.T) {
 }
 
 func lateCommit(t *testing.T, mode string) {
+	t.Helper()
 	url := testenv.DatabaseURL(t)
 	pool := testenv.Pool(t, url)
 	table := modeTable(t, url, pool, mode)

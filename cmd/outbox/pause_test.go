@@ -1,6 +1,7 @@
 package main
 
 import (
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -34,15 +35,14 @@ func TestPausedLeader(t *testing.T) {
 			add(writeEvents(t, pool, table, aggs, n/4))
 			ns.read(t, n/4) // the first relay is active and has published
 			second := startRelayProc(t, nil, args...)
-			time.Sleep(300 * time.Millisecond)
+			testenv.WaitTell(t, t.Context(), "the second relay standing by", func() bool { return strings.Contains(second.output(), "relay: standby") }, second.output)
 			_ = first.cmd.Process.Signal(syscall.SIGSTOP)
 			paused := time.Now()
 			add(writeEvents(t, pool, table, aggs, n/4)) // while the leader is paused
 			ns.read(t, n/2)                             // published by the standby, the leader still paused
 			t.Logf("%s: the standby published the events written during the pause %v after it began (bound 2 s)",
 				mode, time.Since(paused).Round(time.Millisecond))
-			time.Sleep(time.Second)
-			_ = first.cmd.Process.Signal(syscall.SIGCONT) // the zombie wakes up
+			_ = first.cmd.Process.Signal(syscall.SIGCONT) // the zombie wakes up, its term long over (the standby published)
 			add(writeEvents(t, pool, table, aggs, n/2))
 			checkOrder(t, want, ns.read(t, n))
 			for _, p := range []*proc{first, second} {

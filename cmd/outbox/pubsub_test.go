@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"fmt"
 	"slices"
 	"strings"
 	"testing"
@@ -31,18 +32,16 @@ func TestRelayPubSub(t *testing.T) {
 	srv := fakePubSub(ctx, t, "outbox.event.order")
 	want := writeEvents(t, pool, table, 3, 20) // 20 events over 3 aggregates
 	p := startRelayProc(t, []string{"PUBSUB_EMULATOR_HOST=" + srv.Addr}, "--db", url, "--table", table.Schema+".outbox", "--broker", "pubsub://outbox-test")
-	got := map[string][]string{}
-	for n := 0; n < 20; {
-		if ctx.Err() != nil {
-			t.Fatalf("%d of 20 events on Pub/Sub; the relay said:\n%s", n, p.output())
-		}
+	var got map[string][]string
+	n := 0
+	testenv.WaitTell(t, ctx, "20 events on Pub/Sub", func() bool {
 		got, n = map[string][]string{}, 0
 		for _, m := range srv.Messages() {
 			got[m.OrderingKey] = append(got[m.OrderingKey], m.Attributes[broker.HeaderID])
 			n++
 		}
-		time.Sleep(20 * time.Millisecond)
-	}
+		return n >= 20
+	}, func() string { return fmt.Sprintf("%d of 20 arrived; the relay said:\n%s", n, p.output()) })
 	for agg, ids := range want {
 		if !slices.Equal(got[agg], ids) {
 			t.Fatalf("aggregate %s: got %v, want %v", agg, got[agg], ids)

@@ -283,7 +283,7 @@ func TestRelayTablesGroup(t *testing.T) {
 		if i == n/3 {
 			_ = relays["r1"].cmd.Process.Kill() // its partitions of both tables move after its lease
 		}
-		time.Sleep(10 * time.Millisecond)
+		time.Sleep(10 * time.Millisecond) //nolint:forbidigo // paces the producer, so that its writes span the kill and the lease's end
 	}
 	for _, table := range tables {
 		waitUnpublished(t, pool, table, 0, 60*time.Second)
@@ -423,6 +423,7 @@ func TestRelayTablesPartitioned(t *testing.T) {
 // mode both processes read from one shared slot, which the database frees when the
 // cut-off process's stream stays silent past --leader-timeout.
 func relayTablesPartitioned(t *testing.T, mode string) {
+	t.Helper()
 	url := testenv.DatabaseURL(t)
 	pool := testenv.Pool(t, url)
 	ctx := context.Background()
@@ -470,7 +471,7 @@ func relayTablesPartitioned(t *testing.T, mode string) {
 					want[table.String()+"/"+agg] = append(want[table.String()+"/"+agg], evs...)
 				}
 				mu.Unlock()
-				time.Sleep(200 * time.Millisecond) // the producers outlast the cut
+				time.Sleep(200 * time.Millisecond) //nolint:forbidigo // paces the producers, so that their writes outlast the cut
 			}
 		}()
 	}

@@ -128,6 +128,7 @@ func TestLeastPrivilegeRelay(t *testing.T) {
 }
 
 func leastPrivilegeRelay(t *testing.T, completion string) {
+	t.Helper()
 	url := testenv.DatabaseURL(t)
 	redisURL := testenv.ServiceURL(t, "TEST_REDIS_URL", "redis://127.0.0.1:6379/0", "127.0.0.1:6379", "Redis")
 	pool := testenv.Pool(t, url)

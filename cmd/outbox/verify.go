@@ -367,7 +367,7 @@ func mqttVerifyReader(ctx context.Context, rawURL, topic string) (verifyReader, 
 	if u.Port() == "" {
 		addr += ":1883"
 	}
-	conn, err := net.DialTimeout("tcp", addr, 10*time.Second)
+	conn, err := (&net.Dialer{Timeout: 10 * time.Second}).DialContext(ctx, "tcp", addr)
 	if err != nil {
 		return nil, fmt.Errorf("connect to MQTT at %s: %w", addr, err)
 	}
@@ -432,12 +432,12 @@ func kafkaVerifyReader(rawURL, topic string) (verifyReader, error) {
 // webhookVerifyReader is the webhook's receiver for the time of the check: it answers
 // 2xx to every correctly signed request and records the canaries among them (the
 // relay's --broker points at it; other events get 2xx too and are ignored).
-func webhookVerifyReader(addr, secret string) (verifyReader, error) {
+func webhookVerifyReader(ctx context.Context, addr, secret string) (verifyReader, error) {
 	key, err := webhook.DecodeSecret(secret)
 	if err != nil {
 		return nil, usageErr("--webhook-secret: %v", err)
 	}
-	ln, err := net.Listen("tcp", addr)
+	ln, err := new(net.ListenConfig).Listen(ctx, "tcp", addr)
 	if err != nil {
 		return nil, fmt.Errorf("--webhook-listen: %w", err)
 	}

@@ -29,6 +29,7 @@ type Env struct {
 
 // New returns an Env whose handler fails the first delivery of failOnce.
 func New(t *testing.T, failOnce string) *Env {
+	t.Helper()
 	db, err := outboxsqlite.Open(filepath.Join(t.TempDir(), "consumer.db"))
 	if err != nil {
 		t.Fatal(err)

@@ -82,7 +82,12 @@ func TestEndToEnd(t *testing.T) {
 		done <- natsinbox.Consume(cctx, cons, env.IB, "billing", env.Handler, &inbox.ConsumeOptions{Logger: logger})
 	}()
 	env.Wait(t, "e1", "e2", "e3")
-	time.Sleep(300 * time.Millisecond) // a redelivery of the id-less message would show now
+	// Nothing left that could come again: every message acknowledged or
+	// terminated (the id-less one), none pending at the consumer.
+	testenv.Wait(t, ctx, "nothing pending at the consumer", func() bool {
+		info, err := cons.Info(ctx)
+		return err == nil && info.NumAckPending == 0 && info.NumPending == 0
+	})
 	stop()
 	if err := <-done; err != nil {
 		t.Fatal(err)

@@ -4,6 +4,7 @@
 package natsembed
 
 import (
+	"context"
 	"fmt"
 	"net"
 	"time"
@@ -76,7 +77,7 @@ func StartCluster(storeDirs []string) ([]*Server, error) {
 	n := len(storeDirs)
 	ports := make([]int, 2*n) // client ports, then route ports
 	for i := range ports {
-		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		ln, err := new(net.ListenConfig).Listen(context.Background(), "tcp", "127.0.0.1:0") // a free port, at once
 		if err != nil {
 			return nil, err
 		}

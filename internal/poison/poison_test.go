@@ -289,6 +289,7 @@ func (m *lineMeter) longest() int {
 // run relays rows written to d through p with the relay's defaults and checks the
 // invariants.
 func run(t *testing.T, d *db, p *pub) {
+	t.Helper()
 	good := goodRows()
 	written := d.write(t, interleave(good, append(badRows(), junkRows(60)...)))
 	rec := &recorder{}

@@ -83,6 +83,7 @@ func migrate(t *testing.T, m outboxdriver.Migrator, err error) {
 }
 
 func postgres(t *testing.T) *db {
+	t.Helper()
 	url := testenv.DatabaseURL(t)
 	schema := testenv.Schema(t, url)
 	sdb, err := sql.Open("pgx", url)
@@ -110,6 +111,7 @@ func postgres(t *testing.T) *db {
 }
 
 func mariadb(t *testing.T) *db {
+	t.Helper()
 	sdb, name := testenv.MariaDB(t, "poison_")
 	drv := outboxmysql.New(sdb, &outboxdriver.Table{Name: name, Payload: outboxdriver.PayloadBytes})
 	m, err := drv.Migrator()
@@ -128,6 +130,7 @@ func mariadb(t *testing.T) *db {
 }
 
 func sqlite(t *testing.T) *db {
+	t.Helper()
 	sdb, err := outboxsqlite.Open(filepath.Join(t.TempDir(), "outbox.db"))
 	if err != nil {
 		t.Fatal(err)
@@ -146,6 +149,7 @@ func sqlite(t *testing.T) *db {
 }
 
 func natsPub(t *testing.T) *pub {
+	t.Helper()
 	url := natstest.URL(t)
 	ctx := context.Background()
 	prefix := testenv.UniqueName("poison")
@@ -168,6 +172,7 @@ func natsPub(t *testing.T) *pub {
 }
 
 func amqpPub(t *testing.T) *pub {
+	t.Helper()
 	url := testenv.ServiceURL(t, "TEST_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/", "127.0.0.1:5672", "RabbitMQ")
 	exchange := testenv.UniqueName("poison.")
 	p, err := amqp.Dial(context.Background(), url, &amqp.Config{Exchange: exchange})
@@ -195,6 +200,7 @@ func amqpPub(t *testing.T) *pub {
 }
 
 func redisPub(t *testing.T) *pub {
+	t.Helper()
 	url := testenv.ServiceURL(t, "TEST_REDIS_URL", "redis://127.0.0.1:6379/0", "127.0.0.1:6379", "Redis")
 	prefix := testenv.UniqueName("poison:")
 	p, err := redis.Dial(context.Background(), url, nil)
@@ -216,6 +222,7 @@ func redisPub(t *testing.T) *pub {
 }
 
 func mqttPub(t *testing.T) *pub {
+	t.Helper()
 	url := testenv.ServiceURL(t, "TEST_MQTT_URL", "mqtt://127.0.0.1:1883", "127.0.0.1:1883", "Mosquitto")
 	p, err := mqtt.Dial(context.Background(), url, nil)
 	if err != nil {
@@ -226,6 +233,7 @@ func mqttPub(t *testing.T) *pub {
 }
 
 func kafkaPub(t *testing.T) *pub {
+	t.Helper()
 	cluster, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.AllowAutoTopicCreation())
 	if err != nil {
 		t.Fatal(err)
@@ -242,6 +250,7 @@ func kafkaPub(t *testing.T) *pub {
 // pubsubPub publishes to Pub/Sub's own fake (pstest), creating topics as they come
 // (the fake has no auto-creation), and reads back what it stored by event id.
 func pubsubPub(t *testing.T) *pub {
+	t.Helper()
 	srv := pstest.NewServer()
 	t.Cleanup(func() { _ = srv.Close() })
 	conn, err := grpc.NewClient(srv.Addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
@@ -266,6 +275,7 @@ func pubsubPub(t *testing.T) *pub {
 // sqsPub publishes to FIFO queues of the SQS emulator, made as they come, and reads
 // every queue back (receiving and deleting) by event id.
 func sqsPub(t *testing.T) *pub {
+	t.Helper()
 	c := sqsemu.Client(sqsemu.Start(t))
 	p, err := sqspub.New(c, &sqspub.Config{CreateQueues: true})
 	if err != nil {
@@ -306,7 +316,7 @@ func sqsPub(t *testing.T) *pub {
 			}
 			return n
 		}
-		for left() > 0 && ctx.Err() == nil {
+		testenv.Wait(t, ctx, "every message received from the queues", func() bool {
 			for _, q := range queues {
 				out, err := c.ReceiveMessage(ctx, &awssqs.ReceiveMessageInput{QueueUrl: aws.String(q), MaxNumberOfMessages: 10, VisibilityTimeout: 1,
 					MessageAttributeNames: sqspub.ReceiveAttributeNames, MessageSystemAttributeNames: sqspub.ReceiveSystemAttributeNames})
@@ -324,8 +334,8 @@ func sqsPub(t *testing.T) *pub {
 					}
 				}
 			}
-			time.Sleep(20 * time.Millisecond)
-		}
+			return left() == 0
+		})
 		return got
 	}}
 }
@@ -337,6 +347,7 @@ func stdoutPub(*testing.T) *pub {
 // webhookPub posts to a receiver of the test's own that checks every signature and
 // keeps every body by event id.
 func webhookPub(t *testing.T) *pub {
+	t.Helper()
 	const secret = "whsec_cG9pc29uLXN1aXRl"
 	key, _ := webhook.DecodeSecret(secret)
 	var mu sync.Mutex

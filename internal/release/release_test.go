@@ -333,6 +333,7 @@ func buildService(ctx context.Context, t *testing.T, env goEnv, code string, req
 // go.sum files still check every module). -trimpath lets the build cache serve the
 // third parties' packages already compiled on this machine.
 func stranger(t *testing.T) goEnv {
+	t.Helper()
 	gopath := t.TempDir()
 	return goEnv{
 		ModCache: filepath.Join(gopath, "pkg", "mod"),

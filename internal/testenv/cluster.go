@@ -39,7 +39,7 @@ func NewCluster(t testing.TB) *Cluster {
 	if _, err := os.Stat(filepath.Join(bin, "initdb")); err != nil {
 		Missing(t, "PostgreSQL server binaries (initdb, pg_ctl) not found; set TEST_PG_BIN")
 	}
-	root, err := os.MkdirTemp("", "outbox-pg-")
+	root, err := os.MkdirTemp("", "outbox-pg-") //nolint:usetesting // the postgres user must reach it, and t.TempDir's parents are private to root
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -2,6 +2,7 @@ package testenv
 
 import (
 	"context"
+	"errors"
 	"io"
 	"net"
 	"strconv"
@@ -115,7 +116,7 @@ func (p *Proxy) pipe(dst, src net.Conn) {
 			}
 		}
 		if err != nil {
-			if err != io.EOF {
+			if !errors.Is(err, io.EOF) {
 				return
 			}
 			return

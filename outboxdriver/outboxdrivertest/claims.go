@@ -69,6 +69,7 @@ func testLargeWrite[TTx any](t *testing.T, h *Harness[TTx]) {
 }
 
 func writeAndRead[TTx any](t *testing.T, h *Harness[TTx], s side, n int) {
+	t.Helper()
 	evs := make([]outbox.Event, n)
 	for i := range evs {
 		evs[i] = event(fmt.Sprint(i%7), i)

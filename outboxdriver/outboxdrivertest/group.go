@@ -22,6 +22,7 @@ func testGroupFencingArchive[TTx any](t *testing.T, h *Harness[TTx]) {
 }
 
 func groupFencing[TTx any](t *testing.T, h *Harness[TTx], completion outboxdriver.Completion) {
+	t.Helper()
 	ctx := ctxT(t)
 	s := store(t, h)
 	gs, ok := s.(outboxdriver.GroupStore)

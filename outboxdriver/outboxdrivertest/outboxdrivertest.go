@@ -100,12 +100,14 @@ func Run[TTx any](t *testing.T, newHarness NewFunc[TTx]) {
 }
 
 func ctxT(t *testing.T) context.Context {
+	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	t.Cleanup(cancel)
 	return ctx
 }
 
 func migrate[TTx any](t *testing.T, h *Harness[TTx]) {
+	t.Helper()
 	m, err := h.Driver.Migrator()
 	if err != nil {
 		t.Fatal(err)
@@ -116,6 +118,7 @@ func migrate[TTx any](t *testing.T, h *Harness[TTx]) {
 }
 
 func store[TTx any](t *testing.T, h *Harness[TTx]) outboxdriver.Store {
+	t.Helper()
 	s, err := h.Driver.Store()
 	if err != nil {
 		t.Fatal(err)
@@ -124,6 +127,7 @@ func store[TTx any](t *testing.T, h *Harness[TTx]) outboxdriver.Store {
 }
 
 func writer[TTx any](t *testing.T, h *Harness[TTx]) *outbox.Writer[TTx] {
+	t.Helper()
 	w, err := outbox.NewWriter(h.Driver, nil)
 	if err != nil {
 		t.Fatal(err)

@@ -63,6 +63,7 @@ type side struct {
 }
 
 func source[TTx any](t *testing.T, h *Harness[TTx]) side {
+	t.Helper()
 	st := store(t, h)
 	if h.Source == nil {
 		return side{Source: st, admin: st}
@@ -140,6 +141,7 @@ func quiet(t *testing.T, s side) {
 // listenable skips the case when the source declares no wake-ups (and refuses
 // Listen), and fails it on any other error from Listen.
 func listenable(t *testing.T, caps outboxdriver.Capabilities, err error) {
+	t.Helper()
 	if !caps.Listen {
 		if !errors.Is(err, outboxdriver.ErrNotSupported) {
 			t.Fatalf("Listen on a source that declares no wake-ups: %v, want ErrNotSupported", err)

@@ -596,7 +596,7 @@ func (l *leadership) Check(ctx context.Context) error {
 		if ctx.Err() != nil {
 			return ctx.Err()
 		}
-		return fmt.Errorf("%w: %v", outboxdriver.ErrLeadershipLost, err)
+		return fmt.Errorf("%w: %v", outboxdriver.ErrLeadershipLost, err) //nolint:errorlint // leadership is lost, whatever cut the connection: one sentinel to branch on
 	}
 	return nil
 }
@@ -800,8 +800,11 @@ func (m migrator) Migrate(ctx context.Context) ([]int, error) {
 	}
 	defer func() { _ = conn.Close() }()
 	var got sql.NullInt64
-	if err := conn.QueryRowContext(ctx, "SELECT GET_LOCK(?, 60)", m.d.lock+":migrate").Scan(&got); err != nil || got.Int64 != 1 {
-		return nil, fmt.Errorf("migration lock: %v", err)
+	if err := conn.QueryRowContext(ctx, "SELECT GET_LOCK(?, 60)", m.d.lock+":migrate").Scan(&got); err != nil {
+		return nil, fmt.Errorf("migration lock: %w", err)
+	}
+	if got.Int64 != 1 {
+		return nil, errors.New("migration lock: not granted within 60 s (another migration holds it)")
 	}
 	defer func() {
 		_, _ = conn.ExecContext(context.WithoutCancel(ctx), "SELECT RELEASE_LOCK(?)", m.d.lock+":migrate")

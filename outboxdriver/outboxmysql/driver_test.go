@@ -27,6 +27,7 @@ func tableName(t *testing.T) (*sql.DB, string) {
 // TestConformance runs the driver suite on the machine's MariaDB.
 func TestConformance(t *testing.T) {
 	outboxdrivertest.Run(t, func(t *testing.T, payload outboxdriver.PayloadType) *outboxdrivertest.Harness[*sql.Tx] {
+		t.Helper()
 		db, name := tableName(t)
 		return &outboxdrivertest.Harness[*sql.Tx]{
 			Driver:   outboxmysql.New(db, &outboxdriver.Table{Name: name, Payload: payload}),

@@ -32,8 +32,10 @@ func TestConformancePartitioned(t *testing.T) { conformance(t, true, false) }
 func TestConformanceShared(t *testing.T) { conformance(t, false, true) }
 
 func conformance(t *testing.T, partitioned, shared bool) {
+	t.Helper()
 	url := testenv.DatabaseURL(t)
 	outboxdrivertest.Run(t, func(t *testing.T, payload outboxdriver.PayloadType) *outboxdrivertest.Harness[pgx.Tx] {
+		t.Helper()
 		pool := testenv.Pool(t, url)
 		table := outboxdriver.Table{Schema: testenv.Schema(t, url), Name: "outbox", Payload: payload, Partitioned: partitioned}
 		open := func(t outboxdriver.Table) *outboxpgx.Driver { return outboxpgx.New(pool, &t) }
@@ -68,6 +70,7 @@ func conformance(t *testing.T, partitioned, shared bool) {
 // partitionedEvents migrates a table "events" partitioned by day in a schema of the
 // test's own.
 func partitionedEvents(t *testing.T) (*pgxpool.Pool, outboxdriver.Table, *outboxpgx.Driver, outboxdriver.Migrator) {
+	t.Helper()
 	url := testenv.DatabaseURL(t)
 	pool := testenv.Pool(t, url)
 	table := outboxdriver.Table{Schema: testenv.Schema(t, url), Name: "events", Partitioned: true}

@@ -20,6 +20,7 @@ func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 func TestConformance(t *testing.T) {
 	url := testenv.DatabaseURL(t)
 	outboxdrivertest.Run(t, func(t *testing.T, payload outboxdriver.PayloadType) *outboxdrivertest.Harness[*sql.Tx] {
+		t.Helper()
 		db, err := sql.Open("pgx", url)
 		if err != nil {
 			t.Fatal(err)

@@ -54,7 +54,7 @@ func Open(path string) (*sql.DB, error) {
 	if err != nil {
 		return nil, err
 	}
-	if err := db.Ping(); err != nil {
+	if err := db.Ping(); err != nil { //nolint:noctx // Open takes no context, as sql.Open does: a local file has nothing to wait for
 		_ = db.Close()
 		return nil, fmt.Errorf("open SQLite database %s: %w", path, err)
 	}
@@ -567,7 +567,7 @@ func (l *lease) Check(ctx context.Context) error {
 	res, err := l.d.db.ExecContext(ctx, `UPDATE `+l.d.qLead+` SET expires_at = ? WHERE name = 'relay' AND holder = ?`,
 		l.d.nowMillis()+l.d.ttl.Milliseconds(), l.holder)
 	if err != nil {
-		return fmt.Errorf("%w: %v", outboxdriver.ErrLeadershipLost, err)
+		return fmt.Errorf("%w: %v", outboxdriver.ErrLeadershipLost, err) //nolint:errorlint // leadership is lost, whatever cut the connection: one sentinel to branch on
 	}
 	if n, _ := res.RowsAffected(); n != 1 {
 		return outboxdriver.ErrLeadershipLost

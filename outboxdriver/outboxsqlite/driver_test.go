@@ -19,6 +19,7 @@ func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
 func TestConformance(t *testing.T) {
 	outboxdrivertest.Run(t, func(t *testing.T, payload outboxdriver.PayloadType) *outboxdrivertest.Harness[*sql.Tx] {
+		t.Helper()
 		db, err := outboxsqlite.Open(filepath.Join(t.TempDir(), "test.db"))
 		if err != nil {
 			t.Fatal(err)

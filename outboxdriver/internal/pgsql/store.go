@@ -801,7 +801,7 @@ func (l *leadership) Check(ctx context.Context) error {
 		if ctx.Err() != nil {
 			return ctx.Err()
 		}
-		return fmt.Errorf("%w: %v", outboxdriver.ErrLeadershipLost, err)
+		return fmt.Errorf("%w: %v", outboxdriver.ErrLeadershipLost, err) //nolint:errorlint // leadership is lost, whatever cut the connection: one sentinel to branch on
 	}
 	return nil
 }
