@@ -5,6 +5,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/outboxd/outbox/internal/failpoint"
 	"github.com/outboxd/outbox/outboxdriver"
 )
 
@@ -29,10 +30,6 @@ type marker struct {
 	wake       chan struct{}
 	flushing   sync.Mutex // one batch at a time: the loop's, or Release's last one
 }
-
-// FailpointAfterMark is called after a batch's rows are completed and before their
-// position is reported: the stream sends them again, and unpublished skips them.
-const FailpointAfterMark = "wal.after-mark-before-confirm"
 
 // markBatchMax bounds the ids of one completing statement.
 const markBatchMax = 5000
@@ -116,7 +113,7 @@ func (m *marker) flush(ctx context.Context) (more bool, err error) {
 	if completed != nil {
 		completed(ids)
 	}
-	m.ss.src.cfg.Failpoint(FailpointAfterMark)
+	failpoint.Hit(failpoint.WALAfterMark)
 	m.mu.Lock()
 	m.pending = m.pending[n:]
 	more = len(m.pending) > 0

@@ -153,7 +153,7 @@ func (s *Source) start(ctx context.Context, lead outboxdriver.Leadership, timeou
 	q := newTableQueue(l)
 	t := newTerm(ctx, &stream{conn: conn, dec: NewDecoder(s.table, s.table.MessagePrefix), l: l,
 		route: func(*Change) (*queue, error) { return q, nil }, statusEvery: s.cfg.StatusInterval, silence: timeout,
-		log: s.log, failpoint: s.cfg.Failpoint, bad: skipBad(&s.skipped, s.log)})
+		log: s.log, bad: skipBad(&s.skipped, s.log)})
 	sess, err := s.newSession(ctx, lead, t, q)
 	if err != nil {
 		return nil, err

@@ -34,15 +34,14 @@ type SharedConfig struct {
 	// Publication is the publication of every table's inserts ("" means the slot
 	// name). Tables join and leave it as they are added and removed.
 	Publication string
-	// MaxPending, MaxPendingBytes, StatusInterval, ClaimLinger, RecreateSlot,
-	// Logger and Failpoint are Config's, for the stream and every table.
+	// MaxPending, MaxPendingBytes, StatusInterval, ClaimLinger, RecreateSlot and
+	// Logger are Config's, for the stream and every table.
 	MaxPending      int
 	MaxPendingBytes int
 	StatusInterval  time.Duration
 	ClaimLinger     time.Duration
 	RecreateSlot    bool
 	Logger          *slog.Logger
-	Failpoint       func(name string)
 	// Timeout is the replication connection's wal_sender_timeout: PostgreSQL ends the
 	// stream of a process that stopped answering, so that a standby can take the
 	// slot over (0: the server's).
@@ -129,9 +128,6 @@ func NewShared(pool *pgxpool.Pool, cfg *SharedConfig) (*Shared, error) {
 	if c.MaxPending < 1 || c.StatusInterval < 0 {
 		return nil, errors.New("pgcdc: MaxPending must be positive and StatusInterval not negative")
 	}
-	if c.Failpoint == nil {
-		c.Failpoint = func(string) {}
-	}
 	if c.Logger == nil {
 		c.Logger = slog.Default()
 	}
@@ -160,8 +156,7 @@ func (sh *Shared) Add(ctx context.Context, inner outboxdriver.Store, table outbo
 	}
 	s, err := New(sh.pool, inner, table, &Config{Slot: sh.cfg.Slot, Publication: sh.cfg.Publication,
 		MaxPending: sh.cfg.MaxPending, MaxPendingBytes: sh.cfg.MaxPendingBytes, StatusInterval: sh.cfg.StatusInterval,
-		ClaimLinger: sh.cfg.ClaimLinger, RecreateSlot: sh.cfg.RecreateSlot, Logger: sh.cfg.Logger.With("table", table.String()),
-		Failpoint: sh.cfg.Failpoint})
+		ClaimLinger: sh.cfg.ClaimLinger, RecreateSlot: sh.cfg.RecreateSlot, Logger: sh.cfg.Logger.With("table", table.String())})
 	if err != nil {
 		return nil, err
 	}
@@ -535,7 +530,7 @@ func (sh *Shared) startTerm(ctx context.Context) (*term, error) {
 	var t *term
 	route := func(ch *Change) (*queue, error) { return sh.route(t, ch) }
 	t = newTerm(ctx, &stream{conn: conn, dec: NewSharedDecoder(func(prefix string) bool { return sh.accepts(t, prefix) }), l: l, route: route,
-		statusEvery: sh.cfg.StatusInterval, silence: sh.cfg.Timeout, log: sh.log, failpoint: sh.cfg.Failpoint, bad: skipBad(&sh.skipped, sh.log),
+		statusEvery: sh.cfg.StatusInterval, silence: sh.cfg.Timeout, log: sh.log, bad: skipBad(&sh.skipped, sh.log),
 		behind: func(first bool) { sh.behind(t, first) }})
 	sh.mu.Lock()
 	sh.term, sh.queues = t, map[*Source]*queue{}

@@ -51,7 +51,7 @@ func TestStreamNoticesASilentServer(t *testing.T) {
 	l.reached = uint64(start)
 	s := &stream{conn: conn, dec: NewDecoder(outboxdriver.Table{Schema: "public", Name: name}, ""), l: l,
 		route: func(*Change) (*queue, error) { return nil, nil }, statusEvery: 100 * time.Millisecond, silence: 2 * time.Second,
-		log: testenv.QuietLogger(), bad: func(uint64, error) {}, failpoint: func(string) {}}
+		log: testenv.QuietLogger(), bad: func(uint64, error) {}}
 	runCtx, stop := context.WithCancel(ctx)
 	defer stop()
 	ended := make(chan error, 1)

@@ -84,9 +84,6 @@ type Config struct {
 	RecreateSlot bool
 	// Logger receives the source's logs. Default: slog.Default().
 	Logger *slog.Logger
-	// Failpoint, for fault-injection tests only, is called at FailpointAfterReceive
-	// and FailpointAfterMark.
-	Failpoint func(name string)
 }
 
 // Source is the relay's store in CDC mode: it reads the outbox events from the WAL
@@ -169,9 +166,6 @@ func New(pool *pgxpool.Pool, inner outboxdriver.Store, table outboxdriver.Table,
 	}
 	if c.Logger == nil {
 		c.Logger = slog.Default()
-	}
-	if c.Failpoint == nil {
-		c.Failpoint = func(string) {}
 	}
 	s := &Source{pool: pool, inner: inner, table: table, cfg: c, log: c.Logger,
 		qTable: pgx.Identifier{table.Schema, table.Name}.Sanitize(),

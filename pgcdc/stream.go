@@ -14,6 +14,8 @@ import (
 	"github.com/jackc/pglogrepl"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgproto3"
+
+	"github.com/outboxd/outbox/internal/failpoint"
 )
 
 // stream is the thin I/O loop over one replication connection: it reads pgoutput,
@@ -30,11 +32,10 @@ type stream struct {
 	// has sent everything is silent; a status update that requests a reply makes it
 	// send a keepalive at once, so a black-holed connection is found within this
 	// bound even while the lock session (and so the leadership) still answers.
-	silence   time.Duration
-	log       *slog.Logger
-	bad       func(lsn uint64, err error) // an undecodable event, skipped
-	behind    func(first bool)            // reading waits for acknowledgements, called as it starts (first) and on (nil: log it)
-	failpoint func(string)
+	silence time.Duration
+	log     *slog.Logger
+	bad     func(lsn uint64, err error) // an undecodable event, skipped
+	behind  func(first bool)            // reading waits for acknowledgements, called as it starts (first) and on (nil: log it)
 
 	touched []*queue // the queues the transaction being read pushed into
 
@@ -50,9 +51,6 @@ func (s *stream) close() {
 	s.closed = true
 	_ = s.conn.Close(context.Background())
 }
-
-// FailpointAfterReceive is called after an event is queued and before it is published.
-const FailpointAfterReceive = "wal.after-receive-before-publish"
 
 // pluginArgs are pgoutput's options: protocol 1 (whole transactions, sent only once
 // committed, never streamed in progress: nothing of a transaction that may roll back
@@ -184,7 +182,7 @@ func (s *stream) handle(data []byte, at uint64) error {
 		if ch.CommitLSN != 0 && !slices.Contains(s.touched, q) {
 			s.touched = append(s.touched, q)
 		}
-		s.failpoint(FailpointAfterReceive)
+		failpoint.Hit(failpoint.WALAfterReceive)
 	case ChangeCommit:
 		for _, q := range s.touched {
 			q.committed(ch.CommitLSN)

@@ -36,13 +36,6 @@ const (
 	CleanupBatchDefault   = 1000
 )
 
-// Failpoints named by Config.Failpoint.
-const (
-	FailpointAfterClaim   = "relay.after-claim"
-	FailpointAfterPublish = "relay.after-publish-before-mark"
-	FailpointAfterMark    = "relay.after-mark"
-)
-
 // Router makes the broker message for a row. escape (may be nil) is the publisher's
 // escaper for values placed in a topic. An error fails the row permanently.
 type Router interface {
@@ -163,9 +156,6 @@ type Config struct {
 	// Hooks, when set, is told about every batch (metrics adapters implement it:
 	// see package relay/relayprom). The relay itself depends on no metrics library.
 	Hooks Hooks
-	// Failpoint, for fault-injection tests only, is called at the named points
-	// (FailpointAfterClaim, FailpointAfterPublish, FailpointAfterMark).
-	Failpoint func(name string)
 	// Rand, when set, is the source of every jitter the relay draws (its backoffs and
 	// retry delays); nil: a random one. A deterministic simulation sets it so that a
 	// seed replays its schedule (docs/testing.md). It is used under a lock of the
@@ -243,9 +233,6 @@ func (c *Config) withDefaults() (Config, *broker.Template, error) {
 	out.Completion = completion
 	if out.Logger == nil {
 		out.Logger = slog.Default()
-	}
-	if out.Failpoint == nil {
-		out.Failpoint = func(string) {}
 	}
 	if out.Group != nil {
 		g := *out.Group

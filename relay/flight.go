@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/outboxd/outbox/broker"
+	"github.com/outboxd/outbox/internal/failpoint"
 	"github.com/outboxd/outbox/internal/simbug"
 	"github.com/outboxd/outbox/internal/wire"
 	"github.com/outboxd/outbox/outboxdriver"
@@ -97,7 +98,7 @@ func (r *Relay) startPublish(work context.Context, rows []outboxdriver.Row) *fli
 		}
 		f.took = time.Since(start)
 		f.mu.Unlock()
-		r.cfg.Failpoint(FailpointAfterPublish)
+		failpoint.Hit(failpoint.RelayAfterPublish)
 		r.hookBatch(rows, msgs, idx, f.results, f.took)
 	}()
 	return f

@@ -14,6 +14,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/outboxd/outbox/broker"
+	"github.com/outboxd/outbox/internal/failpoint"
 	"github.com/outboxd/outbox/internal/safetext"
 	"github.com/outboxd/outbox/internal/simbug"
 	"github.com/outboxd/outbox/outboxdriver"
@@ -510,7 +511,7 @@ func (p *pipeline) idle() {
 // batch publishes a claimed batch and writes its outcome back.
 func (p *pipeline) batch(cr claimResult, claimWait time.Duration) {
 	r, rows := p.r, cr.claim.Rows()
-	r.cfg.Failpoint(FailpointAfterClaim)
+	failpoint.Hit(failpoint.RelayAfterClaim)
 	p.inHand = seqs(rows)
 	defer func() { p.inHand = nil }()
 	// A claim cut short by MaxBatchBytes may still lock rows it did not read: no
@@ -738,7 +739,7 @@ func (r *Relay) writeBack(work context.Context, marks *sync.WaitGroup, failed *a
 				r.marked(p.Published)
 			}
 		} else {
-			r.cfg.Failpoint(FailpointAfterMark)
+			failpoint.Hit(failpoint.RelayAfterMark)
 			if r.ledger != nil && !later {
 				r.marked(p.Published)
 			}

@@ -15,6 +15,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/outboxd/outbox/broker"
+	"github.com/outboxd/outbox/internal/failpoint"
 )
 
 // Exactly-once: a TxPublisher sends each batch in one Kafka transaction, together with
@@ -36,10 +37,6 @@ const ProgressTopicDefault = "outbox.progress"
 // TransactionTimeoutDefault is TxConfig.TransactionTimeout's default.
 const TransactionTimeoutDefault = time.Minute
 
-// FailpointBeforeCommit is where TxConfig.Failpoint is called: a batch's records and
-// its progress record are produced and flushed, its transaction not yet committed.
-const FailpointBeforeCommit = "kafka.before-commit"
-
 // TxConfig configures a TxPublisher.
 type TxConfig struct {
 	Config
@@ -55,8 +52,6 @@ type TxConfig struct {
 	// keeps a transaction open before it aborts it (a relay killed in the middle of
 	// one). Default TransactionTimeoutDefault.
 	TransactionTimeout time.Duration
-	// Failpoint, for fault-injection tests only, is called at FailpointBeforeCommit.
-	Failpoint func(name string)
 }
 
 // TxPublisher publishes each batch in a Kafka transaction with its progress (see
@@ -115,9 +110,6 @@ func DialTransactional(rawURL string, cfg *TxConfig, extra ...kgo.Opt) (*TxPubli
 	}
 	if p.cfg.TransactionTimeout <= 0 {
 		p.cfg.TransactionTimeout = TransactionTimeoutDefault
-	}
-	if p.cfg.Failpoint == nil {
-		p.cfg.Failpoint = func(string) {}
 	}
 	return p, nil
 }
@@ -420,7 +412,7 @@ func (p *TxPublisher) commit(ctx context.Context, send []broker.Message, res, re
 		}
 		return false
 	}
-	p.cfg.Failpoint(FailpointBeforeCommit)
+	failpoint.Hit(failpoint.KafkaBeforeCommit)
 	// Not ctx: a commit cut short leaves its outcome unknown.
 	if err := p.cl.EndTransaction(context.WithoutCancel(ctx), kgo.TryCommit); err != nil {
 		p.mustResume(results, idx, fmt.Errorf("commit: %w", err))

@@ -15,7 +15,6 @@ import (
 	"github.com/outboxd/outbox/broker/sqs"
 	"github.com/outboxd/outbox/broker/stdout"
 	"github.com/outboxd/outbox/cloudevents"
-	"github.com/outboxd/outbox/internal/failpoint"
 	"github.com/outboxd/outbox/internal/redact"
 )
 
@@ -68,7 +67,7 @@ var brokerKinds = []brokerKind{
 			cfg := kafka.Config{MaxMessageBytes: o.maxMessageBytes}
 			if o.kafkaTransactionalID != "" {
 				return kafka.DialTransactional(rawURL, &kafka.TxConfig{Config: cfg, TransactionalID: o.kafkaTransactionalID,
-					ProgressTopic: o.kafkaProgressTopic, Failpoint: failpoint.FromEnv()}, compression)
+					ProgressTopic: o.kafkaProgressTopic}, compression)
 			}
 			return kafka.Dial(ctx, rawURL, &cfg, compression)
 		},

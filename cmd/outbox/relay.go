@@ -18,7 +18,6 @@ import (
 	"github.com/outboxd/outbox/cloudevents"
 	"github.com/outboxd/outbox/dashboard"
 	"github.com/outboxd/outbox/debezium"
-	"github.com/outboxd/outbox/internal/failpoint"
 	"github.com/outboxd/outbox/internal/redact"
 	"github.com/outboxd/outbox/internal/version"
 	"github.com/outboxd/outbox/outboxdriver"
@@ -246,7 +245,6 @@ func parseRelayFlags(args []string, stderr io.Writer) (*relayOptions, error) {
 		StragglerAfter:      zeroIsOff(*straggler),
 		TopicTemplate:       *topic,
 		Logger:              logger,
-		Failpoint:           failpoint.FromEnv(),
 	}
 	if *group {
 		cfg.Group = &relay.GroupConfig{RelayID: *relayID, LeaseTTL: *partitionLease}
@@ -374,7 +372,7 @@ func buildRelay(ctx context.Context, o *relayOptions) (_ *relayService, err erro
 	}
 	var store outboxdriver.Source = db.store // the relay's side; db.store serves status either way
 	if o.mode == "cdc" {
-		o.cdc.Logger, o.cdc.Failpoint = logger, cfg.Failpoint
+		o.cdc.Logger = logger
 		src, err := db.cdc(&o.cdc)
 		if err != nil {
 			return nil, usageErr("%v", err)

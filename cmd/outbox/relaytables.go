@@ -197,7 +197,7 @@ func (s *tableRelays) startCDC(ctx context.Context, direct *pgxpool.Pool, fail c
 	patterns := o.tables
 	s.cdc, err = pgcdc.NewShared(s.pool, &pgcdc.SharedConfig{Slot: o.cdc.Slot, Publication: o.cdc.Publication,
 		MaxPending: o.cdc.MaxPending, MaxPendingBytes: o.cdc.MaxPendingBytes, RecreateSlot: o.cdc.RecreateSlot, ParkAfter: o.parkAfter,
-		Logger: o.logger, Failpoint: o.cfg.Failpoint, Timeout: o.cfg.LeaderTimeout, Direct: direct,
+		Logger: o.logger, Timeout: o.cfg.LeaderTimeout, Direct: direct,
 		Match: func(t outboxdriver.Table) bool { return outboxdriver.MatchAny(patterns, t) },
 		// Relays it starts live as long as the process, not the stream.
 		Rescan: func(context.Context) error {

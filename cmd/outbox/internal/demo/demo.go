@@ -30,6 +30,7 @@ import (
 
 	"github.com/outboxd/outbox"
 	natspub "github.com/outboxd/outbox/broker/nats"
+	"github.com/outboxd/outbox/internal/failpoint"
 	"github.com/outboxd/outbox/internal/natsembed"
 	"github.com/outboxd/outbox/outboxdriver/outboxsqlite"
 	"github.com/outboxd/outbox/relay"
@@ -193,7 +194,7 @@ func (d *demo) run(ctx context.Context) (*Result, error) {
 	_ = os.Remove(killFile)
 	relay1 := d.cfg.RelayCommand("--db", "sqlite://"+ordersPath, "--broker", srv.URL(),
 		"--poll-interval", "20ms", "--lease-ttl", leaseTTL.String(), "--log-level", "warn", "--http=")
-	relay1.Env = append(os.Environ(), "OUTBOX_FAILPOINT="+relay.FailpointAfterPublish+"@"+killFile)
+	relay1.Env = append(os.Environ(), "OUTBOX_FAILPOINT="+failpoint.RelayAfterPublish+"@"+killFile)
 	relay1.Stdout, relay1.Stderr = io.Discard, io.Discard
 	if err := relay1.Start(); err != nil {
 		return nil, fmt.Errorf("start relay 1: %w", err)
