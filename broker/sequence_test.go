@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"sync"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"go.uber.org/goleak"
@@ -182,15 +183,17 @@ func TestSequenceStopSequential(t *testing.T) {
 // TestSequenceNoAnswer: an answer that does not come within AckTimeout is the
 // connection's failure; answers that came are kept.
 func TestSequenceNoAnswer(t *testing.T) {
-	for _, sequential := range []bool{false, true} {
-		msgs := batch("t a", "t b", "t c")
-		s := script{silent: map[string]bool{"1": true}}
-		res := broker.Sequence(context.Background(), msgs, broker.Schedule{Sequential: sequential, AckTimeout: 50 * time.Millisecond}, s.sender(msgs))
-		got := errs(res)
-		if got[0] != "ok" || got[1] != "unavailable" || !errors.Is(res[1].Err, broker.ErrNoAnswer) {
-			t.Fatalf("sequential=%v: results %v (%v)", sequential, got, res[1].Err)
+	synctest.Test(t, func(t *testing.T) {
+		for _, sequential := range []bool{false, true} {
+			msgs := batch("t a", "t b", "t c")
+			s := script{silent: map[string]bool{"1": true}}
+			res := broker.Sequence(context.Background(), msgs, broker.Schedule{Sequential: sequential, AckTimeout: 50 * time.Millisecond}, s.sender(msgs))
+			got := errs(res)
+			if got[0] != "ok" || got[1] != "unavailable" || !errors.Is(res[1].Err, broker.ErrNoAnswer) {
+				t.Fatalf("sequential=%v: results %v (%v)", sequential, got, res[1].Err)
+			}
 		}
-	}
+	})
 }
 
 // TestSequenceCanceled: a batch whose context ended is not charged: nothing more is
@@ -216,9 +219,11 @@ func TestSequenceCanceled(t *testing.T) {
 // TestSequenceSequentialOrder: a key's messages go one after another, each after the
 // previous one's answer, with and without rounds.
 func TestSequenceSequentialOrder(t *testing.T) {
-	for _, rounds := range []bool{false, true} {
-		sequentialOrder(t, rounds)
-	}
+	synctest.Test(t, func(t *testing.T) {
+		for _, rounds := range []bool{false, true} {
+			sequentialOrder(t, rounds)
+		}
+	})
 }
 
 func sequentialOrder(t *testing.T, rounds bool) {
@@ -260,7 +265,7 @@ func sequentialOrder(t *testing.T, rounds bool) {
 type answerLater struct{ done func() }
 
 func (a answerLater) Wait(context.Context) error {
-	time.Sleep(time.Millisecond) //nolint:forbidigo // a broker's answer that comes a moment late, whatever the test waits for
+	time.Sleep(time.Millisecond) //nolint:forbidigo // a broker's answer a moment late, on the bubble's virtual clock (synctest)
 	a.done()
 	return nil
 }

@@ -3,6 +3,7 @@ package pgcdc
 import (
 	"fmt"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"github.com/outboxd/outbox/outboxdriver"
@@ -67,17 +68,19 @@ func TestQueueHoldsAggregateBehindWaitingEvent(t *testing.T) {
 }
 
 func TestQueueBoundsPending(t *testing.T) {
-	q := newQueue(2, 0)
-	q.push(&Change{Row: row("a")})
-	q.push(&Change{Row: row("b")})
-	if q.waitSpace(time.Now().Add(20 * time.Millisecond)) {
-		t.Fatal("space reported in a full queue")
-	}
-	out, _ := q.take(1, 0, time.Now(), nil)
-	go q.done(out)
-	if !q.waitSpace(time.Now().Add(5 * time.Second)) {
-		t.Fatal("no space after an event was done")
-	}
+	synctest.Test(t, func(t *testing.T) {
+		q := newQueue(2, 0)
+		q.push(&Change{Row: row("a")})
+		q.push(&Change{Row: row("b")})
+		if q.waitSpace(time.Now().Add(20 * time.Millisecond)) {
+			t.Fatal("space reported in a full queue")
+		}
+		out, _ := q.take(1, 0, time.Now(), nil)
+		go q.done(out)
+		if !q.waitSpace(time.Now().Add(5 * time.Second)) {
+			t.Fatal("no space after an event was done")
+		}
+	})
 }
 
 func idxs(es []*entry) []uint64 {
@@ -92,37 +95,39 @@ func idxs(es []*entry) []uint64 {
 // than minOpenEvents events are open (so a few huge events waiting for a retry never
 // stop the stream), and a take stops at maxBytes.
 func TestQueueBoundsPendingBytes(t *testing.T) {
-	q := newQueue(10_000, 1000)
-	big := func(key string, n int) outboxdriver.Row {
-		r := row(key)
-		r.Payload = make([]byte, n)
-		return r
-	}
-	q.push(&Change{Row: big("huge", 50_000)}) // far over the bound, stuck (never done here)
-	for i := 1; i < minOpenEvents; i++ {
-		if !q.waitSpace(time.Now()) {
-			t.Fatalf("no space with %d events open behind one huge event: the stream would stall every aggregate", i)
+	synctest.Test(t, func(t *testing.T) {
+		q := newQueue(10_000, 1000)
+		big := func(key string, n int) outboxdriver.Row {
+			r := row(key)
+			r.Payload = make([]byte, n)
+			return r
 		}
-		q.push(&Change{Row: big(fmt.Sprint("k", i), 10)})
-	}
-	if q.waitSpace(time.Now().Add(20 * time.Millisecond)) {
-		t.Fatal("space reported with 100 events and 50,990 of 1,000 bytes open")
-	}
-	out, held := q.take(10, 0, time.Now(), func(key string) bool { return key == outboxdriver.AggregateKey("t", "huge") })
-	if len(held) != 1 || len(out) != 9 {
-		t.Fatalf("took %d and held %d; want the huge event held and 9 others", len(out), len(held))
-	}
-	q.giveBack(held) // still waiting
-	go q.done(out)
-	if !q.waitSpace(time.Now().Add(5 * time.Second)) {
-		t.Fatal("no space after others' events were done")
-	}
-	q2 := newQueue(10_000, 500)
-	q2.push(&Change{Row: big("a", 600)})
-	q2.push(&Change{Row: big("b", 600)})
-	if got, _ := q2.take(10, 500, time.Now(), nil); len(got) != 1 {
-		t.Fatalf("a take bounded to 500 bytes took %d events of 600, want the first alone", len(got))
-	}
+		q.push(&Change{Row: big("huge", 50_000)}) // far over the bound, stuck (never done here)
+		for i := 1; i < minOpenEvents; i++ {
+			if !q.waitSpace(time.Now()) {
+				t.Fatalf("no space with %d events open behind one huge event: the stream would stall every aggregate", i)
+			}
+			q.push(&Change{Row: big(fmt.Sprint("k", i), 10)})
+		}
+		if q.waitSpace(time.Now().Add(20 * time.Millisecond)) {
+			t.Fatal("space reported with 100 events and 50,990 of 1,000 bytes open")
+		}
+		out, held := q.take(10, 0, time.Now(), func(key string) bool { return key == outboxdriver.AggregateKey("t", "huge") })
+		if len(held) != 1 || len(out) != 9 {
+			t.Fatalf("took %d and held %d; want the huge event held and 9 others", len(out), len(held))
+		}
+		q.giveBack(held) // still waiting
+		go q.done(out)
+		if !q.waitSpace(time.Now().Add(5 * time.Second)) {
+			t.Fatal("no space after others' events were done")
+		}
+		q2 := newQueue(10_000, 500)
+		q2.push(&Change{Row: big("a", 600)})
+		q2.push(&Change{Row: big("b", 600)})
+		if got, _ := q2.take(10, 500, time.Now(), nil); len(got) != 1 {
+			t.Fatalf("a take bounded to 500 bytes took %d events of 600, want the first alone", len(got))
+		}
+	})
 }
 
 // A delayed event (NotBefore) holds nothing back: its aggregate's later events pass
