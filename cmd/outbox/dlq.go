@@ -18,6 +18,38 @@ import (
 )
 
 func runDLQ(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	sub, args, err := dlqSubcommand(args, stderr)
+	if err != nil {
+		return err
+	}
+	o := &dlqOptions{sub: sub}
+	fs := newFlags("dlq "+sub, stderr)
+	o.register(fs)
+	ids, err := parseWithIDs(fs, args)
+	if err != nil {
+		return err
+	}
+	if err := o.validate(ids); err != nil {
+		return err
+	}
+	if flagSet(fs, "tables") {
+		many, err := openTables(ctx, fs, *o.dsn, o.tables)
+		if err != nil {
+			return err
+		}
+		defer many.close()
+		return listDeadTables(ctx, many, &o.filter, o.asJSON, stdout)
+	}
+	db, table, err := openTable(ctx, *o.dsn, *o.table)
+	if err != nil {
+		return err
+	}
+	defer db.close()
+	return o.run(ctx, db.store, table, stdout)
+}
+
+// dlqSubcommand splits off the subcommand, or answers --help with the list of them.
+func dlqSubcommand(args []string, stderr io.Writer) (sub string, rest []string, err error) {
 	if len(args) == 1 && (args[0] == "-h" || args[0] == "--help") {
 		fmt.Fprint(stderr, `Usage: outbox dlq SUBCOMMAND [flags] [ID...]
 
@@ -29,115 +61,116 @@ func runDLQ(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 
 `+"`outbox help dlq SUBCOMMAND`"+` lists a subcommand's flags.
 `)
-		return flag.ErrHelp
+		return "", nil, flag.ErrHelp
 	}
 	if len(args) == 0 || strings.HasPrefix(args[0], "-") {
-		return usageErr("want a subcommand: outbox dlq list|show|edit|replay|purge [flags] [ID...]")
+		return "", nil, usageErr("want a subcommand: outbox dlq list|show|edit|replay|purge [flags] [ID...]")
 	}
-	sub, args := args[0], args[1:]
-	switch sub {
+	switch args[0] {
 	case "list", "show", "edit", "replay", "purge":
-	default:
-		return usageErr("unknown subcommand %q (want list, show, edit, replay or purge)", sub)
+		return args[0], args[1:], nil
 	}
-	fs := newFlags("dlq "+sub, stderr)
-	dsn, tableName := dbTableFlags(fs, dbFlagHelp)
-	// Each subcommand lists only its own flags (`outbox dlq edit --help`).
-	var f outboxdriver.DeadFilter
-	var all, asJSON, fullPayload bool
-	var payload, payloadFile string
-	var setHeaders, dropHeaders listFlag
-	var tablesList string
-	switch sub {
+	return "", nil, usageErr("unknown subcommand %q (want list, show, edit, replay or purge)", args[0])
+}
+
+// dlqOptions are a dlq subcommand's flags.
+type dlqOptions struct {
+	sub                      string
+	dsn, table               *string
+	filter                   outboxdriver.DeadFilter
+	all, asJSON, fullPayload bool
+	payload, payloadFile     string
+	setHeaders, dropHeaders  listFlag
+	tables                   string
+}
+
+// register declares the subcommand's flags: each lists only its own
+// (`outbox dlq edit --help`).
+func (o *dlqOptions) register(fs *flag.FlagSet) {
+	o.dsn, o.table = dbTableFlags(fs, dbFlagHelp)
+	f := &o.filter
+	switch o.sub {
 	case "list", "replay", "purge":
 		fs.StringVar(&f.AggregateType, "aggregate-type", "", "only dead letters of this aggregate type")
 		fs.StringVar(&f.AggregateID, "aggregate-id", "", "only dead letters of this aggregate id")
 		fs.StringVar(&f.Type, "type", "", "only dead letters of this event type")
 		fs.DurationVar(&f.OlderThan, "older-than", 0, "only dead letters dead for at least this long")
 	}
-	switch sub {
+	switch o.sub {
 	case "list":
-		fs.BoolVar(&asJSON, "json", false, "print JSON (each payload's first 4 KiB)")
+		fs.BoolVar(&o.asJSON, "json", false, "print JSON (each payload's first 4 KiB)")
 		fs.IntVar(&f.Limit, "limit", 100, "at most this many (per table with --tables)")
-		fs.StringVar(&tablesList, "tables", "", tablesFlagHelp+"; lists every table's dead letters, with a TABLE column")
+		fs.StringVar(&o.tables, "tables", "", tablesFlagHelp+"; lists every table's dead letters, with a TABLE column")
 		fs.String("trust-owner", "", trustOwnerHelp)
 	case "replay", "purge":
-		fs.BoolVar(&all, "all", false, "every dead letter the filters match, even with no filter")
+		fs.BoolVar(&o.all, "all", false, "every dead letter the filters match, even with no filter")
 	case "show":
-		fs.BoolVar(&fullPayload, "full-payload", false, "the whole payload (default: its first 64 KiB, and its size)")
+		fs.BoolVar(&o.fullPayload, "full-payload", false, "the whole payload (default: its first 64 KiB, and its size)")
 	case "edit":
-		fs.StringVar(&payload, "payload", "", "the new payload")
-		fs.StringVar(&payloadFile, "payload-file", "", "a file holding the new payload")
-		fs.Var(&setHeaders, "header", "set a header, name=value (repeatable)")
-		fs.Var(&dropHeaders, "drop-header", "remove a header (repeatable)")
+		fs.StringVar(&o.payload, "payload", "", "the new payload")
+		fs.StringVar(&o.payloadFile, "payload-file", "", "a file holding the new payload")
+		fs.Var(&o.setHeaders, "header", "set a header, name=value (repeatable)")
+		fs.Var(&o.dropHeaders, "drop-header", "remove a header (repeatable)")
 	}
-	ids, err := parseWithIDs(fs, args)
-	if err != nil {
-		return err
-	}
+}
+
+// validate checks the flags and ids together, and sets how much of each payload to read.
+func (o *dlqOptions) validate(ids []string) error {
+	f := &o.filter
 	f.IDs = ids
 	filtered := len(ids) > 0 || f.AggregateType != "" || f.AggregateID != "" || f.Type != "" || f.OlderThan > 0
 	switch {
-	case (sub == "show" || sub == "edit") && len(ids) != 1:
-		return usageErr("%s takes exactly one dead letter id", sub)
-	case sub == "edit" && payload == "" && payloadFile == "" && len(setHeaders)+len(dropHeaders) == 0:
+	case (o.sub == "show" || o.sub == "edit") && len(ids) != 1:
+		return usageErr("%s takes exactly one dead letter id", o.sub)
+	case o.sub == "edit" && o.payload == "" && o.payloadFile == "" && len(o.setHeaders)+len(o.dropHeaders) == 0:
 		return usageErr("edit needs --payload, --payload-file, --header or --drop-header")
-	case payload != "" && payloadFile != "":
+	case o.payload != "" && o.payloadFile != "":
 		return usageErr("give --payload or --payload-file, not both")
-	case (sub == "replay" || sub == "purge") && !filtered && !all:
-		return usageErr("%s needs ids, a filter (--aggregate-type, --aggregate-id, --type, --older-than) or --all", sub)
-	case sub == "list" && f.Limit <= 0:
+	case (o.sub == "replay" || o.sub == "purge") && !filtered && !o.all:
+		return usageErr("%s needs ids, a filter (--aggregate-type, --aggregate-id, --type, --older-than) or --all", o.sub)
+	case o.sub == "list" && f.Limit <= 0:
 		return usageErr("--limit must be positive")
 	}
 	// Payloads as previews: one huge payload must not be read whole a hundred times.
 	switch {
-	case sub == "list" && asJSON:
+	case o.sub == "list" && o.asJSON:
 		f.PayloadMax = listPayloadPreview
-	case sub == "list":
+	case o.sub == "list":
 		f.PayloadMax = 1 // the table shows no payload
-	case sub == "show" && !fullPayload:
+	case o.sub == "show" && !o.fullPayload:
 		f.PayloadMax = showPayloadPreview
 	}
-	if flagSet(fs, "tables") {
-		many, err := openTables(ctx, fs, *dsn, tablesList)
-		if err != nil {
-			return err
-		}
-		defer many.close()
-		return listDeadTables(ctx, many, &f, asJSON, stdout)
-	}
-	db, table, err := openTable(ctx, *dsn, *tableName)
-	if err != nil {
-		return err
-	}
-	defer db.close()
+	return nil
+}
 
-	switch sub {
+// run runs the subcommand on one table's store.
+func (o *dlqOptions) run(ctx context.Context, store outboxdriver.Store, table outboxdriver.Table, stdout io.Writer) error {
+	switch o.sub {
 	case "list":
-		dead, err := db.store.ListDead(ctx, &f)
+		dead, err := store.ListDead(ctx, &o.filter)
 		if err != nil {
 			return err
 		}
-		return printDead([]tableDead{{table, dead}}, false, asJSON, stdout)
+		return printDead([]tableDead{{table, dead}}, false, o.asJSON, stdout)
 	case "show":
-		dead, err := db.store.ListDead(ctx, &f)
+		dead, err := store.ListDead(ctx, &o.filter)
 		if err != nil {
 			return err
 		}
 		if len(dead) == 0 {
-			return fmt.Errorf("no dead letter with id %s", termSafe(ids[0]))
+			return fmt.Errorf("no dead letter with id %s", termSafe(o.filter.IDs[0]))
 		}
 		return printJSON(stdout, toDeadJSON(&dead[0]))
 	case "edit":
-		return editDead(ctx, db.store, ids[0], payload, payloadFile, setHeaders, dropHeaders, stdout)
+		return editDead(ctx, store, o.filter.IDs[0], o.payload, o.payloadFile, o.setHeaders, o.dropHeaders, stdout)
 	case "replay":
-		n, err := db.store.ReplayDead(ctx, &f)
+		n, err := store.ReplayDead(ctx, &o.filter)
 		if err != nil {
 			return err
 		}
 		fmt.Fprintf(stdout, "replayed %d dead letter(s): back in the outbox in their original order; their aggregates are released\n", n)
 	case "purge":
-		n, err := db.store.PurgeDead(ctx, &f)
+		n, err := store.PurgeDead(ctx, &o.filter)
 		if err != nil {
 			return err
 		}

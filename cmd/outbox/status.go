@@ -41,52 +41,64 @@ func runStatus(ctx context.Context, args []string, stdout, stderr io.Writer) err
 		schema = nil // said below: a role may see the table but not its migrations
 	}
 	if *asJSON {
-		type slot struct {
-			Name          string `json:"name"`
-			Exists        bool   `json:"exists"`
-			Active        bool   `json:"active"`
-			WALStatus     string `json:"wal_status"`
-			RetainedBytes int64  `json:"retained_wal_bytes"`
-			LagBytes      int64  `json:"lag_bytes"`
-			SafeBytes     int64  `json:"safe_wal_bytes"`
-			Backfilled    bool   `json:"backfilled"`
-		}
-		slots := []slot{}
-		for _, s := range st.Slots {
-			slots = append(slots, slot(s))
-		}
-		type relayJSON struct {
-			ID                  string  `json:"id"`
-			Info                string  `json:"info"`
-			HeartbeatAgeSeconds float64 `json:"heartbeat_age_seconds"`
-			Partitions          []int   `json:"partitions"`
-			OldestLeaseSeconds  float64 `json:"oldest_lease_seconds"`
-		}
-		relays := []relayJSON{}
-		for _, rs := range st.Relays {
-			relays = append(relays, relayJSON{rs.ID, rs.Info, rs.HeartbeatAge.Seconds(), rs.Partitions, rs.OldestLease.Seconds()})
-		}
-		return printJSON(stdout, struct {
-			Table              string      `json:"table"`
-			Unpublished        int64       `json:"unpublished"`
-			OldestAgeSeconds   float64     `json:"oldest_unpublished_age_seconds"`
-			PublishedKept      int64       `json:"published_kept"`
-			FailingUnpublished int64       `json:"failing"`
-			Dead               int64       `json:"dead_letters"`
-			HeldAggregates     int64       `json:"held_aggregates"`
-			ActiveRelay        string      `json:"active_relay"`
-			ActiveSince        *time.Time  `json:"active_since"`
-			Slots              []slot      `json:"cdc_slots"`
-			Relays             []relayJSON `json:"relays"`
-			PartitionBacklog   []int64     `json:"partition_backlog"`
-			SchemaVersion      int         `json:"schema_version"`
-			SchemaKnown        int         `json:"schema_version_known"`
-			SchemaError        string      `json:"schema_error,omitempty"`
-			HistoryFrom        *time.Time  `json:"history_from"`
-		}{st.Table, st.Unpublished, st.OldestAge.Seconds(), st.Published, st.Failing, st.Dead, st.HeldKeys,
-			st.ActiveRelay, timeOrNil(st.ActiveSince), slots, relays, st.PartitionBacklog,
-			schemaVersion(schema), latest(schema), schemaErr(schema, err), timeOrNil(st.OldestPublished)})
+		return printStatusJSON(stdout, st, schema, err)
 	}
+	printStatus(stdout, st, schema, err)
+	return nil
+}
+
+// printStatusJSON prints a table's status for scripts (schema is nil when it could
+// not be read: err says why).
+func printStatusJSON(stdout io.Writer, st *outboxdriver.Status, schema *outboxdriver.SchemaState, err error) error {
+	type slot struct {
+		Name          string `json:"name"`
+		Exists        bool   `json:"exists"`
+		Active        bool   `json:"active"`
+		WALStatus     string `json:"wal_status"`
+		RetainedBytes int64  `json:"retained_wal_bytes"`
+		LagBytes      int64  `json:"lag_bytes"`
+		SafeBytes     int64  `json:"safe_wal_bytes"`
+		Backfilled    bool   `json:"backfilled"`
+	}
+	slots := []slot{}
+	for _, s := range st.Slots {
+		slots = append(slots, slot(s))
+	}
+	type relayJSON struct {
+		ID                  string  `json:"id"`
+		Info                string  `json:"info"`
+		HeartbeatAgeSeconds float64 `json:"heartbeat_age_seconds"`
+		Partitions          []int   `json:"partitions"`
+		OldestLeaseSeconds  float64 `json:"oldest_lease_seconds"`
+	}
+	relays := []relayJSON{}
+	for _, rs := range st.Relays {
+		relays = append(relays, relayJSON{rs.ID, rs.Info, rs.HeartbeatAge.Seconds(), rs.Partitions, rs.OldestLease.Seconds()})
+	}
+	return printJSON(stdout, struct {
+		Table              string      `json:"table"`
+		Unpublished        int64       `json:"unpublished"`
+		OldestAgeSeconds   float64     `json:"oldest_unpublished_age_seconds"`
+		PublishedKept      int64       `json:"published_kept"`
+		FailingUnpublished int64       `json:"failing"`
+		Dead               int64       `json:"dead_letters"`
+		HeldAggregates     int64       `json:"held_aggregates"`
+		ActiveRelay        string      `json:"active_relay"`
+		ActiveSince        *time.Time  `json:"active_since"`
+		Slots              []slot      `json:"cdc_slots"`
+		Relays             []relayJSON `json:"relays"`
+		PartitionBacklog   []int64     `json:"partition_backlog"`
+		SchemaVersion      int         `json:"schema_version"`
+		SchemaKnown        int         `json:"schema_version_known"`
+		SchemaError        string      `json:"schema_error,omitempty"`
+		HistoryFrom        *time.Time  `json:"history_from"`
+	}{st.Table, st.Unpublished, st.OldestAge.Seconds(), st.Published, st.Failing, st.Dead, st.HeldKeys,
+		st.ActiveRelay, timeOrNil(st.ActiveSince), slots, relays, st.PartitionBacklog,
+		schemaVersion(schema), latest(schema), schemaErr(schema, err), timeOrNil(st.OldestPublished)})
+}
+
+// printStatus prints a table's status for people.
+func printStatus(stdout io.Writer, st *outboxdriver.Status, schema *outboxdriver.SchemaState, err error) {
 	fmt.Fprintf(stdout, "table:                 %s\n", st.Table)
 	fmt.Fprintf(stdout, "unpublished:           %d\n", st.Unpublished)
 	fmt.Fprintf(stdout, "oldest unpublished:    %s\n", st.OldestAge.Round(time.Millisecond))
@@ -137,7 +149,6 @@ func runStatus(ctx context.Context, args []string, stdout, stderr io.Writer) err
 		fmt.Fprintf(stdout, "cdc slot %s: %s; lag %s, retained WAL %s, safe %s; backfilled %v\n",
 			sl.Name, state, human.Bytes(sl.LagBytes), human.Bytes(sl.RetainedBytes), safe, sl.Backfilled)
 	}
-	return nil
 }
 
 func timeOrNil(t time.Time) *time.Time {
