@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"flag"
 	"fmt"
 	"io"
 	"log/slog"
@@ -14,109 +15,124 @@ import (
 )
 
 func runMigrate(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	o := &migrateOptions{}
 	fs := newFlags("migrate", stderr)
-	dsn, tableName := dbTableFlags(fs, dbFlagHelp)
-	payload := fs.String("payload-type", string(outboxdriver.PayloadJSON), "payload column type: json (jsonb) or bytes (bytea)")
-	print := fs.Bool("print", false, "print the SQL instead of running it")
-	partitioned := fs.Bool("partitioned", false, "PostgreSQL: partition the new table by day on created_at; cleanup then drops whole published days")
-	partitions := fs.Int("partitions", outboxdriver.PartitionsDefault, "PostgreSQL: how many partitions rows are hashed into by aggregate (fixed once migrated)")
-	cdc := fs.Bool("cdc", false, "PostgreSQL: also create the CDC relay's publication and replication slot, so events are captured from now on (required before producers use the insert-delete or table-less write modes)")
-	dropCDC := fs.Bool("drop-cdc", false, "PostgreSQL: retire the table's CDC relay: drop its replication slot (which keeps WAL until dropped), its publication and its record, once every CDC relay of the table is stopped (docs/operations.md)")
-	slot := fs.String("slot", "", "with --cdc or --drop-cdc: the replication slot (default outbox_<schema>_<table>; with --tables "+pgcdc.SharedSlotDefault+", one for every table)")
-	publication := fs.String("publication", "", "with --cdc or --drop-cdc: the publication (default: the slot's name)")
-	tablesList := fs.String("tables", "", tablesFlagHelp+"; a name is created if missing, a pattern upgrades the outbox tables it matches")
-	fs.String("trust-owner", "", trustOwnerHelp)
+	o.register(fs)
 	if err := parse(fs, args); err != nil {
 		return err
 	}
-	if flagSet(fs, "tables") {
-		switch {
-		case *cdc && *dropCDC:
-			return usageErr("--cdc sets up a CDC relay and --drop-cdc retires one: give one of them")
-		case *print:
-			return usageErr("--print shows one table's SQL: use --table")
-		case (*slot != "" || *publication != "") && !*cdc && !*dropCDC:
-			return usageErr("--slot and --publication go with --cdc or --drop-cdc")
-		}
-		many, err := openTables(ctx, fs, *dsn, *tablesList)
-		if err != nil {
-			return err
-		}
-		defer many.close()
-		if (*cdc || *dropCDC) && many.pg == nil {
-			return usageErr("--cdc and --drop-cdc need PostgreSQL (--db postgres://...)")
-		}
-		if !*dropCDC {
-			err := migrateTables(ctx, many, func(t *outboxdriver.Table) {
-				t.Payload, t.Partitioned, t.Partitions = outboxdriver.PayloadType(*payload), *partitioned, *partitions
-			}, stdout)
-			if err != nil || !*cdc {
-				return err
-			}
-		}
-		return sharedCDC(ctx, many, *slot, *publication, *dropCDC, stdout)
+	if err := o.validate(flagSet(fs, "tables")); err != nil {
+		return err
 	}
-	table, err := parseTable(*tableName, *payload)
+	if flagSet(fs, "tables") {
+		return o.many(ctx, fs, stdout)
+	}
+	return o.one(ctx, stdout)
+}
+
+// migrateOptions are migrate's flags.
+type migrateOptions struct {
+	dsn, table                         *string
+	payload, slot, publication, tables string
+	print, partitioned, cdc, dropCDC   bool
+	partitions                         int
+}
+
+func (o *migrateOptions) register(fs *flag.FlagSet) {
+	o.dsn, o.table = dbTableFlags(fs, dbFlagHelp)
+	fs.StringVar(&o.payload, "payload-type", string(outboxdriver.PayloadJSON), "payload column type: json (jsonb) or bytes (bytea)")
+	fs.BoolVar(&o.print, "print", false, "print the SQL instead of running it")
+	fs.BoolVar(&o.partitioned, "partitioned", false, "PostgreSQL: partition the new table by day on created_at; cleanup then drops whole published days")
+	fs.IntVar(&o.partitions, "partitions", outboxdriver.PartitionsDefault, "PostgreSQL: how many partitions rows are hashed into by aggregate (fixed once migrated)")
+	fs.BoolVar(&o.cdc, "cdc", false, "PostgreSQL: also create the CDC relay's publication and replication slot, so events are captured from now on (required before producers use the insert-delete or table-less write modes)")
+	fs.BoolVar(&o.dropCDC, "drop-cdc", false, "PostgreSQL: retire the table's CDC relay: drop its replication slot (which keeps WAL until dropped), its publication and its record, once every CDC relay of the table is stopped (docs/operations.md)")
+	fs.StringVar(&o.slot, "slot", "", "with --cdc or --drop-cdc: the replication slot (default outbox_<schema>_<table>; with --tables "+pgcdc.SharedSlotDefault+", one for every table)")
+	fs.StringVar(&o.publication, "publication", "", "with --cdc or --drop-cdc: the publication (default: the slot's name)")
+	fs.StringVar(&o.tables, "tables", "", tablesFlagHelp+"; a name is created if missing, a pattern upgrades the outbox tables it matches")
+	fs.String("trust-owner", "", trustOwnerHelp)
+}
+
+// validate checks the flags that go together (many: --tables was given).
+func (o *migrateOptions) validate(many bool) error {
+	switch {
+	case o.cdc && o.dropCDC:
+		return usageErr("--cdc sets up a CDC relay and --drop-cdc retires one: give one of them")
+	case (o.slot != "" || o.publication != "") && !o.cdc && !o.dropCDC:
+		return usageErr("--slot and --publication go with --cdc or --drop-cdc")
+	case many && o.print:
+		return usageErr("--print shows one table's SQL: use --table")
+	case many:
+		return nil
+	case o.dropCDC && o.print:
+		return usageErr("--print shows the migrations' SQL; --drop-cdc drops a slot: give one of them")
+	case o.cdc && o.print:
+		return usageErr("--print cannot show --cdc's setup: the slot is made over a replication connection; run `outbox migrate --cdc` (or let the CDC relay make them)")
+	case o.slot != "" && !slotName.MatchString(o.slot):
+		return usageErr("--slot %q: a replication slot name is 1 to 63 lower-case letters, digits and underscores", o.slot)
+	case o.publication != "" && !slotName.MatchString(o.publication):
+		return usageErr("--publication %q: 1 to 63 lower-case letters, digits and underscores", o.publication)
+	}
+	return nil
+}
+
+// many migrates every table --tables names (and sets up or retires their shared CDC slot).
+func (o *migrateOptions) many(ctx context.Context, fs *flag.FlagSet, stdout io.Writer) error {
+	many, err := openTables(ctx, fs, *o.dsn, o.tables)
 	if err != nil {
 		return err
 	}
-	switch {
-	case (*slot != "" || *publication != "") && !*cdc && !*dropCDC:
-		return usageErr("--slot and --publication go with --cdc or --drop-cdc")
-	case *cdc && *dropCDC:
-		return usageErr("--cdc sets up a CDC relay and --drop-cdc retires one: give one of them")
-	case *dropCDC && *print:
-		return usageErr("--print shows the migrations' SQL; --drop-cdc drops a slot: give one of them")
-	case *cdc && *print:
-		return usageErr("--print cannot show --cdc's setup: the slot is made over a replication connection; run `outbox migrate --cdc` (or let the CDC relay make them)")
-	case *slot != "" && !slotName.MatchString(*slot):
-		return usageErr("--slot %q: a replication slot name is 1 to 63 lower-case letters, digits and underscores", *slot)
-	case *publication != "" && !slotName.MatchString(*publication):
-		return usageErr("--publication %q: 1 to 63 lower-case letters, digits and underscores", *publication)
+	defer many.close()
+	if (o.cdc || o.dropCDC) && many.pg == nil {
+		return usageErr("--cdc and --drop-cdc need PostgreSQL (--db postgres://...)")
 	}
-	table.Partitioned = *partitioned
-	table.Partitions = *partitions
+	if !o.dropCDC {
+		err := migrateTables(ctx, many, func(t *outboxdriver.Table) {
+			t.Payload, t.Partitioned, t.Partitions = outboxdriver.PayloadType(o.payload), o.partitioned, o.partitions
+		}, stdout)
+		if err != nil || !o.cdc {
+			return err
+		}
+	}
+	return sharedCDC(ctx, many, o.slot, o.publication, o.dropCDC, stdout)
+}
+
+// one migrates one table, prints its SQL, or sets up or retires its CDC relay.
+func (o *migrateOptions) one(ctx context.Context, stdout io.Writer) error {
+	table, err := parseTable(*o.table, o.payload)
+	if err != nil {
+		return err
+	}
+	table.Partitioned = o.partitioned
+	table.Partitions = o.partitions
 	if err := table.Validate(); err != nil {
 		return usageErr("--partitions: %v", err)
 	}
-	if *print && !strings.HasPrefix(*dsn, "sqlite:") && !strings.HasPrefix(*dsn, "mysql:") {
-		m, err := outboxpgx.New(nil, &table).Migrator()
+	if o.print && !strings.HasPrefix(*o.dsn, "sqlite:") && !strings.HasPrefix(*o.dsn, "mysql:") {
+		m, err := outboxpgx.New(nil, &table).Migrator() // PostgreSQL's SQL needs no database
 		if err != nil {
 			return err
 		}
-		sql, err := m.SQL()
-		if err != nil {
-			return err
-		}
-		_, err = io.WriteString(stdout, sql)
-		return err
+		return printSQL(m, stdout)
 	}
-	db, err := openDB(ctx, *dsn, table, dbOptions{})
+	db, err := openDB(ctx, *o.dsn, table, dbOptions{})
 	if err != nil {
 		return err
 	}
 	defer db.close()
-	if *print {
-		sql, err := db.migrator.SQL()
-		if err != nil {
-			return err
-		}
-		_, err = io.WriteString(stdout, sql)
+	cdcConfig := &pgcdc.Config{Slot: o.slot, Publication: o.publication, Logger: slog.New(slog.DiscardHandler)}
+	switch {
+	case o.print:
+		return printSQL(db.migrator, stdout)
+	case o.dropCDC:
+		return retireCDC(ctx, db, table, cdcConfig, stdout)
+	}
+	if err := migrateOne(ctx, db.migrator, table, stdout); err != nil || !o.cdc {
 		return err
-	}
-	if *dropCDC {
-		return retireCDC(ctx, db, table, &pgcdc.Config{Slot: *slot, Publication: *publication, Logger: slog.New(slog.DiscardHandler)}, stdout)
-	}
-	if err := migrateOne(ctx, db.migrator, table, stdout); err != nil {
-		return err
-	}
-	if !*cdc {
-		return nil
 	}
 	if db.cdc == nil {
 		return usageErr("--cdc needs PostgreSQL (--db postgres://...)")
 	}
-	src, err := db.cdc(&pgcdc.Config{Slot: *slot, Publication: *publication, Logger: slog.New(slog.DiscardHandler)})
+	src, err := db.cdc(cdcConfig)
 	if err != nil {
 		return usageErr("%v", err)
 	}
@@ -125,6 +141,16 @@ func runMigrate(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	}
 	fmt.Fprintf(stdout, "%s: replication slot %s ready\n", table, src.Slot())
 	return nil
+}
+
+// printSQL prints the migrations' SQL.
+func printSQL(m outboxdriver.Migrator, stdout io.Writer) error {
+	sql, err := m.SQL()
+	if err != nil {
+		return err
+	}
+	_, err = io.WriteString(stdout, sql)
+	return err
 }
 
 // sharedCDC is `migrate --tables --cdc` (or --drop-cdc): the one slot and
