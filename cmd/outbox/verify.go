@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"errors"
+	"flag"
 	"fmt"
 	"io"
 	"net"
@@ -47,84 +48,133 @@ const (
 // runVerify checks a deployment end to end: it writes canary events through the
 // real writer, reads them back from the broker, and reports what arrived.
 func runVerify(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	o := &verifyFlags{}
 	fs := newFlags("verify", stderr)
-	dsn, tableName := dbTableFlags(fs, "database URL: postgres://user@host:5432/db")
-	brokerURL := fs.String("broker", "", "the broker the relay publishes to: nats://, kafka://, redis://, amqp:// or mqtt://...")
-	exchange := fs.String("amqp-exchange", amqp.ExchangeDefault, "RabbitMQ: the relay's topic exchange")
-	listen := fs.String("webhook-listen", "", "webhooks: the address verify receives on, the relay's --broker URL pointing there (e.g. 127.0.0.1:8088)")
-	secret := fs.String("webhook-secret", "", "webhooks: the relay's signing secret, to check each request's signature")
-	topic := fs.String("topic-template", "", "the relay's --topic-template (default: the relay's default for the broker)")
-	events := fs.Int("events", 100, "canary events to write")
-	aggregates := fs.Int("aggregates", 10, "aggregates they are spread over (order is checked per aggregate)")
-	deadline := fs.Duration("deadline", 30*time.Second, "how long to wait for every event to arrive")
+	o.register(fs)
 	if err := parse(fs, args); err != nil {
 		return err
 	}
-	if *events < 1 || *aggregates < 1 || *aggregates > *events {
-		return usageErr("--events must be positive and --aggregates 1..--events")
-	}
-	scheme, _, _ := strings.Cut(*brokerURL, "://")
-	if *topic == "" {
-		*topic = defaultTopicTemplate(scheme)
-	}
-	tmpl, err := broker.ParseTemplate(*topic)
-	if err != nil {
-		return usageErr("--topic-template: %v", err)
-	}
-	// The fields placed as the relay's publisher escapes them (brokerTopics: one
-	// rule per scheme, nats:// and tls:// alike).
-	subject := tmpl.Execute(broker.TopicFields{AggregateType: verifyAggregateType, Type: verifyEventType}, brokerTopics(scheme).Escape)
-	table, err := parseTable(*tableName, string(outboxdriver.PayloadJSON))
+	table, subject, kind, err := o.validate()
 	if err != nil {
 		return err
 	}
-	if s, _, _ := strings.Cut(*dsn, "://"); s != "postgres" && s != "postgresql" {
-		return usageErr("--db: verify writes through the PostgreSQL writer (postgres://...)")
-	}
-	rctx, cancel := context.WithTimeout(ctx, *deadline+10*time.Second)
+	rctx, cancel := context.WithTimeout(ctx, o.deadline+10*time.Second)
 	defer cancel()
 	// Subscribe first: a canary published before the reader starts would be missed.
-	k, ok := kindOf(scheme)
-	if !ok || !slices.Contains(k.verifies, scheme) {
-		return usageErr("--broker %s: verify reads back from nats://, kafka://, redis://, amqp://, mqtt://, pubsub://, sqs:// and http(s):// (webhooks)", redact.Endpoint(*brokerURL))
-	}
-	reader, err := k.verify(rctx, *brokerURL, subject, verifyOptions{amqpExchange: *exchange, webhookListen: *listen, webhookSecret: *secret})
+	reader, err := kind.verify(rctx, o.broker, subject, o.reader)
 	if err != nil {
 		return err
 	}
 	defer reader.close()
-
-	pool, err := pgxpool.New(rctx, *dsn)
+	sent, err := o.writeCanaries(rctx, table)
 	if err != nil {
-		return fmt.Errorf("database %s: %w", redact.URL(*dsn), err)
+		return err
+	}
+	got, err := o.readBack(rctx, reader, sent)
+	if err != nil {
+		return err
+	}
+	rep := analyzeVerify(sent, got)
+	fmt.Fprintf(stdout, "verify: %d canary events over %d aggregates on %s (table %s)\n", len(sent), o.aggregates, subject, table)
+	fmt.Fprint(stdout, rep.String())
+	fmt.Fprintf(stdout, "The canaries stay in %s as any published event does (aggregate type %s): the relay's cleanup removes them after its retention.\n",
+		table, verifyAggregateType)
+	if !rep.ok() {
+		return fmt.Errorf("verify failed: %s", rep.summary())
+	}
+	return nil
+}
+
+// verifyFlags are verify's flags.
+type verifyFlags struct {
+	dsn, table         *string
+	broker, topic      string
+	reader             verifyOptions
+	events, aggregates int
+	deadline           time.Duration
+}
+
+func (o *verifyFlags) register(fs *flag.FlagSet) {
+	o.dsn, o.table = dbTableFlags(fs, "database URL: postgres://user@host:5432/db")
+	fs.StringVar(&o.broker, "broker", "", "the broker the relay publishes to: nats://, kafka://, redis://, amqp:// or mqtt://...")
+	fs.StringVar(&o.reader.amqpExchange, "amqp-exchange", amqp.ExchangeDefault, "RabbitMQ: the relay's topic exchange")
+	fs.StringVar(&o.reader.webhookListen, "webhook-listen", "", "webhooks: the address verify receives on, the relay's --broker URL pointing there (e.g. 127.0.0.1:8088)")
+	fs.StringVar(&o.reader.webhookSecret, "webhook-secret", "", "webhooks: the relay's signing secret, to check each request's signature")
+	fs.StringVar(&o.topic, "topic-template", "", "the relay's --topic-template (default: the relay's default for the broker)")
+	fs.IntVar(&o.events, "events", 100, "canary events to write")
+	fs.IntVar(&o.aggregates, "aggregates", 10, "aggregates they are spread over (order is checked per aggregate)")
+	fs.DurationVar(&o.deadline, "deadline", 30*time.Second, "how long to wait for every event to arrive")
+}
+
+// validate checks the flags and returns the table, the subject the canaries go to
+// and the broker's kind (which reads them back).
+func (o *verifyFlags) validate() (outboxdriver.Table, string, *brokerKind, error) {
+	if o.events < 1 || o.aggregates < 1 || o.aggregates > o.events {
+		return outboxdriver.Table{}, "", nil, usageErr("--events must be positive and --aggregates 1..--events")
+	}
+	scheme, _, _ := strings.Cut(o.broker, "://")
+	if o.topic == "" {
+		o.topic = defaultTopicTemplate(scheme)
+	}
+	tmpl, err := broker.ParseTemplate(o.topic)
+	if err != nil {
+		return outboxdriver.Table{}, "", nil, usageErr("--topic-template: %v", err)
+	}
+	// The fields placed as the relay's publisher escapes them (brokerTopics: one
+	// rule per scheme, nats:// and tls:// alike).
+	subject := tmpl.Execute(broker.TopicFields{AggregateType: verifyAggregateType, Type: verifyEventType}, brokerTopics(scheme).Escape)
+	table, err := parseTable(*o.table, string(outboxdriver.PayloadJSON))
+	if err != nil {
+		return outboxdriver.Table{}, "", nil, err
+	}
+	if s, _, _ := strings.Cut(*o.dsn, "://"); s != "postgres" && s != "postgresql" {
+		return outboxdriver.Table{}, "", nil, usageErr("--db: verify writes through the PostgreSQL writer (postgres://...)")
+	}
+	k, ok := kindOf(scheme)
+	if !ok || !slices.Contains(k.verifies, scheme) {
+		return outboxdriver.Table{}, "", nil, usageErr("--broker %s: verify reads back from nats://, kafka://, redis://, amqp://, mqtt://, pubsub://, sqs:// and http(s):// (webhooks)", redact.Endpoint(o.broker))
+	}
+	return table, subject, k, nil
+}
+
+// writeCanaries writes the canary events, each in a transaction of its own.
+func (o *verifyFlags) writeCanaries(ctx context.Context, table outboxdriver.Table) ([]verifySent, error) {
+	pool, err := pgxpool.New(ctx, *o.dsn)
+	if err != nil {
+		return nil, fmt.Errorf("database %s: %w", redact.URL(*o.dsn), err)
 	}
 	defer pool.Close()
 	w, err := outbox.NewWriter(outboxpgx.New(pool, &table), nil)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	run := uuid.NewString()[:8]
-	sent := make([]verifySent, 0, *events)
-	for i := 0; i < *events; i++ {
+	sent := make([]verifySent, 0, o.events)
+	for i := 0; i < o.events; i++ {
 		ev := outbox.Event{ID: uuid.Must(uuid.NewV7()).String(), AggregateType: verifyAggregateType,
-			AggregateID: fmt.Sprintf("verify-%s-%d", run, i%*aggregates), Type: verifyEventType,
+			AggregateID: fmt.Sprintf("verify-%s-%d", run, i%o.aggregates), Type: verifyEventType,
 			Payload: []byte(fmt.Sprintf(`{"run":%q,"n":%d}`, run, i))}
-		if err := pgx.BeginFunc(rctx, pool, func(tx pgx.Tx) error { return w.WriteTx(rctx, tx, ev) }); err != nil {
-			return fmt.Errorf("write canary %d: %w", i, err)
+		if err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error { return w.WriteTx(ctx, tx, ev) }); err != nil {
+			return nil, fmt.Errorf("write canary %d: %w", i, err)
 		}
 		sent = append(sent, verifySent{id: ev.ID, aggregate: ev.AggregateID, committed: time.Now()})
 	}
+	return sent, nil
+}
+
+// readBack reads the canaries back until each came or the deadline passed.
+func (o *verifyFlags) readBack(ctx context.Context, reader verifyReader, sent []verifySent) ([]verifyArrival, error) {
 	want := make(map[string]bool, len(sent))
 	for _, s := range sent {
 		want[s.id] = true
 	}
 	var got []verifyArrival
 	seen := map[string]bool{}
-	until := time.Now().Add(*deadline)
+	until := time.Now().Add(o.deadline)
 	for len(seen) < len(sent) && time.Now().Before(until) {
-		batch, err := reader.next(rctx, time.Until(until))
+		batch, err := reader.next(ctx, time.Until(until))
 		if err != nil && !errors.Is(err, context.DeadlineExceeded) {
-			return fmt.Errorf("read back from %s: %w", redact.Endpoint(*brokerURL), err)
+			return nil, fmt.Errorf("read back from %s: %w", redact.Endpoint(o.broker), err)
 		}
 		for _, a := range batch {
 			if want[a.id] {
@@ -133,15 +183,7 @@ func runVerify(ctx context.Context, args []string, stdout, stderr io.Writer) err
 			}
 		}
 	}
-	rep := analyzeVerify(sent, got)
-	fmt.Fprintf(stdout, "verify: %d canary events over %d aggregates on %s (table %s)\n", len(sent), *aggregates, subject, table)
-	fmt.Fprint(stdout, rep.String())
-	fmt.Fprintf(stdout, "The canaries stay in %s as any published event does (aggregate type %s): the relay's cleanup removes them after its retention.\n",
-		table, verifyAggregateType)
-	if !rep.ok() {
-		return fmt.Errorf("verify failed: %s", rep.summary())
-	}
-	return nil
+	return got, nil
 }
 
 type verifySent struct {
