@@ -2,8 +2,10 @@ package main
 
 import (
 	"context"
+	"flag"
 	"fmt"
 	"io"
+	"log/slog"
 	"net"
 	"net/http"
 	"strings"
@@ -17,95 +19,128 @@ import (
 // relays, dead letters and events from the database, and the flow from relays'
 // /metrics when --metrics names them.
 func runUI(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	o := &uiFlags{}
 	fs := newFlags("ui", stderr)
-	dsn, tableName := dbTableFlags(fs, dbFlagHelp)
-	listen := fs.String("listen", "127.0.0.1:9465", "address to serve the dashboard on; loopback unless you say otherwise")
-	token := fs.String("ui-token", "", "the admin token that allows replay and purge (empty: read-only); prefer OUTBOX_UI_TOKEN_FILE")
-	var hosts listFlag
-	fs.Var(&hosts, "ui-host", "a host name the dashboard answers to besides localhost and IP addresses (repeatable)")
-	metrics := fs.String("metrics", "", "comma-separated /metrics URLs of running relays, for the events/s and latency charts")
-	tablesList := fs.String("tables", "", tablesFlagHelp+": a page listing every table, trouble first, and each table's own pages")
-	fs.String("trust-owner", "", trustOwnerHelp)
-	logLevel := fs.String("log-level", "info", "debug, info, warn or error")
+	o.register(fs)
 	if err := parse(fs, args); err != nil {
 		return err
 	}
-	if *token != "" && len(*token) < dashboard.MinTokenLength {
-		return usageErr("--ui-token: %d characters, want at least %d (a random one: openssl rand -hex 16)", len(*token), dashboard.MinTokenLength)
-	}
-	if *token == "" && !loopbackAddr(*listen) {
-		// As the relay's --http: every payload and dead letter, to anyone who can reach it.
-		return usageErr("--listen %s is not loopback and there is no --ui-token: the dashboard shows every payload; give a token (OUTBOX_UI_TOKEN_FILE), or keep it on loopback behind a TLS proxy", *listen)
-	}
-	logger, err := newLogger(stderr, *logLevel, "text")
+	urls, err := o.validate()
 	if err != nil {
 		return err
 	}
+	logger, err := newLogger(stderr, o.logLevel, "text")
+	if err != nil {
+		return err
+	}
+	dash, what, closeDB, err := o.dashboard(ctx, fs, urls, logger)
+	if err != nil {
+		return err
+	}
+	defer closeDB()
+	mux := http.NewServeMux()
+	mux.Handle(dashboard.PrefixDefault+"/", dash)
+	mux.Handle("GET "+dashboard.PrefixDefault, dash)
+	mux.Handle("GET /{$}", http.RedirectHandler(dashboard.PrefixDefault+"/", http.StatusFound))
+	if w := uiTokenWarning(o.listen, o.token); w != "" {
+		logger.Warn(w)
+	}
+	stop, err := listenAndServe(ctx, o.listen, mux, dash, "the dashboard at /ui/", logger)
+	if err != nil {
+		return err
+	}
+	defer stop()
+	fmt.Fprintf(stdout, "dashboard for %s: http://%s/ui/ (Ctrl-C to stop)\n", what, o.listen)
+	<-ctx.Done()
+	return nil
+}
+
+// uiFlags are ui's flags.
+type uiFlags struct {
+	dsn, table                     *string
+	listen, token, metrics, tables string
+	logLevel                       string
+	hosts                          listFlag
+}
+
+func (o *uiFlags) register(fs *flag.FlagSet) {
+	o.dsn, o.table = dbTableFlags(fs, dbFlagHelp)
+	fs.StringVar(&o.listen, "listen", "127.0.0.1:9465", "address to serve the dashboard on; loopback unless you say otherwise")
+	fs.StringVar(&o.token, "ui-token", "", "the admin token that allows replay and purge (empty: read-only); prefer OUTBOX_UI_TOKEN_FILE")
+	fs.Var(&o.hosts, "ui-host", "a host name the dashboard answers to besides localhost and IP addresses (repeatable)")
+	fs.StringVar(&o.metrics, "metrics", "", "comma-separated /metrics URLs of running relays, for the events/s and latency charts")
+	fs.StringVar(&o.tables, "tables", "", tablesFlagHelp+": a page listing every table, trouble first, and each table's own pages")
+	fs.String("trust-owner", "", trustOwnerHelp)
+	fs.StringVar(&o.logLevel, "log-level", "info", "debug, info, warn or error")
+}
+
+// validate checks the token against the address and returns the relays' /metrics URLs.
+func (o *uiFlags) validate() ([]string, error) {
+	if o.token != "" && len(o.token) < dashboard.MinTokenLength {
+		return nil, usageErr("--ui-token: %d characters, want at least %d (a random one: openssl rand -hex 16)", len(o.token), dashboard.MinTokenLength)
+	}
+	if o.token == "" && !loopbackAddr(o.listen) {
+		// As the relay's --http: every payload and dead letter, to anyone who can reach it.
+		return nil, usageErr("--listen %s is not loopback and there is no --ui-token: the dashboard shows every payload; give a token (OUTBOX_UI_TOKEN_FILE), or keep it on loopback behind a TLS proxy", o.listen)
+	}
 	var urls []string
-	for _, u := range strings.Split(*metrics, ",") {
+	for _, u := range strings.Split(o.metrics, ",") {
 		if u = strings.TrimSpace(u); u == "" {
 			continue
 		}
 		if !strings.HasPrefix(u, "http://") && !strings.HasPrefix(u, "https://") {
-			return usageErr("--metrics %s: want http(s)://HOST:PORT/metrics", redact.URL(u))
+			return nil, usageErr("--metrics %s: want http(s)://HOST:PORT/metrics", redact.URL(u))
 		}
 		urls = append(urls, u)
 	}
-	var dash interface {
-		http.Handler
-		Run(context.Context)
-	}
-	what := ""
+	return urls, nil
+}
+
+// uiDashboard is a dashboard of one table or of many.
+type uiDashboard interface {
+	http.Handler
+	Run(context.Context)
+}
+
+// dashboard opens the database and builds the dashboard of --tables or of --table,
+// and says what it shows; closeDB closes the database once it is no longer served.
+func (o *uiFlags) dashboard(ctx context.Context, fs *flag.FlagSet, urls []string, logger *slog.Logger) (dash uiDashboard, what string, closeDB func(), err error) {
 	if flagSet(fs, "tables") {
-		many, err := openTables(ctx, fs, *dsn, *tablesList)
+		many, err := openTables(ctx, fs, *o.dsn, o.tables)
 		if err != nil {
-			return err
+			return nil, "", nil, err
 		}
-		defer many.close()
 		if _, err := many.find(ctx, false); err != nil {
-			return err
+			many.close()
+			return nil, "", nil, err
 		}
-		dash, err = dashboard.NewTables(&dashboard.TablesConfig{
+		dash, err := dashboard.NewTables(&dashboard.TablesConfig{
 			Find: func(ctx context.Context) ([]outboxdriver.Table, error) { return many.find(ctx, false) },
 			Table: func(t outboxdriver.Table) (*dashboard.Config, error) {
 				store, _, err := many.driver(t)
 				return &dashboard.Config{Admin: store, MetricsURLs: urls}, err
 			},
-			Token: *token, Logger: logger, Hosts: hosts})
+			Token: o.token, Logger: logger, Hosts: o.hosts})
 		if err != nil {
-			return err
+			many.close()
+			return nil, "", nil, err
 		}
-		what = "the tables " + patternsString(many.patterns)
-	} else {
-		db, table, err := openTable(ctx, *dsn, *tableName)
-		if err != nil {
-			return err
-		}
-		defer db.close()
-		if _, err := db.store.Status(ctx); err != nil {
-			return fmt.Errorf("%s: %w", table, err)
-		}
-		dash, err = dashboard.New(&dashboard.Config{Admin: db.store, MetricsURLs: urls, Table: table.String(), Token: *token, Logger: logger, Hosts: hosts})
-		if err != nil {
-			return err
-		}
-		what = table.String()
+		return dash, "the tables " + patternsString(many.patterns), many.close, nil
 	}
-	mux := http.NewServeMux()
-	mux.Handle(dashboard.PrefixDefault+"/", dash)
-	mux.Handle("GET "+dashboard.PrefixDefault, dash)
-	mux.Handle("GET /{$}", http.RedirectHandler(dashboard.PrefixDefault+"/", http.StatusFound))
-	if w := uiTokenWarning(*listen, *token); w != "" {
-		logger.Warn(w)
-	}
-	stop, err := listenAndServe(ctx, *listen, mux, dash, "the dashboard at /ui/", logger)
+	db, table, err := openTable(ctx, *o.dsn, *o.table)
 	if err != nil {
-		return err
+		return nil, "", nil, err
 	}
-	defer stop()
-	fmt.Fprintf(stdout, "dashboard for %s: http://%s/ui/ (Ctrl-C to stop)\n", what, *listen)
-	<-ctx.Done()
-	return nil
+	if _, err := db.store.Status(ctx); err != nil {
+		db.close()
+		return nil, "", nil, fmt.Errorf("%s: %w", table, err)
+	}
+	d, err := dashboard.New(&dashboard.Config{Admin: db.store, MetricsURLs: urls, Table: table.String(), Token: o.token, Logger: logger, Hosts: o.hosts})
+	if err != nil {
+		db.close()
+		return nil, "", nil, err
+	}
+	return d, table.String(), db.close, nil
 }
 
 // loopbackAddr reports whether a listen address is on loopback only.
