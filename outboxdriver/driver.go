@@ -386,22 +386,6 @@ type Aggregate struct {
 	Type, ID string
 }
 
-// SkipSQL is the claim's condition for ClaimParams.Skip on a driver with "?"
-// placeholders: the row's aggregate is none of n aggregates, given as 2n parameters
-// (SkipArgs).
-func SkipSQL(n int) string {
-	return "(o.aggregatetype, o.aggregateid) NOT IN (" + strings.Repeat("(?, ?), ", n-1) + "(?, ?))"
-}
-
-// SkipArgs are SkipSQL's parameters.
-func SkipArgs(skip []Aggregate) []any {
-	args := make([]any, 0, 2*len(skip))
-	for _, a := range skip {
-		args = append(args, a.Type, a.ID)
-	}
-	return args
-}
-
 // Enough reports whether a claim holding bytes of payload has reached MaxBytes.
 func (p *ClaimParams) Enough(bytes int) bool { return p.MaxBytes > 0 && bytes >= p.MaxBytes }
 
@@ -666,23 +650,6 @@ func (p *CompleteParams) Restrict(claimed []Row, current map[string]int) *Comple
 		}
 	}
 	return q
-}
-
-// ScanAttempts reads a settling transaction's locked rows, (id, attempts) each, into
-// the map Restrict takes.
-func ScanAttempts(next func() bool, scan func(dest ...any) error, rowsErr func() error) (map[string]int, error) {
-	current := map[string]int{}
-	for next() {
-		var (
-			id       string
-			attempts int
-		)
-		if err := scan(&id, &attempts); err != nil {
-			return nil, err
-		}
-		current[id] = attempts
-	}
-	return current, rowsErr()
 }
 
 // IDs are the ids p writes, published first.

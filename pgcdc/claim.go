@@ -7,6 +7,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/outboxd/outbox/internal/sqlrules"
 	"github.com/outboxd/outbox/outboxdriver"
 )
 
@@ -182,7 +183,7 @@ func (ss *session) finishBackfill(ctx context.Context) error {
 	s := ss.src
 	var left bool
 	err := s.pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM `+s.qTable+` AS o WHERE o.published_at IS NULL AND o.seq <= $1
-  AND `+outboxdriver.NotHeldSQL(s.qDead)+`)`,
+  AND `+sqlrules.NotHeldSQL(s.qDead)+`)`,
 		ss.backfillUntil).Scan(&left)
 	if err != nil {
 		return fmt.Errorf("pgcdc: %w", interpret(err))

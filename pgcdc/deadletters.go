@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/outboxd/outbox/internal/safetext"
+	"github.com/outboxd/outbox/internal/sqlrules"
 	"github.com/outboxd/outbox/outboxdriver"
 )
 
@@ -19,7 +20,7 @@ func deadLetterStatement(table, dead string, bytesPayload bool) string {
 	// The row (rows mode) leaves the table in the same statement, so a replay can
 	// insert it again and a backfill never sees it.
 	return `WITH gone AS (DELETE FROM ` + table + ` WHERE id = ANY($1::uuid[]))
-INSERT INTO ` + dead + ` (` + outboxdriver.DeadLetterColumns + `)
+INSERT INTO ` + dead + ` (` + sqlrules.DeadLetterColumns + `)
 SELECT id, at, aid, t, ` + expr + `, h::jsonb, tc, seq, coalesce(ca, now()), n, err, hold
 FROM unnest($1::uuid[], $2::text[], $3::text[], $4::text[], $5::` + arg + `[], $6::text[], $7::text[],
             $8::bigint[], $9::timestamptz[], $10::int[], $11::text[], $12::bool[]) AS u(id, at, aid, t, p, h, tc, seq, ca, n, err, hold)

@@ -116,7 +116,7 @@ func (s *Source) checkServer(ctx context.Context) error {
 	}
 	s.bytesPayload = payloadType == "bytea"
 	s.deadLetterStmt = deadLetterStatement(s.qTable, s.qDead, s.bytesPayload)
-	// The claim's hold rule (outboxdriver.NotHeldSQL), asked of one aggregate. The lock
+	// The claim's hold rule (sqlrules.NotHeldSQL), asked of one aggregate. The lock
 	// waits for a replay or purge of the holding dead letter whose commit reached the
 	// stream before it became visible (see visible.go): unlocked, the check would
 	// still see the holder and bury the replayed events behind it.

@@ -8,6 +8,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/outboxd/outbox/internal/sqlrules"
 	"github.com/outboxd/outbox/internal/testenv"
 	"github.com/outboxd/outbox/outboxdriver"
 	"github.com/outboxd/outbox/outboxdriver/outboxpgx"
@@ -150,7 +151,7 @@ func TestWaitVisibleWaitsForARunningTransaction(t *testing.T) {
 func TestHeldCheckWaitsForAReplayInFlight(t *testing.T) {
 	s := internalSource(t)
 	ctx := context.Background()
-	if _, err := s.pool.Exec(ctx, `INSERT INTO `+s.qDead+` (`+outboxdriver.DeadLetterColumns+`)
+	if _, err := s.pool.Exec(ctx, `INSERT INTO `+s.qDead+` (`+sqlrules.DeadLetterColumns+`)
 VALUES (gen_random_uuid(), 'order', 'o-1', 'T', '{}', NULL, NULL, 1, now(), 1, 'refused', true)`); err != nil {
 		t.Fatal(err)
 	}

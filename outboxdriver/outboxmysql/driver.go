@@ -25,6 +25,7 @@ import (
 
 	"github.com/go-sql-driver/mysql"
 
+	"github.com/outboxd/outbox/internal/sqlrules"
 	"github.com/outboxd/outbox/outboxdriver"
 	"github.com/outboxd/outbox/outboxdriver/internal/migrations"
 	"github.com/outboxd/outbox/outboxdriver/internal/sqldead"
@@ -295,14 +296,14 @@ func (d *Driver) candidates(ctx context.Context, tx *sql.Tx, p *outboxdriver.Cla
 		}
 	}
 	if len(p.Skip) > 0 {
-		where.WriteString("\n  AND " + outboxdriver.SkipSQL(len(p.Skip)))
-		args = append(args, outboxdriver.SkipArgs(p.Skip)...)
+		where.WriteString("\n  AND " + sqlrules.SkipSQL(len(p.Skip)))
+		args = append(args, sqlrules.SkipArgs(p.Skip)...)
 	}
 	rows, err := tx.QueryContext(ctx, `SELECT o.seq, o.aggregatetype, o.aggregateid, COALESCE(LENGTH(o.payload), 0)
 FROM `+d.q+` AS o
 WHERE o.published_at IS NULL AND (o.available_at IS NULL OR o.available_at <= UTC_TIMESTAMP(6)) AND o.seq > ?
-  AND `+outboxdriver.NotBehindFailingSQL(d.q)+`
-  AND `+outboxdriver.NotHeldSQL(d.qDead)+where.String()+`
+  AND `+sqlrules.NotBehindFailingSQL(d.q)+`
+  AND `+sqlrules.NotHeldSQL(d.qDead)+where.String()+`
 ORDER BY o.seq LIMIT ?`, append(args, p.Limit)...)
 	if err != nil {
 		return nil, err
@@ -445,7 +446,7 @@ func (c *claim) settleTx(ctx context.Context, p *outboxdriver.CompleteParams, ex
 	if err != nil {
 		return err
 	}
-	now, err := outboxdriver.ScanAttempts(rows.Next, rows.Scan, rows.Err)
+	now, err := sqlrules.ScanAttempts(rows.Next, rows.Scan, rows.Err)
 	rows.Close()
 	if err != nil {
 		return err

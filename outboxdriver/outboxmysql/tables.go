@@ -5,6 +5,7 @@ import (
 	"database/sql"
 	"slices"
 
+	"github.com/outboxd/outbox/internal/sqlrules"
 	"github.com/outboxd/outbox/outboxdriver"
 )
 
@@ -30,10 +31,10 @@ ORDER BY table_schema, table_name`)
 		return nil, interpretError(err)
 	}
 	defer rows.Close()
-	all, err := outboxdriver.ScanTables(rows)
+	all, err := sqlrules.ScanTables(rows)
 	if err != nil {
 		return nil, interpretError(err)
 	}
 	// Its migrations table's name is never shortened (MySQL's limit is 64).
-	return outboxdriver.OutboxTables(all, func(t outboxdriver.Table) string { return t.Name + "_migrations" }, patterns), nil
+	return sqlrules.OutboxTables(all, func(t outboxdriver.Table) string { return t.Name + "_migrations" }, patterns), nil
 }

@@ -29,6 +29,7 @@ import (
 	_ "modernc.org/sqlite" // registers the "sqlite" database/sql driver
 
 	"github.com/outboxd/outbox/internal/simbug"
+	"github.com/outboxd/outbox/internal/sqlrules"
 	"github.com/outboxd/outbox/outboxdriver"
 	"github.com/outboxd/outbox/outboxdriver/internal/migrations"
 )
@@ -266,7 +267,7 @@ func notBehindFailing(q string) string {
 	if simbug.On("sqlite-pass-failing") {
 		return "true"
 	}
-	return outboxdriver.NotBehindFailingSQL(q)
+	return sqlrules.NotBehindFailingSQL(q)
 }
 
 // Claim implements outboxdriver.Store: the oldest unpublished rows not in a claim
@@ -317,13 +318,13 @@ func (d *Driver) candidates(ctx context.Context, p *outboxdriver.ClaimParams, af
 		args = append(args, string(b))
 	}
 	if len(p.Skip) > 0 {
-		where.WriteString(" AND " + outboxdriver.SkipSQL(len(p.Skip)))
-		args = append(args, outboxdriver.SkipArgs(p.Skip)...)
+		where.WriteString(" AND " + sqlrules.SkipSQL(len(p.Skip)))
+		args = append(args, sqlrules.SkipArgs(p.Skip)...)
 	}
 	rows, err := d.db.QueryContext(ctx, `SELECT seq, aggregatetype, aggregateid, coalesce(length(payload), 0)
 FROM `+d.q+` AS o WHERE published_at IS NULL AND available_at <= ? AND seq > ?
   AND `+notBehindFailing(d.q)+`
-  AND `+outboxdriver.NotHeldSQL(d.qDead)+where.String()+` ORDER BY seq LIMIT ?`, append(args, p.Limit)...)
+  AND `+sqlrules.NotHeldSQL(d.qDead)+where.String()+` ORDER BY seq LIMIT ?`, append(args, p.Limit)...)
 	if err != nil {
 		return nil, err
 	}
@@ -432,7 +433,7 @@ func (c *claim) Settle(ctx context.Context, p *outboxdriver.CompleteParams) erro
 		if err != nil {
 			return err
 		}
-		now, err := outboxdriver.ScanAttempts(rows.Next, rows.Scan, rows.Err)
+		now, err := sqlrules.ScanAttempts(rows.Next, rows.Scan, rows.Err)
 		_ = rows.Close()
 		if err != nil {
 			return err

@@ -5,6 +5,7 @@ import (
 	"database/sql"
 	"slices"
 
+	"github.com/outboxd/outbox/internal/sqlrules"
 	"github.com/outboxd/outbox/outboxdriver"
 )
 
@@ -24,9 +25,9 @@ func FindTables(ctx context.Context, db *sql.DB, patterns ...outboxdriver.TableP
 		return nil, interpretError(err)
 	}
 	defer func() { _ = rows.Close() }()
-	all, err := outboxdriver.ScanTables(rows)
+	all, err := sqlrules.ScanTables(rows)
 	if err != nil {
 		return nil, interpretError(err)
 	}
-	return outboxdriver.OutboxTables(all, func(t outboxdriver.Table) string { return t.Derived("_migrations") }, patterns), nil
+	return sqlrules.OutboxTables(all, func(t outboxdriver.Table) string { return t.Derived("_migrations") }, patterns), nil
 }

@@ -12,6 +12,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 
+	"github.com/outboxd/outbox/internal/sqlrules"
 	"github.com/outboxd/outbox/outboxdriver"
 	"github.com/outboxd/outbox/outboxdriver/pgmessage"
 )
@@ -105,8 +106,8 @@ FROM ` + q + ` AS o
 WHERE o.published_at IS NULL AND o.available_at <= now() AND ($2 <= 0 OR o.seq <= $2) AND o.seq > $4
   AND ($3::smallint[] IS NULL OR o.partition = ANY($3::smallint[]))
   AND ($5::bigint[] IS NULL OR NOT (o.seq = ANY($5::bigint[])))
-  AND ` + outboxdriver.NotBehindFailingSQL(q) + `
-  AND ` + outboxdriver.NotHeldSQL(s.dead) + `
+  AND ` + sqlrules.NotBehindFailingSQL(q) + `
+  AND ` + sqlrules.NotHeldSQL(s.dead) + `
 ORDER BY o.seq LIMIT $1`
 	s.claim = `SELECT o.seq, o.id::text, o.aggregatetype, o.aggregateid, o.type, o.payload, o.headers::text, o.tracingspancontext, o.created_at, o.attempts, o.partition
 FROM ` + q + ` AS o
@@ -129,7 +130,7 @@ FROM unnest($1::uuid[], $2::text[], $3::int[], $4::timestamptz[]) AS f(id, err, 
 moved AS (DELETE FROM ` + q + ` AS o USING f WHERE o.id = f.id
           RETURNING o.id, o.aggregatetype, o.aggregateid, o.type, o.payload, o.headers, o.tracingspancontext,
                     o.seq, o.created_at, o.attempts + f.n AS attempts, f.err, f.hold)
-INSERT INTO ` + s.dead + ` (` + outboxdriver.DeadLetterColumns + `)
+INSERT INTO ` + s.dead + ` (` + sqlrules.DeadLetterColumns + `)
 SELECT * FROM moved`
 	s.status = `SELECT count(*) FILTER (WHERE published_at IS NULL),
        coalesce(extract(epoch FROM now() - min(created_at) FILTER (WHERE published_at IS NULL)), 0)::float8,
@@ -641,7 +642,7 @@ WHERE o.id = ANY($1::text[]::uuid[]) AND o.published_at IS NULL FOR UPDATE OF o 
 	if err != nil {
 		return err
 	}
-	now, err := outboxdriver.ScanAttempts(rows.Next, rows.Scan, rows.Err)
+	now, err := sqlrules.ScanAttempts(rows.Next, rows.Scan, rows.Err)
 	rows.Close()
 	if err != nil {
 		return err

@@ -9,6 +9,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/outboxd/outbox/internal/sqlrules"
 	"github.com/outboxd/outbox/outboxdriver"
 )
 
@@ -29,11 +30,11 @@ func FindTables(ctx context.Context, q Querier, patterns []outboxdriver.TablePat
 		return nil, InterpretError(err)
 	}
 	defer rows.Close()
-	all, err := outboxdriver.ScanTables(rows)
+	all, err := sqlrules.ScanTables(rows)
 	if err != nil {
 		return nil, InterpretError(err)
 	}
-	return outboxdriver.OutboxTables(all, func(t outboxdriver.Table) string { return t.Derived("_migrations") }, patterns), nil
+	return sqlrules.OutboxTables(all, func(t outboxdriver.Table) string { return t.Derived("_migrations") }, patterns), nil
 }
 
 // PendingTables returns the indexes of tables that hold an unpublished row (due or
