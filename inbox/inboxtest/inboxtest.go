@@ -8,6 +8,7 @@ import (
 	"context"
 	"database/sql"
 	"errors"
+	"fmt"
 	"log/slog"
 	"path/filepath"
 	"sync"
@@ -15,6 +16,7 @@ import (
 	"time"
 
 	"github.com/outboxd/outbox/inbox"
+	"github.com/outboxd/outbox/internal/testenv"
 	"github.com/outboxd/outbox/outboxdriver/outboxsqlite"
 )
 
@@ -66,10 +68,12 @@ func (e *Env) Handler(ctx context.Context, tx *sql.Tx, m *inbox.Message) error {
 // and that the failing event did fail once.
 func (e *Env) Wait(t *testing.T, ids ...string) {
 	t.Helper()
-	deadline := time.Now().Add(30 * time.Second)
-	for {
-		counts := map[string]int{}
-		rows, err := e.db.Query(`SELECT event_id, count(*) FROM applied GROUP BY event_id`)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	var counts map[string]int
+	testenv.WaitTell(t, ctx, "every event applied", func() bool {
+		counts = map[string]int{}
+		rows, err := e.db.QueryContext(ctx, `SELECT event_id, count(*) FROM applied GROUP BY event_id`)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -80,33 +84,26 @@ func (e *Env) Wait(t *testing.T, ids ...string) {
 			counts[id] = n
 		}
 		rows.Close()
-		done := true
 		for _, id := range ids {
 			if counts[id] == 0 {
-				done = false
+				return false
 			}
 		}
-		if done {
-			for id, n := range counts {
-				if n != 1 {
-					t.Fatalf("event %s applied %d times", id, n)
-				}
-			}
-			if len(counts) != len(ids) {
-				t.Fatalf("applied %v, want exactly %v", counts, ids)
-			}
-			e.mu.Lock()
-			failed := e.failed
-			e.mu.Unlock()
-			if e.failOnce != "" && !failed {
-				t.Fatal("the failing event never failed")
-			}
-			return
+		return true
+	}, func() string { return fmt.Sprintf("applied %v, want %v", counts, ids) })
+	for id, n := range counts {
+		if n != 1 {
+			t.Fatalf("event %s applied %d times", id, n)
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("applied %v, want %v", counts, ids)
-		}
-		time.Sleep(10 * time.Millisecond)
+	}
+	if len(counts) != len(ids) {
+		t.Fatalf("applied %v, want exactly %v", counts, ids)
+	}
+	e.mu.Lock()
+	failed := e.failed
+	e.mu.Unlock()
+	if e.failOnce != "" && !failed {
+		t.Fatal("the failing event never failed")
 	}
 }
 

@@ -100,7 +100,7 @@ func (c *Cluster) Start(t testing.TB) {
 		if ctx.Err() != nil {
 			t.Fatalf("private PostgreSQL did not come up: %v", err)
 		}
-		time.Sleep(50 * time.Millisecond)
+		time.Sleep(50 * time.Millisecond) //nolint:forbidigo // polls the private server until it takes connections; ctx bounds it
 	}
 }
 
@@ -145,7 +145,7 @@ func DropSlot(ctx context.Context, pool interface {
 		if ctx.Err() != nil {
 			return fmt.Errorf("drop slot %s: %w", slot, err)
 		}
-		time.Sleep(100 * time.Millisecond)
+		time.Sleep(100 * time.Millisecond) //nolint:forbidigo // polls until the slot's walsender has left; ctx bounds it
 	}
 	_, err := pool.Exec(ctx, `DROP PUBLICATION IF EXISTS `+pgx.Identifier{slot}.Sanitize())
 	return err

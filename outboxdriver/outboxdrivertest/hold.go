@@ -40,7 +40,7 @@ func testClaimKeptAlive[TTx any](t *testing.T, h *Harness[TTx]) {
 	}
 	defer func() { _ = c.Release(context.WithoutCancel(ctx)) }()
 	for end := time.Now().Add(2500 * time.Millisecond); time.Now().Before(end); {
-		time.Sleep(300 * time.Millisecond)
+		time.Sleep(300 * time.Millisecond) //nolint:forbidigo // a relay's pace of keep-alives across the claim's hold timeout
 		if err := c.(outboxdriver.ClaimKeeper).KeepAlive(ctx); err != nil {
 			t.Fatalf("keep alive: %v", err)
 		}
@@ -73,7 +73,7 @@ func testCompleteAfterHoldEnded[TTx any](t *testing.T, h *Harness[TTx]) {
 	if c == nil {
 		return
 	}
-	time.Sleep(2500 * time.Millisecond) // the server ends the idle claim
+	time.Sleep(2500 * time.Millisecond) //nolint:forbidigo // outlasts the claim's hold timeout: the server ends the idle claim by its own clock
 	err := c.Complete(ctx, &outboxdriver.CompleteParams{Published: want[:1],
 		Failed: []outboxdriver.Failure{{ID: want[1], Error: "refused", CountAttempt: true, RetryAt: time.Now().Add(time.Hour)}}})
 	if err != nil {

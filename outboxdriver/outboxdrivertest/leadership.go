@@ -68,7 +68,7 @@ func testLeadershipRevoked[TTx any](t *testing.T, h *Harness[TTx]) {
 	var l2 outboxdriver.Leadership
 	deadline := time.Now().Add(bound + 3*time.Second)
 	for l2 == nil && time.Now().Before(deadline) {
-		time.Sleep(100 * time.Millisecond)
+		time.Sleep(100 * time.Millisecond) //nolint:forbidigo // a standby's retry pace while the silent holder's bound runs out on the database's clock
 		if l2, err = s.AcquireLeadership(ctx, params); err != nil {
 			t.Fatal(err)
 		}

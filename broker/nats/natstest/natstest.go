@@ -54,7 +54,7 @@ func Read(ctx context.Context, url, stream, subject string, n int) ([]broker.Mes
 		out = out[:0]
 		cons, err := js.OrderedConsumer(ctx, stream, jetstream.OrderedConsumerConfig{FilterSubjects: []string{subject}})
 		if err != nil {
-			time.Sleep(50 * time.Millisecond)
+			time.Sleep(50 * time.Millisecond) //nolint:forbidigo // a retry's pause: the stream may not exist yet; the caller's ctx bounds it
 			continue
 		}
 		for len(out) < n {
@@ -79,7 +79,7 @@ func Read(ctx context.Context, url, stream, subject string, n int) ([]broker.Mes
 		if len(out) >= n {
 			return out, nil
 		}
-		time.Sleep(50 * time.Millisecond)
+		time.Sleep(50 * time.Millisecond) //nolint:forbidigo // polls until n messages came; the caller's ctx bounds it
 	}
 	return out, fmt.Errorf("read %d of %d messages: %w", len(out), n, ctx.Err())
 }
