@@ -218,8 +218,7 @@ func (o *relayFlags) checkModes(fs *flag.FlagSet, scheme string, isPG bool) erro
 // with --table).
 func (o *relayFlags) tablePatterns(fs *flag.FlagSet, isPG bool) ([]outboxdriver.TablePattern, error) {
 	if !flagSet(fs, "tables") {
-		switch {
-		case flagSet(fs, "max-conns") || flagSet(fs, "tables-rescan") || flagSet(fs, "park-after"):
+		if flagSet(fs, "max-conns") || flagSet(fs, "tables-rescan") || flagSet(fs, "park-after") {
 			return nil, usageErr("--max-conns, --tables-rescan and --park-after go with --tables")
 		}
 		return nil, nil
