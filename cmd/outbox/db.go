@@ -24,7 +24,8 @@ type database struct {
 	store    outboxdriver.Store
 	migrator outboxdriver.Migrator
 	close    func()
-	leaseTTL time.Duration // 0 when leadership is not a lease (PostgreSQL's ends with the session)
+	ping     func(context.Context) error // the database answers (the relay's /readyz)
+	leaseTTL time.Duration               // 0 when leadership is not a lease (PostgreSQL's ends with the session)
 	// cdc opens the CDC source of the table (PostgreSQL only; nil elsewhere).
 	cdc func(*pgcdc.Config) (*pgcdc.Source, error)
 	// replayer reads the table's published history for `outbox replay` runs
@@ -142,7 +143,7 @@ func openPostgres(ctx context.Context, dsn string, table outboxdriver.Table, opt
 		closeAll()
 		return nil, err
 	}
-	return &database{store: store, migrator: m, close: closeAll,
+	return &database{store: store, migrator: m, close: closeAll, ping: pool.Ping,
 		cdc:     func(cfg *pgcdc.Config) (*pgcdc.Source, error) { return pgcdc.ForDriver(drv, cfg) },
 		columns: func(ctx context.Context) ([]debezium.Column, error) { return pgColumns(ctx, pool, drv.Table()) },
 		// its lock is a session's: the direct pool when --leader-db gives one

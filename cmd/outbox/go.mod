@@ -27,6 +27,7 @@ require (
 	github.com/outboxd/outbox/relay v0.1.0
 	github.com/outboxd/outbox/relay/relayprom v0.1.0
 	github.com/outboxd/outbox/replay v0.1.0
+	github.com/outboxd/outbox/supervisor v0.1.0
 )
 
 require (
@@ -166,4 +167,5 @@ replace (
 	github.com/outboxd/outbox/relay => ../../relay
 	github.com/outboxd/outbox/relay/relayprom => ../../relay/relayprom
 	github.com/outboxd/outbox/replay => ../../replay
+	github.com/outboxd/outbox/supervisor => ../../supervisor
 )

@@ -3,81 +3,12 @@ package main
 import (
 	"context"
 	"errors"
-	"fmt"
 	"log/slog"
 	"net"
 	"net/http"
 	"sync"
 	"time"
-
-	"github.com/prometheus/client_golang/prometheus"
-	"github.com/prometheus/client_golang/prometheus/collectors"
-	"github.com/prometheus/client_golang/prometheus/promhttp"
-
-	"github.com/outboxd/outbox/broker"
-	"github.com/outboxd/outbox/dashboard"
-	"github.com/outboxd/outbox/internal/redact"
-	"github.com/outboxd/outbox/relay"
-	"github.com/outboxd/outbox/relay/relayprom"
 )
-
-// serveHTTP serves /metrics, /healthz, /readyz and the dashboard (when dash is not
-// nil) on addr until ctx ends.
-//
-//	/healthz  200 while the process runs
-//	/readyz   200 when the database answers and the broker is not known to be down
-//	/ui/      the dashboard
-//
-// Probes, scrapes and pages read the table's status through status (a cache:
-// they stay cheap however many come).
-func serveHTTP(ctx context.Context, addr string, reg *prometheus.Registry, status relayprom.StatusReader, r *relay.Relay, pub broker.Publisher, dash *dashboard.Dashboard, log *slog.Logger) (func(), error) {
-	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	mux := http.NewServeMux()
-	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
-	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) { fmt.Fprintln(w, "ok") })
-	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, req *http.Request) {
-		ctx, cancel := context.WithTimeout(req.Context(), 3*time.Second)
-		defer cancel()
-		if _, err := status.Status(ctx); err != nil {
-			http.Error(w, "database: "+redact.String(err.Error()), http.StatusServiceUnavailable)
-			return
-		}
-		if err := brokerReady(ctx, pub); err != nil {
-			http.Error(w, "broker: "+redact.String(err.Error()), http.StatusServiceUnavailable)
-			return
-		}
-		st := r.Stats()
-		if !st.BrokerDownSince.IsZero() {
-			http.Error(w, "broker unavailable since "+st.BrokerDownSince.UTC().Format(time.RFC3339), http.StatusServiceUnavailable)
-			return
-		}
-		role := "standby"
-		if st.Leader {
-			role = "active"
-		}
-		fmt.Fprintf(w, "ready (%s)\n", role)
-	})
-	what := "/metrics, /healthz and /readyz"
-	if dash != nil {
-		mux.Handle(dashboard.PrefixDefault+"/", dash)
-		mux.Handle("GET "+dashboard.PrefixDefault, dash)
-		what += " and the dashboard at /ui/"
-	}
-	var s sampler // no dashboard: a nil interface, not a nil *Dashboard
-	if dash != nil {
-		s = dash
-	}
-	return listenAndServe(ctx, addr, mux, s, what, log)
-}
-
-// brokerReady is nil once the relay's publisher exists: one whose broker did not
-// answer at start (broker.Lazy) keeps the relay not ready until it does.
-func brokerReady(ctx context.Context, pub broker.Publisher) error {
-	if l, ok := pub.(*broker.Lazy); ok {
-		return l.Ready(ctx)
-	}
-	return nil
-}
 
 // sampler is a dashboard, which samples for its charts while it is watched.
 type sampler interface{ Run(ctx context.Context) }

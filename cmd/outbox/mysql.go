@@ -48,7 +48,7 @@ func openMySQL(ctx context.Context, raw string, table outboxdriver.Table) (*data
 	}
 	store, _ := drv.Store()
 	m, _ := drv.Migrator()
-	return &database{store: store, migrator: m, close: func() { _ = db.Close() }}, nil
+	return &database{store: store, migrator: m, close: func() { _ = db.Close() }, ping: db.PingContext}, nil
 }
 
 // openMySQLDB opens and pings the MySQL database at the mysql:// URL raw.

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
 
 	"github.com/outboxd/outbox/broker"
 	"github.com/outboxd/outbox/broker/kafka"
@@ -20,13 +21,12 @@ import (
 	"github.com/outboxd/outbox/dashboard"
 	"github.com/outboxd/outbox/debezium"
 	"github.com/outboxd/outbox/internal/redact"
-	"github.com/outboxd/outbox/internal/version"
 	"github.com/outboxd/outbox/outboxdriver"
 	"github.com/outboxd/outbox/outboxdriver/outboxsqlite"
 	"github.com/outboxd/outbox/pgcdc"
 	"github.com/outboxd/outbox/relay"
-	"github.com/outboxd/outbox/relay/relayprom"
 	"github.com/outboxd/outbox/replay"
+	"github.com/outboxd/outbox/supervisor"
 )
 
 // runRelay is `outbox relay`: flags to a validated configuration (before anything
@@ -37,15 +37,16 @@ func runRelay(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	if err != nil {
 		return err
 	}
+	open := tableSupervisor
 	if o.tables != nil {
-		return runRelayTables(ctx, o)
+		open = tablesSupervisor
 	}
-	svc, err := buildRelay(ctx, o)
+	sc, closeAll, err := open(ctx, o)
 	if err != nil {
 		return err
 	}
-	defer svc.close()
-	return svc.serve(ctx)
+	defer closeAll()
+	return supervise(ctx, o, sc)
 }
 
 // tablesPollIntervalDefault is --poll-interval's default with --tables.
@@ -380,16 +381,63 @@ func (o *relayFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&o.logFormat, "log-format", "text", "text or json")
 }
 
-// relayService is a built relay and what it holds open.
-type relayService struct {
-	o       *relayOptions
-	r       *relay.Relay
-	db      *database
-	status  *relayprom.StatusCache
-	reg     *prometheus.Registry
-	replays *replay.Runner // the dashboard's replays (PostgreSQL; nil elsewhere)
-	pub     broker.Publisher
-	closers []func()
+// supervise runs the relays sc opens (one table or many) under the process's
+// metrics, dashboard and HTTP endpoints, until ctx ends.
+func supervise(ctx context.Context, o *relayOptions, sc *supervisor.Config) error {
+	logger := o.logger
+	sc.Logger = logger
+	if sc.Registry == nil {
+		sc.Registry = prometheus.NewRegistry()
+	}
+	sc.Registry.MustRegister(buildInfo())
+	sc.Dashboard = o.dashboard()
+	sc.StartAttrs = append([]any{"mode", o.mode, "db", redact.URL(o.dsn), "broker", redact.Endpoint(o.brokerURL)}, sc.StartAttrs...)
+	if o.httpAddr != "" {
+		sc.Registry.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+		what := "/metrics, /healthz and /readyz"
+		if sc.Dashboard != nil {
+			what += " and the dashboard at /ui/"
+		}
+		sc.Beside = append(sc.Beside, func(ctx context.Context, sup *supervisor.Supervisor) error {
+			stop, err := listenAndServe(ctx, o.httpAddr, sup.Handler(), nil, what, logger)
+			if err != nil {
+				return err
+			}
+			<-ctx.Done()
+			stop()
+			return nil
+		})
+	}
+	for _, w := range plaintextWarnings(o.dsn, o.brokerURL) {
+		logger.Warn(w)
+	}
+	sup, err := supervisor.New(sc)
+	if err != nil {
+		return err
+	}
+	err = sup.Run(ctx)
+	if errors.Is(err, outboxdriver.ErrNotSupported) {
+		return usageErr("%v", err) // a setting this database cannot honour
+	}
+	return err
+}
+
+// dashboard is the relay's dashboard, or nil when --ui is off or --http leaves
+// loopback without --ui-token.
+func (o *relayOptions) dashboard() *supervisor.DashboardConfig {
+	if !o.ui || o.httpAddr == "" {
+		return nil
+	}
+	if !loopbackAddr(o.httpAddr) && o.uiToken == "" {
+		// The metrics port leaves loopback so Prometheus can scrape it: the
+		// dashboard (every payload, read-only) must not go with it unasked.
+		o.logger.Warn("relay: the dashboard is off: --http " + o.httpAddr + " is not loopback and there is no --ui-token (give one, keep --http on loopback, or run `outbox ui` on a listener of its own)")
+		return nil
+	}
+	if w := uiTokenWarning(o.httpAddr, o.uiToken); w != "" {
+		o.logger.Warn(w)
+	}
+	return &supervisor.DashboardConfig{Token: o.uiToken, Hosts: o.uiHosts, Mode: o.mode, Broker: redact.Endpoint(o.brokerURL)}
 }
 
 // checkSchema refuses a table whose schema this relay does not know: older (a
@@ -416,35 +464,66 @@ func checkSchema(ctx context.Context, m outboxdriver.Migrator, allowNewer bool, 
 	return err
 }
 
-func (s *relayService) close() {
-	for i := len(s.closers) - 1; i >= 0; i-- {
-		s.closers[i]()
+// tableSupervisor opens --table's database and broker: the supervisor's one table,
+// with its router bound to the table's columns, its CDC source, metrics, tracing and
+// the dashboard's replays. closeAll closes what it opened.
+func tableSupervisor(ctx context.Context, o *relayOptions) (_ *supervisor.Config, closeAll func(), err error) {
+	var closers []func()
+	closeOpened := func() {
+		for i := len(closers) - 1; i >= 0; i-- {
+			closers[i]()
+		}
 	}
-}
-
-// buildRelay opens the database and the broker and builds the relay, its router
-// (bound to the table's columns), metrics and tracing.
-func buildRelay(ctx context.Context, o *relayOptions) (_ *relayService, err error) {
-	svc := &relayService{o: o}
 	defer func() {
 		if err != nil {
-			svc.close()
+			closeOpened()
 		}
 	}()
 	cfg, logger, table := o.cfg, o.logger, o.table
 	db, err := openDB(ctx, o.dsn, table, dbOptions{leaseTTL: o.leaseTTL, relay: true, leaderDSN: o.leaderDSN})
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
-	svc.closers = append(svc.closers, db.close)
+	closers = append(closers, db.close)
 	if db.leaseTTL > 0 {
 		cfg.LeaderCheck = min(relay.LeaderCheckDefault, db.leaseTTL/4) // renew well before it lapses
 	}
-	if _, err := db.store.Status(ctx); err != nil {
-		return nil, fmt.Errorf("%s: %w", table, err)
+	o.broker.logger = logger
+	pub, err := startBroker(ctx, o.brokerURL, o.broker, logger)
+	if err != nil {
+		return nil, nil, err
 	}
-	if err := checkSchema(ctx, db.migrator, o.allowNewerSchema, logger); err != nil {
-		return nil, fmt.Errorf("%s: %w", table, err)
+	closers = append(closers, func() { _ = pub.Close() })
+	tracer, stopTracing, err := tracerFromEnv(ctx)
+	if err != nil {
+		return nil, nil, fmt.Errorf("tracing: %w", err)
+	}
+	closers = append(closers, stopTracing)
+	if tracer != nil {
+		cfg.Tracer = tracer
+	}
+	replayPub := pub // the dashboard's replays go outside Kafka transactions
+	if db.replayer != nil && o.broker.kafkaTransactionalID != "" {
+		if replayPub, err = startBroker(ctx, o.brokerURL, o.broker.outsideTransactions(), logger); err != nil {
+			return nil, nil, err
+		}
+		closers = append(closers, func() { _ = replayPub.Close() })
+	}
+	open := func(ctx context.Context, t outboxdriver.Table) (*supervisor.Table, error) {
+		return openTableRelay(ctx, o, db, t, replayPub)
+	}
+	return &supervisor.Config{Tables: []outboxdriver.Table{table}, Open: open, Publisher: pub, Ping: db.ping}, closeOpened, nil
+}
+
+// openTableRelay is --table's relay: checked (it answers, its schema is known), its
+// router bound to its columns, and its source (the store, or its CDC stream).
+func openTableRelay(ctx context.Context, o *relayOptions, db *database, t outboxdriver.Table, replayPub broker.Publisher) (*supervisor.Table, error) {
+	cfg := *o.cfg
+	if _, err := db.store.Status(ctx); err != nil {
+		return nil, err
+	}
+	if err := checkSchema(ctx, db.migrator, o.allowNewerSchema, o.logger); err != nil {
+		return nil, err
 	}
 	if len(o.format.debezium) > 0 && db.columns != nil {
 		// Bound to the table: its column types make the converters' schemas exact,
@@ -454,54 +533,19 @@ func buildRelay(ctx context.Context, o *relayOptions) (_ *relayService, err erro
 		if err != nil {
 			return nil, err
 		}
-		if cfg.Router, err = o.format.router(table, cols); err != nil {
+		if cfg.Router, err = o.format.router(t, cols); err != nil {
 			return nil, usageErr("--config %s: %v", o.configPath, err)
 		}
 	}
-	var store outboxdriver.Source = db.store // the relay's side; db.store serves status either way
+	tb := &supervisor.Table{Source: db.store, Store: db.store, Config: cfg}
 	if o.mode == "cdc" {
-		o.cdc.Logger = logger
+		o.cdc.Logger = o.logger
 		src, err := db.cdc(&o.cdc)
 		if err != nil {
 			return nil, usageErr("%v", err)
 		}
-		store = src
+		tb.Source = src
 	}
-	o.broker.logger = logger
-	pub, err := startBroker(ctx, o.brokerURL, o.broker, logger)
-	if err != nil {
-		return nil, err
-	}
-	svc.pub = pub
-	svc.closers = append(svc.closers, func() { _ = pub.Close() })
-	reg := prometheus.NewRegistry()
-	reg.MustRegister(buildInfo())
-	// Probes and scrapes read the table's status through one cache: at most one
-	// status query per interval, however many requests come.
-	status := relayprom.NewStatusCache(db.store, relayprom.StatusCacheIntervalDefault)
-	// Every relay series carries its table, so that one Prometheus watching the
-	// relays of several tables alerts per table (deploy/prometheus-alerts.yml).
-	metrics, err := relayprom.New(prometheus.WrapRegistererWith(prometheus.Labels{"table": o.table.String()}, reg), status)
-	if err != nil {
-		return nil, err
-	}
-	cfg.Hooks = metrics
-	tracer, stopTracing, err := tracerFromEnv(ctx)
-	if err != nil {
-		return nil, fmt.Errorf("tracing: %w", err)
-	}
-	svc.closers = append(svc.closers, stopTracing)
-	if tracer != nil {
-		cfg.Tracer = tracer
-	}
-	r, err := relay.New(store, pub, cfg)
-	if errors.Is(err, outboxdriver.ErrNotSupported) {
-		return nil, usageErr("%v", err) // a setting this database cannot honour
-	}
-	if err != nil {
-		return nil, err
-	}
-	svc.r, svc.db, svc.status, svc.reg = r, db, status, reg
 	if db.replayer != nil {
 		// The dashboard's replays go through the relay's publisher, topic template and
 		// wire format.
@@ -509,58 +553,9 @@ func buildRelay(ctx context.Context, o *relayOptions) (_ *relayService, err erro
 		if err != nil {
 			return nil, err
 		}
-		replayPub := pub
-		if o.broker.kafkaTransactionalID != "" {
-			if replayPub, err = startBroker(ctx, o.brokerURL, o.broker.outsideTransactions(), logger); err != nil {
-				return nil, err
-			}
-			svc.closers = append(svc.closers, func() { _ = replayPub.Close() })
-		}
-		svc.replays = replay.NewRunner(db.replayer(), replayPub, &replay.Config{Topic: tmpl, Router: cfg.Router})
-		svc.closers = append(svc.closers, func() { svc.replays.Stop(context.Background()) })
+		tb.Replays = replay.NewRunner(db.replayer(), replayPub, &replay.Config{Topic: tmpl, Router: cfg.Router})
 	}
-	return svc, nil
-}
-
-// serve serves the HTTP endpoints and runs the relay until ctx ends.
-func (s *relayService) serve(ctx context.Context) error {
-	o, r, logger := s.o, s.r, s.o.logger
-	if o.httpAddr != "" {
-		var dash *dashboard.Dashboard
-		ui := o.ui
-		if ui && !loopbackAddr(o.httpAddr) && o.uiToken == "" {
-			// The metrics port leaves loopback so Prometheus can scrape it: the
-			// dashboard (every payload, read-only) must not go with it unasked.
-			ui = false
-			logger.Warn("relay: the dashboard is off: --http " + o.httpAddr + " is not loopback and there is no --ui-token (give one, keep --http on loopback, or run `outbox ui` on a listener of its own)")
-		}
-		if ui {
-			var err error
-			dash, err = dashboard.New(&dashboard.Config{Admin: s.db.store, Status: s.status, Metrics: s.reg, Relay: r,
-				Table: o.table.String(), Mode: o.mode, Broker: redact.Endpoint(o.brokerURL), Token: o.uiToken, Logger: logger, Hosts: o.uiHosts,
-				Replays: s.replays})
-			if err != nil {
-				return err
-			}
-		}
-		if w := uiTokenWarning(o.httpAddr, o.uiToken); ui && w != "" {
-			logger.Warn(w)
-		}
-		stopHTTP, err := serveHTTP(ctx, o.httpAddr, s.reg, s.status, r, s.pub, dash, logger)
-		if err != nil {
-			return err
-		}
-		defer stopHTTP()
-	}
-	v := version.Get()
-	logger.Info("relay starting", "version", v.Version, "revision", v.Short(), "mode", o.mode, "db", redact.URL(o.dsn), "broker", redact.Endpoint(o.brokerURL), "table", o.table.String())
-	for _, w := range plaintextWarnings(o.dsn, o.brokerURL) {
-		logger.Warn(w)
-	}
-	err := r.Run(ctx)
-	st := r.Stats()
-	logger.Info("relay stopped", "published", st.Published, "failed", st.Failed)
-	return err
+	return tb, nil
 }
 
 func newLogger(w io.Writer, level, format string) (*slog.Logger, error) {

@@ -398,7 +398,7 @@ func TestRelayTablesDroppedTable(t *testing.T) {
 	}
 	testenv.WaitTell(t, ctx, "the dropped table let go before the next rescan", func() bool {
 		got = ready()
-		return strings.HasPrefix(got, "ready (1 tables)") && !strings.Contains(got, tables[1].String())
+		return strings.HasPrefix(got, "ready (1 table)") && !strings.Contains(got, tables[1].String())
 	}, func() string { return got + "\n" + p.output() })
 	want := writeEvents(t, pool, tables[0], 3, 30)
 	checkOrder(t, want, ns.read(t, 30))

@@ -38,5 +38,5 @@ func openSQLite(_ context.Context, dsn string, table outboxdriver.Table, opts db
 		_ = db.Close()
 		return nil, err
 	}
-	return &database{store: store, migrator: m, close: func() { _ = db.Close() }, leaseTTL: drv.LeaseTTL()}, nil
+	return &database{store: store, migrator: m, close: func() { _ = db.Close() }, ping: db.PingContext, leaseTTL: drv.LeaseTTL()}, nil
 }
