@@ -7,8 +7,10 @@
 // it, with --table (a fixed table, Config.Tables) or --tables (tables found again
 // every rescan, Config.Find). What a table's relay is made of (its store or CDC
 // source, its router, its publisher) comes from Config.Open; the supervisor starts
-// the relay, gives it metrics, restarts it when it ends, lets it go when its table
-// does, and answers /metrics, /healthz, /readyz and /ui/ for all of them (Handler).
+// the relay and gives it metrics; with Find, it starts a relay that failed again at
+// the next rescan and lets a relay go when its table does; it answers /metrics,
+// /healthz, /readyz and /ui/ for all of them (Handler). A relay embedded alone, with
+// no HTTP, needs only package relay.
 package supervisor
 
 import (

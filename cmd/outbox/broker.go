@@ -102,11 +102,24 @@ func brokerFlags(fs *flag.FlagSet) *brokerOptions {
 	fs.StringVar(&bo.webhookCert, "webhook-cert", "", "webhook: PEM client certificate for mutual TLS (with --webhook-key)")
 	fs.StringVar(&bo.webhookKey, "webhook-key", "", "webhook: PEM private key of --webhook-cert")
 	fs.BoolVar(&bo.webhookAllowHTTP, "webhook-allow-http", false, "webhook: allow plain http:// to a host that is not loopback (signed, but readable on the wire)")
-	fs.IntVar(&bo.maxMessageBytes, "max-message-bytes", 0, "refuse larger messages before sending them (0: the publisher's default)")
+	fs.IntVar(&bo.maxMessageBytes, "max-message-bytes", 0, "refuse larger messages before sending them (default: the publisher's own limit)")
 	fs.StringVar(&bo.amqpExchange, "amqp-exchange", amqp.ExchangeDefault, "RabbitMQ: the topic exchange")
 	fs.Int64Var(&bo.redisMaxLen, "redis-maxlen", 0, "Redis: trim each stream to about this many entries (0: no trimming)")
 	fs.StringVar(&bo.kafkaCompression, "kafka-compression", "none", "Kafka: compress produced batches with "+kafka.Compressions+" (none, as Kafka Connect: every consumer can read it)")
 	return &bo
+}
+
+// check refuses a bound that cannot be: --max-message-bytes has no off (the
+// publisher's own limit is the default: leave the flag out), and --redis-maxlen's 0
+// is no trimming.
+func (o *brokerOptions) check(fs *flag.FlagSet) error {
+	switch {
+	case o.maxMessageBytes < 0 || o.maxMessageBytes == 0 && flagSet(fs, "max-message-bytes"):
+		return usageErr("--max-message-bytes %d: want a size (leave it out for the publisher's own limit)", o.maxMessageBytes)
+	case o.redisMaxLen < 0:
+		return usageErr("--redis-maxlen %d: want a length, or 0 for no trimming", o.redisMaxLen)
+	}
+	return nil
 }
 
 // outsideTransactions is o without exactly-once: the options of the publisher that

@@ -146,7 +146,12 @@ func TestBadInputGetsOneClearLine(t *testing.T) {
 		{"no broker", []string{"relay", "--db", url}, 2, "--broker is required"},
 		{"unknown broker", []string{"relay", "--db", url, "--broker", "pulsar://127.0.0.1:6650"}, 2, "unknown scheme"},
 		{"webhook without secret", []string{"relay", "--db", url, "--broker", "https://hooks.example.invalid/x"}, 2, "--webhook-secret"},
-		{"bad batch", []string{"relay", "--db", url, "--broker", "nats://127.0.0.1:1", "--batch-size", "-5"}, 2, "BatchSize"},
+		{"bad batch", []string{"relay", "--db", url, "--broker", "nats://127.0.0.1:1", "--batch-size", "-5"}, 2, "--batch-size -5: want at least 1"},
+		// 0 on the command line is off where a thing can be off, else refused; never a default.
+		{"zero batch", []string{"relay", "--db", url, "--broker", "stdout:", "--batch-size", "0"}, 2, "--batch-size 0: want at least 1"},
+		{"zero poll", []string{"relay", "--db", url, "--broker", "stdout:", "--poll-interval", "0"}, 2, "--poll-interval 0s: want a duration above 0"},
+		{"zero message bytes", []string{"relay", "--db", url, "--broker", "stdout:", "--max-message-bytes", "0"}, 2, "leave it out for the publisher's own limit"},
+		{"zero max conns", []string{"relay", "--db", url, "--broker", "stdout:", "--tables", "*.outbox", "--max-conns", "0"}, 2, "--max-conns 0: want at least 3"},
 		{"bad template", []string{"relay", "--db", url, "--broker", "nats://127.0.0.1:1", "--topic-template", "a.${who}"}, 2, "unknown placeholder"},
 		{"group in cdc mode", []string{"relay", "--db", url, "--mode", "cdc", "--group", "--broker", "stdout:"}, 2, "--group needs PostgreSQL in poll mode"},
 		{"short partition lease", []string{"relay", "--db", url, "--group", "--partition-lease", "100ms", "--broker", "stdout:"}, 2, "LeaseTTL"},

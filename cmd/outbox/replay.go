@@ -32,6 +32,9 @@ func runReplay(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	if err != nil {
 		return err
 	}
+	if err := o.bo.check(fs); err != nil {
+		return err
+	}
 	pool, err := pgxpool.New(ctx, *o.dsn)
 	if err != nil {
 		return usageErr("--db: %v", err)
