@@ -153,8 +153,6 @@ type Source interface {
 type Capabilities struct {
 	// Completions are the completion modes Complete honours.
 	Completions []Completion
-	// Groups: the source is a GroupStore (several active relays of one table).
-	Groups bool
 	// Columns: claims read a table's custom columns (ClaimParams.Columns).
 	Columns bool
 	// MaxSeq: claims can be bounded by write position (ClaimParams.MaxSeq).

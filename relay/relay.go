@@ -120,7 +120,7 @@ func (r *Relay) checkCapabilities() error {
 	if !caps.Completes(r.cfg.Completion) {
 		missing = append(missing, fmt.Sprintf("completion %q (it completes with %v)", r.cfg.Completion, caps.Completions))
 	}
-	if _, ok := r.store.(outboxdriver.GroupStore); r.cfg.Group != nil && (!caps.Groups || !ok) {
+	if _, ok := r.store.(outboxdriver.GroupStore); r.cfg.Group != nil && !ok {
 		missing = append(missing, "several active relays (Group)")
 	}
 	if cr, ok := r.cfg.Router.(ColumnRouter); ok && len(cr.Columns()) > 0 && !caps.Columns {

@@ -366,7 +366,6 @@ type Store struct {
 func (s *Store) Capabilities() outboxdriver.Capabilities {
 	return outboxdriver.Capabilities{
 		Completions: []outboxdriver.Completion{outboxdriver.CompleteMark, outboxdriver.CompleteDelete, outboxdriver.CompleteArchive},
-		Groups:      true,
 		Columns:     true,
 		MaxSeq:      true,
 		Listen:      s.ListenFunc != nil,
