@@ -25,7 +25,7 @@ require (
 	github.com/outboxd/outbox/outboxotel v0.1.0
 	github.com/outboxd/outbox/pgcdc v0.1.0
 	github.com/outboxd/outbox/relay v0.1.0
-	github.com/outboxd/outbox/relay/relayprom v0.1.0
+	github.com/outboxd/outbox/relay/relayprom v0.1.0 // indirect
 	github.com/outboxd/outbox/replay v0.1.0
 	github.com/outboxd/outbox/supervisor v0.1.0
 )
