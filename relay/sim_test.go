@@ -722,7 +722,7 @@ var simPlantedBugs = []struct{ name, what string }{
 	{"straggler-no-skip", "a slow key's later events are claimed while its answer is still out"},
 	{"settle-all-published", "a slow key's write-back records every row as published, refused ones too"},
 	{"sqlite-pass-failing", "the SQLite claim takes events behind a failing event of their aggregate"},
-	{"dead-marked-published", "the SQLite driver marks a dead letter published instead of moving it"},
+	{"dead-marked-published", "the SQL drivers' shared write (SQLite's here) marks a dead letter published instead of moving it"},
 	{"heads-off", "a claim takes an event while another session holds an earlier one of its aggregate (the head rule removed)"},
 	{"ledger-marked-early", "the relay tells a ledger a batch is marked though its mark failed"},
 	{"ledger-fence-ignored", "the relay keeps its term after its ledger was fenced (it never resumes)"},

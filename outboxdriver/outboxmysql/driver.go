@@ -28,7 +28,7 @@ import (
 	"github.com/outboxd/outbox/internal/sqlrules"
 	"github.com/outboxd/outbox/outboxdriver"
 	"github.com/outboxd/outbox/outboxdriver/internal/migrations"
-	"github.com/outboxd/outbox/outboxdriver/internal/sqldead"
+	"github.com/outboxd/outbox/outboxdriver/internal/sqlstore"
 	"github.com/outboxd/outbox/outboxdriver/internal/sqltx"
 )
 
@@ -37,9 +37,9 @@ var migrationFS embed.FS
 
 // Driver binds outbox to a MySQL/MariaDB *sql.DB. Build it with New.
 type Driver struct {
+	base  // Table, Err, CompletePublished, Event, RetryNow and the dead letters' admin
 	db    *sql.DB
 	table outboxdriver.Table
-	err   error
 	q     string // `table`
 	qDead string
 	lock  string // GET_LOCK name
@@ -59,7 +59,7 @@ func New(db *sql.DB, table *outboxdriver.Table) *Driver {
 		t.Schema = "_current"
 	}
 	t = t.WithDefaults()
-	d := &Driver{db: db, table: t, err: t.ValidatePortable()}
+	d := &Driver{db: db, table: t}
 	prefix := ""
 	if t.Schema != "_current" && t.Schema != outboxdriver.DefaultSchema {
 		prefix = quote(t.Schema) + "."
@@ -68,58 +68,51 @@ func New(db *sql.DB, table *outboxdriver.Table) *Driver {
 	d.versions = prefix + quote(t.Name+"_migrations")
 	sum := sha256.Sum256([]byte("outbox relay " + t.String()))
 	d.lock = "outbox:" + hex.EncodeToString(sum[:16])
+	d.base = sqlstore.NewBase(db, t, t.ValidatePortable(), d.q, d.qDead, dialect, sqlstore.Parts{Store: d, Migrator: newMigrator(d)})
 	return d
 }
 
 func quote(id string) string { return "`" + strings.ReplaceAll(id, "`", "``") + "`" }
 
+// base is the part written once for MySQL and SQLite (an alias: the field stays
+// unexported).
+type base = sqlstore.Base
+
+// dialect is MySQL's: times are the server's UTC_TIMESTAMP(6), read back as text.
+var dialect = sqlstore.Dialect{
+	Now:   func() (string, []any) { return "UTC_TIMESTAMP(6)", nil },
+	Clock: time.Now,
+	Time:  func(t time.Time) any { return utc(t) },
+	Column: func(expr string) string {
+		return "DATE_FORMAT(" + expr + ", '%Y-%m-%d %H:%i:%s.%f')"
+	},
+	NewTime: func() sqlstore.TimeValue { return &textTime{} },
+	IDs: func(ids []string) (string, []any) {
+		return "(" + sqlstore.Placeholders(len(ids)) + ")", sqlstore.Args(ids)
+	},
+	ForUpdate:   " FOR UPDATE",
+	InsertChunk: 500,
+	CreatedAt:   "UTC_TIMESTAMP(6)",
+	Interpret:   interpretError,
+}
+
+// textTime is a time column as DATE_FORMAT writes it, in UTC.
+type textTime struct{ s sql.NullString }
+
+func (t *textTime) Scan(src any) error { return t.s.Scan(src) }
+
+func (t *textTime) Time() (time.Time, bool) {
+	if !t.s.Valid {
+		return time.Time{}, false
+	}
+	v, _ := time.ParseInLocation("2006-01-02 15:04:05.000000", t.s.String, time.UTC)
+	return v, true
+}
+
 var _ outboxdriver.Driver[*sql.Tx] = (*Driver)(nil)
 
 // Name implements outboxdriver.Driver.
 func (d *Driver) Name() string { return "mysql" }
-
-// Table implements outboxdriver.Driver.
-func (d *Driver) Table() outboxdriver.Table { return d.table }
-
-// Err implements outboxdriver.Driver.
-func (d *Driver) Err() error { return d.err }
-
-// UnwrapExecutor implements outboxdriver.Driver.
-func (d *Driver) UnwrapExecutor(tx *sql.Tx) outboxdriver.Executor { return executor{d, tx} }
-
-// GetExecutor implements outboxdriver.Driver.
-func (d *Driver) GetExecutor() (outboxdriver.Executor, error) {
-	if err := d.check(); err != nil {
-		return nil, err
-	}
-	return executor{d, d.db}, nil
-}
-
-// Store implements outboxdriver.Driver.
-func (d *Driver) Store() (outboxdriver.Store, error) {
-	if err := d.check(); err != nil {
-		return nil, err
-	}
-	return d, nil
-}
-
-// Migrator implements outboxdriver.Driver.
-func (d *Driver) Migrator() (outboxdriver.Migrator, error) {
-	if d.err != nil {
-		return nil, d.err
-	}
-	return migrator{d}, nil
-}
-
-func (d *Driver) check() error {
-	if d.err != nil {
-		return d.err
-	}
-	if d.db == nil {
-		return outboxdriver.ErrNoPool
-	}
-	return nil
-}
 
 // interpretError translates MySQL errors to the outboxdriver sentinels.
 func interpretError(err error) error {
@@ -137,93 +130,17 @@ func interpretError(err error) error {
 	return err
 }
 
-type sqlExec interface {
-	ExecContext(ctx context.Context, query string, args ...any) (sql.Result, error)
-	QueryContext(ctx context.Context, query string, args ...any) (*sql.Rows, error)
-}
-
-type executor struct {
-	d *Driver
-	q sqlExec
-}
-
 const timeFormat = "2006-01-02 15:04:05.999999"
 
 func utc(t time.Time) string { return t.UTC().Format(timeFormat) }
 
-func nullable(s string) any {
-	if s == "" {
-		return nil
-	}
-	return s
-}
-
-func (e executor) InsertEvents(ctx context.Context, p *outboxdriver.InsertParams) error {
-	const chunk = 500
-	for start := 0; start < len(p.Events); start += chunk {
-		evs := p.Events[start:min(start+chunk, len(p.Events))]
-		var b strings.Builder
-		b.WriteString("INSERT INTO " + e.d.q + " (id, aggregatetype, aggregateid, type, payload, headers, available_at, tracingspancontext, created_at) VALUES ")
-		args := make([]any, 0, len(evs)*8)
-		for i, ev := range evs {
-			if i > 0 {
-				b.WriteByte(',')
-			}
-			b.WriteString("(?,?,?,?,?,?,?,?,UTC_TIMESTAMP(6))")
-			var avail any
-			if !ev.AvailableAt.IsZero() {
-				avail = utc(ev.AvailableAt)
-			}
-			payload := ev.Payload
-			if payload == nil {
-				payload = []byte{}
-			}
-			var headers any
-			if ev.Headers != nil {
-				headers = string(ev.Headers)
-			}
-			args = append(args, ev.ID, ev.AggregateType, ev.AggregateID, ev.Type, payload, headers, avail, nullable(ev.TraceContext))
-		}
-		if _, err := e.q.ExecContext(ctx, b.String(), args...); err != nil {
-			return interpretError(err)
-		}
-	}
-	return nil
-}
-
-// Notify implements outboxdriver.Executor: MySQL has no LISTEN/NOTIFY; the relay polls.
-func (e executor) Notify(context.Context) error { return nil }
-
 // rowColumns are selected for Row; times come back as UTC text.
-const rowColumns = `seq, id, aggregatetype, aggregateid, type, payload, payload IS NULL, headers, tracingspancontext,
-  DATE_FORMAT(created_at, '%Y-%m-%d %H:%i:%s.%f'), attempts`
+var rowColumns = sqlstore.RowColumns(dialect)
 
 func scanRow(rows *sql.Rows, extra ...any) (outboxdriver.Row, error) {
-	var (
-		r              outboxdriver.Row
-		null           bool
-		headers, trace sql.NullString
-		created        string
-	)
-	dest := append([]any{&r.Seq, &r.ID, &r.AggregateType, &r.AggregateID, &r.Type, &r.Payload, &null, &headers, &trace, &created, &r.Attempts}, extra...)
-	if err := rows.Scan(dest...); err != nil {
-		return r, err
-	}
-	r.PayloadNull = null
-	if null {
-		r.Payload = nil
-	} else if r.Payload == nil {
-		r.Payload = []byte{}
-	}
-	if headers.Valid {
-		r.Headers = outboxdriver.ParseHeaders([]byte(headers.String))
-	}
-	r.TraceContext = trace.String
-	r.CreatedAt, _ = time.ParseInLocation("2006-01-02 15:04:05.000000", created, time.UTC)
-	return r, nil
+	return sqlstore.ScanRow(rows, dialect, extra...)
 }
 
-// Claim implements outboxdriver.Store.
 // Capabilities implements outboxdriver.Source: mark and delete completion only.
 func (d *Driver) Capabilities() outboxdriver.Capabilities {
 	c := outboxdriver.Basic()
@@ -231,6 +148,7 @@ func (d *Driver) Capabilities() outboxdriver.Capabilities {
 	return c
 }
 
+// Claim implements outboxdriver.Store.
 func (d *Driver) Claim(ctx context.Context, p *outboxdriver.ClaimParams) (outboxdriver.Claim, error) {
 	if p.MaxSeq > 0 {
 		return nil, fmt.Errorf("claim up to a seq: %w", outboxdriver.ErrNotSupported)
@@ -290,7 +208,7 @@ func (d *Driver) candidates(ctx context.Context, tx *sql.Tx, p *outboxdriver.Cla
 	var where strings.Builder
 	args := []any{after}
 	if len(ahead) > 0 {
-		where.WriteString("\n  AND o.seq NOT IN (" + sqldead.Placeholders(len(ahead)) + ")")
+		where.WriteString("\n  AND o.seq NOT IN (" + sqlstore.Placeholders(len(ahead)) + ")")
 		for _, s := range ahead {
 			args = append(args, s)
 		}
@@ -319,7 +237,7 @@ func (d *Driver) lockRows(ctx context.Context, tx *sql.Tx, seqs []int64) ([]outb
 		args[i] = s
 	}
 	rows, err := tx.QueryContext(ctx, `SELECT `+rowColumns+` FROM `+d.q+`
-WHERE seq IN (`+sqldead.Placeholders(len(seqs))+`) AND published_at IS NULL ORDER BY seq FOR UPDATE SKIP LOCKED`, args...)
+WHERE seq IN (`+sqlstore.Placeholders(len(seqs))+`) AND published_at IS NULL ORDER BY seq FOR UPDATE SKIP LOCKED`, args...)
 	if err != nil {
 		return nil, err
 	}
@@ -441,8 +359,8 @@ func (c *claim) settleTx(ctx context.Context, p *outboxdriver.CompleteParams, ex
 		return err
 	}
 	ids := p.IDs()
-	rows, err := tx.QueryContext(ctx, `SELECT id, attempts FROM `+c.d.q+` WHERE id IN (`+sqldead.Placeholders(len(ids))+`)
-  AND published_at IS NULL FOR UPDATE SKIP LOCKED`, sqldead.Args(ids)...)
+	rows, err := tx.QueryContext(ctx, `SELECT id, attempts FROM `+c.d.q+` WHERE id IN (`+sqlstore.Placeholders(len(ids))+`)
+  AND published_at IS NULL FOR UPDATE SKIP LOCKED`, sqlstore.Args(ids)...)
 	if err != nil {
 		return err
 	}
@@ -457,61 +375,12 @@ func (c *claim) settleTx(ctx context.Context, p *outboxdriver.CompleteParams, ex
 	return sqltx.Commit(ctx, tx)
 }
 
-// CompletePublished implements outboxdriver.Completer: a claim's statement for
-// published rows, outside any claim (a transactional publisher's resume).
-func (d *Driver) CompletePublished(ctx context.Context, ids []string, c outboxdriver.Completion) error {
-	if len(ids) == 0 {
-		return nil
-	}
-	_, err := d.db.ExecContext(ctx, d.completePublished(len(ids), c), sqldead.Args(ids)...)
-	return interpretError(err)
-}
-
 var _ outboxdriver.Completer = (*Driver)(nil)
-
-// completePublished is the statement that marks (or deletes) n published rows.
-func (d *Driver) completePublished(n int, c outboxdriver.Completion) string {
-	if c == outboxdriver.CompleteDelete {
-		return `DELETE FROM ` + d.q + ` WHERE id IN (` + sqldead.Placeholders(n) + `)`
-	}
-	return `UPDATE ` + d.q + ` SET published_at = UTC_TIMESTAMP(6), last_error = NULL WHERE id IN (` + sqldead.Placeholders(n) + `)`
-}
 
 // write applies p in tx: marks (or deletes) the published rows, and records the
 // failures.
 func (c *claim) write(ctx context.Context, tx *sql.Tx, p *outboxdriver.CompleteParams) error {
-	if len(p.Published) > 0 {
-		if _, err := tx.ExecContext(ctx, c.d.completePublished(len(p.Published), p.Completion), sqldead.Args(p.Published)...); err != nil {
-			return err
-		}
-	}
-	for _, f := range p.Failed {
-		n := 0
-		if f.CountAttempt {
-			n = 1
-		}
-		if f.Dead {
-			if _, err := tx.ExecContext(ctx, `INSERT INTO `+c.d.qDead+` (id, aggregatetype, aggregateid, type, payload, headers,
-  tracingspancontext, seq, created_at, attempts, error, dead_at, holds_key)
-SELECT id, aggregatetype, aggregateid, type, payload, headers, tracingspancontext, seq, created_at, attempts + ?, ?, UTC_TIMESTAMP(6), ?
-FROM `+c.d.q+` WHERE id = ?`, n, f.Error, f.HoldKey, f.ID); err != nil {
-				return err
-			}
-			if _, err := tx.ExecContext(ctx, `DELETE FROM `+c.d.q+` WHERE id = ?`, f.ID); err != nil {
-				return err
-			}
-			continue
-		}
-		var retry any
-		if !f.RetryAt.IsZero() {
-			retry = utc(f.RetryAt)
-		}
-		if _, err := tx.ExecContext(ctx, `UPDATE `+c.d.q+` SET attempts = attempts + ?, last_error = ?,
-  available_at = COALESCE(?, available_at) WHERE id = ?`, n, f.Error, retry, f.ID); err != nil {
-			return err
-		}
-	}
-	return nil
+	return sqlstore.WriteOutcomes(ctx, &c.d.base, tx, p)
 }
 
 func (c *claim) Release(context.Context) error {
@@ -624,21 +493,9 @@ func (d *Driver) Listen(context.Context) (outboxdriver.Listener, error) {
 
 // Status implements outboxdriver.Store.
 func (d *Driver) Status(ctx context.Context) (*outboxdriver.Status, error) {
-	st := &outboxdriver.Status{Table: d.table.Name}
-	var ageMicros sql.NullInt64
-	err := d.db.QueryRowContext(ctx, `SELECT
-  COALESCE(SUM(published_at IS NULL), 0),
-  TIMESTAMPDIFF(MICROSECOND, MIN(CASE WHEN published_at IS NULL THEN created_at END), UTC_TIMESTAMP(6)),
-  COALESCE(SUM(published_at IS NOT NULL), 0),
-  COALESCE(SUM(published_at IS NULL AND attempts > 0), 0),
-  (SELECT COUNT(*) FROM `+d.qDead+`),
-  (SELECT COUNT(*) FROM (SELECT DISTINCT aggregatetype, aggregateid FROM `+d.qDead+` WHERE holds_key) AS h)
-FROM `+d.q).Scan(&st.Unpublished, &ageMicros, &st.Published, &st.Failing, &st.Dead, &st.HeldKeys)
+	st, err := sqlstore.Status(ctx, &d.base)
 	if err != nil {
-		return nil, interpretError(err)
-	}
-	if ageMicros.Valid {
-		st.OldestAge = max(time.Duration(ageMicros.Int64)*time.Microsecond, time.Microsecond)
+		return nil, err
 	}
 	var holder sql.NullInt64
 	if err := d.db.QueryRowContext(ctx, "SELECT IS_USED_LOCK(?)", d.lock).Scan(&holder); err != nil {
@@ -660,14 +517,10 @@ func (d *Driver) Cleanup(ctx context.Context, p *outboxdriver.CleanupParams) (in
 	return res.RowsAffected()
 }
 
-func deadWhere(f *outboxdriver.DeadFilter) (string, []any) {
-	return sqldead.Where(f, func(olderThan time.Duration) any { return utc(time.Now().Add(-olderThan)) })
-}
-
 // ListDead implements outboxdriver.Store.
 func (d *Driver) ListDead(ctx context.Context, f *outboxdriver.DeadFilter) ([]outboxdriver.DeadLetter, error) {
-	where, args := deadWhere(f)
-	rows, err := d.db.QueryContext(ctx, `SELECT `+rowColumns+`, error, DATE_FORMAT(dead_at, '%Y-%m-%d %H:%i:%s.%f'), holds_key FROM `+d.qDead+where, args...)
+	where, args := sqlstore.DeadWhere(&d.base, f)
+	rows, err := d.db.QueryContext(ctx, `SELECT `+rowColumns+`, error, `+dialect.Column("dead_at")+`, holds_key FROM `+d.qDead+where, args...)
 	if err != nil {
 		return nil, interpretError(err)
 	}
@@ -675,13 +528,13 @@ func (d *Driver) ListDead(ctx context.Context, f *outboxdriver.DeadFilter) ([]ou
 	var out []outboxdriver.DeadLetter
 	for rows.Next() {
 		var dl outboxdriver.DeadLetter
-		var deadAt string
-		r, err := scanRow(rows, &dl.Error, &deadAt, &dl.HoldsKey)
+		deadAt := &textTime{}
+		r, err := scanRow(rows, &dl.Error, deadAt, &dl.HoldsKey)
 		if err != nil {
 			return nil, interpretError(err)
 		}
 		dl.Row = r
-		dl.DeadAt, _ = time.ParseInLocation("2006-01-02 15:04:05.000000", deadAt, time.UTC)
+		dl.DeadAt, _ = deadAt.Time()
 		if f != nil {
 			dl.CutPayload(f.PayloadMax)
 		}
@@ -690,60 +543,20 @@ func (d *Driver) ListDead(ctx context.Context, f *outboxdriver.DeadFilter) ([]ou
 	return out, interpretError(rows.Err())
 }
 
-// ReplayDead implements outboxdriver.Store: rows go back with their original seq.
-func (d *Driver) ReplayDead(ctx context.Context, f *outboxdriver.DeadFilter) (int, error) {
-	return d.moveDead(ctx, f, true)
+// migrator applies the table's migrations (SQL and Schema are the Set's).
+type migrator struct {
+	migrations.Set
+	d *Driver
 }
 
-// PurgeDead implements outboxdriver.Store.
-func (d *Driver) PurgeDead(ctx context.Context, f *outboxdriver.DeadFilter) (int, error) {
-	return d.moveDead(ctx, f, false)
+func newMigrator(d *Driver) migrator {
+	m := migrator{d: d}
+	m.Set = migrations.Set{DB: d.db, Title: "outbox schema for " + d.table.Name + " (MySQL/MariaDB)", Versions: d.versions,
+		Create: "CREATE TABLE IF NOT EXISTS " + d.versions + " (version INT PRIMARY KEY, applied_at DATETIME(6) NOT NULL)",
+		Record: "INSERT IGNORE INTO " + d.versions + " (version, applied_at) VALUES (%d, UTC_TIMESTAMP(6))",
+		Load:   m.migrations, Interpret: interpretError}
+	return m
 }
-
-// EditDead implements outboxdriver.Admin.
-func (d *Driver) EditDead(ctx context.Context, id string, e *outboxdriver.DeadEdit) error {
-	return sqldead.Edit(ctx, d.db, d.qDead, id, e)
-}
-
-// RetryNow implements outboxdriver.Admin.
-func (d *Driver) RetryNow(ctx context.Context, f *outboxdriver.WaitFilter) (int, error) {
-	where, args := waitWhere(f)
-	res, err := d.db.ExecContext(ctx, `UPDATE `+d.q+` SET available_at = UTC_TIMESTAMP(6)
-WHERE published_at IS NULL AND attempts > 0 AND available_at > UTC_TIMESTAMP(6)`+where, args...)
-	if err != nil {
-		return 0, interpretError(err)
-	}
-	n, err := res.RowsAffected()
-	return int(n), err
-}
-
-// waitWhere is a WaitFilter as further conditions, with "?" placeholders.
-func waitWhere(f *outboxdriver.WaitFilter) (string, []any) {
-	if f == nil {
-		return "", nil
-	}
-	var where string
-	var args []any
-	if len(f.IDs) > 0 {
-		where += " AND id IN (" + sqldead.Placeholders(len(f.IDs)) + ")"
-		args = append(args, sqldead.Args(f.IDs)...)
-	}
-	if f.AggregateType != "" {
-		where, args = where+" AND aggregatetype = ?", append(args, f.AggregateType)
-	}
-	if f.AggregateID != "" {
-		where, args = where+" AND aggregateid = ?", append(args, f.AggregateID)
-	}
-	return where, args
-}
-
-func (d *Driver) moveDead(ctx context.Context, f *outboxdriver.DeadFilter, replay bool) (int, error) {
-	where, args := deadWhere(f)
-	n, err := sqldead.Move(ctx, d.db, d.q, d.qDead, where, args, replay, " FOR UPDATE")
-	return n, interpretError(err)
-}
-
-type migrator struct{ d *Driver }
 
 func (m migrator) migrations() ([]migrations.Migration, error) {
 	t := m.d.table
@@ -757,41 +570,13 @@ func (m migrator) migrations() ([]migrations.Migration, error) {
 	})
 }
 
-func (m migrator) versionTable() string { return m.d.versions }
-
-func (m migrator) createVersions() string {
-	return "CREATE TABLE IF NOT EXISTS " + m.versionTable() + " (version INT PRIMARY KEY, applied_at DATETIME(6) NOT NULL)"
-}
-
-// SQL implements outboxdriver.Migrator.
-func (m migrator) SQL() (string, error) {
-	ms, err := m.migrations()
-	if err != nil {
-		return "", err
-	}
-	return migrations.Script("outbox schema for "+m.d.table.Name+" (MySQL/MariaDB)", ms, m.createVersions(),
-		"INSERT IGNORE INTO "+m.versionTable()+" (version, applied_at) VALUES (%d, UTC_TIMESTAMP(6))"), nil
-}
-
-// Schema implements outboxdriver.Migrator.
-func (m migrator) Schema(ctx context.Context) (*outboxdriver.SchemaState, error) {
-	if m.d.db == nil {
-		return nil, outboxdriver.ErrNoPool
-	}
-	ms, err := m.migrations()
-	if err != nil {
-		return nil, err
-	}
-	return migrations.Schema(ctx, m.d.db, m.versionTable(), ms, interpretError)
-}
-
 // Migrate implements outboxdriver.Migrator. MySQL commits DDL at once, so each step
 // is idempotent (IF NOT EXISTS) and concurrent migrators queue on a named lock.
 func (m migrator) Migrate(ctx context.Context) ([]int, error) {
 	if m.d.db == nil {
 		return nil, outboxdriver.ErrNoPool
 	}
-	ms, err := m.migrations()
+	ms, err := m.Load()
 	if err != nil {
 		return nil, err
 	}
@@ -810,10 +595,10 @@ func (m migrator) Migrate(ctx context.Context) ([]int, error) {
 	defer func() {
 		_, _ = conn.ExecContext(context.WithoutCancel(ctx), "SELECT RELEASE_LOCK(?)", m.d.lock+":migrate")
 	}()
-	if _, err := conn.ExecContext(ctx, m.createVersions()); err != nil {
+	if _, err := conn.ExecContext(ctx, m.Create); err != nil {
 		return nil, err
 	}
-	rows, err := conn.QueryContext(ctx, "SELECT version FROM "+m.versionTable())
+	rows, err := conn.QueryContext(ctx, "SELECT version FROM "+m.Versions)
 	if err != nil {
 		return nil, err
 	}
@@ -834,7 +619,7 @@ func (m migrator) Migrate(ctx context.Context) ([]int, error) {
 		}
 		return nil
 	}, func(v int) error {
-		_, err := conn.ExecContext(ctx, "INSERT INTO "+m.versionTable()+" (version, applied_at) VALUES (?, UTC_TIMESTAMP(6))", v)
+		_, err := conn.ExecContext(ctx, "INSERT INTO "+m.Versions+" (version, applied_at) VALUES (?, UTC_TIMESTAMP(6))", v)
 		return err
 	})
 }
@@ -855,47 +640,4 @@ func stripComments(s string) string {
 		}
 	}
 	return b.String()
-}
-
-// Event implements outboxdriver.Admin.
-func (d *Driver) Event(ctx context.Context, id string) (*outboxdriver.EventInfo, error) {
-	const at = `'%Y-%m-%d %H:%i:%s.%f'`
-	rows, err := d.db.QueryContext(ctx, `SELECT `+rowColumns+`, coalesce(last_error, ''), DATE_FORMAT(available_at, `+at+`),
-  DATE_FORMAT(published_at, `+at+`), NULL, false, 'outbox' FROM `+d.q+` WHERE id = ?
-UNION ALL SELECT `+rowColumns+`, error, NULL, NULL, DATE_FORMAT(dead_at, `+at+`), holds_key, 'dead' FROM `+d.qDead+` WHERE id = ?
-LIMIT 1`, id, id)
-	if err != nil {
-		return nil, interpretError(err)
-	}
-	defer rows.Close()
-	if !rows.Next() {
-		if err := rows.Err(); err != nil {
-			return nil, interpretError(err)
-		}
-		return nil, fmt.Errorf("%w: %s", outboxdriver.ErrEventNotFound, id)
-	}
-	var (
-		e                            outboxdriver.EventInfo
-		available, published, deadAt sql.NullString
-		where                        string
-	)
-	if e.Row, err = scanRow(rows, &e.Error, &available, &published, &deadAt, &e.HoldsKey, &where); err != nil {
-		return nil, interpretError(err)
-	}
-	parse := func(s sql.NullString) time.Time {
-		t, _ := time.ParseInLocation("2006-01-02 15:04:05.000000", s.String, time.UTC)
-		return t
-	}
-	switch {
-	case where == "dead":
-		e.State, e.DeadAt = outboxdriver.EventDead, parse(deadAt)
-	case published.Valid:
-		e.State, e.PublishedAt = outboxdriver.EventPublished, parse(published)
-	default:
-		e.State = outboxdriver.EventWaiting
-		if t := parse(available); available.Valid && t.After(e.CreatedAt) {
-			e.AvailableAt = t
-		}
-	}
-	return &e, interpretError(rows.Err())
 }

@@ -3,10 +3,9 @@ package outboxmysql
 import (
 	"context"
 	"database/sql"
-	"slices"
 
-	"github.com/outboxd/outbox/internal/sqlrules"
 	"github.com/outboxd/outbox/outboxdriver"
+	"github.com/outboxd/outbox/outboxdriver/internal/sqlstore"
 )
 
 // FindTables returns the outbox tables (those `outbox migrate` made: their
@@ -18,23 +17,9 @@ func FindTables(ctx context.Context, db *sql.DB, patterns ...outboxdriver.TableP
 	if err := db.QueryRowContext(ctx, "SELECT coalesce(DATABASE(), '')").Scan(&current); err != nil {
 		return nil, interpretError(err)
 	}
-	patterns = slices.Clone(patterns)
-	for i, p := range patterns {
-		if p.Schema == outboxdriver.DefaultSchema {
-			patterns[i].Schema = current
-		}
-	}
-	rows, err := db.QueryContext(ctx, `SELECT table_schema, table_name FROM information_schema.tables
-WHERE table_type = 'BASE TABLE' AND table_schema NOT IN ('mysql', 'information_schema', 'performance_schema', 'sys')
-ORDER BY table_schema, table_name`)
-	if err != nil {
-		return nil, interpretError(err)
-	}
-	defer rows.Close()
-	all, err := sqlrules.ScanTables(rows)
-	if err != nil {
-		return nil, interpretError(err)
-	}
 	// Its migrations table's name is never shortened (MySQL's limit is 64).
-	return sqlrules.OutboxTables(all, func(t outboxdriver.Table) string { return t.Name + "_migrations" }, patterns), nil
+	tables, err := sqlstore.FindTables(ctx, db, `SELECT table_schema, table_name FROM information_schema.tables
+WHERE table_type = 'BASE TABLE' AND table_schema NOT IN ('mysql', 'information_schema', 'performance_schema', 'sys')
+ORDER BY table_schema, table_name`, current, func(t outboxdriver.Table) string { return t.Name + "_migrations" }, patterns)
+	return tables, interpretError(err)
 }

@@ -32,6 +32,7 @@ import (
 	"github.com/outboxd/outbox/internal/sqlrules"
 	"github.com/outboxd/outbox/outboxdriver"
 	"github.com/outboxd/outbox/outboxdriver/internal/migrations"
+	"github.com/outboxd/outbox/outboxdriver/internal/sqlstore"
 )
 
 //go:embed migrations/*.sql
@@ -77,11 +78,11 @@ type Options struct {
 
 // Driver binds outbox to a SQLite *sql.DB. Build it with New.
 type Driver struct {
+	base  // Table, Err, CompletePublished, Event, RetryNow and the dead letters' admin
 	db    *sql.DB
 	table outboxdriver.Table
 	ttl   time.Duration
 	clock func() time.Time
-	err   error
 	q     string // quoted table
 	qLead string // quoted leader table
 	qDead string // quoted dead-letter table
@@ -117,19 +118,46 @@ func New(db *sql.DB, opts *Options) *Driver {
 	if d.ttl <= 0 {
 		d.ttl = LeaseTTLDefault
 	}
+	err := t.ValidatePortable()
 	if t.Schema != "main" {
-		d.err = fmt.Errorf("%w: SQLite tables have no schema (got %q)", outboxdriver.ErrInvalidIdentifier, t.Schema)
-	} else {
-		d.err = t.ValidatePortable()
+		err = fmt.Errorf("%w: SQLite tables have no schema (got %q)", outboxdriver.ErrInvalidIdentifier, t.Schema)
 	}
 	d.q = quote(t.Name)
 	d.qLead = quote(t.Derived("_leader"))
 	d.qDead = quote(t.Derived("_dead"))
+	d.base = sqlstore.NewBase(db, t, err, d.q, d.qDead, d.dialect(), sqlstore.Parts{Store: d, Migrator: newMigrator(d), Notify: d.notify})
 	return d
 }
 
 // quote quotes an identifier already checked against outboxdriver's strict pattern.
 func quote(id string) string { return `"` + strings.ReplaceAll(id, `"`, `""`) + `"` }
+
+// base is the part written once for MySQL and SQLite (an alias: the field stays
+// unexported).
+type base = sqlstore.Base
+
+// dialect is SQLite's: times are Unix milliseconds of the driver's clock
+// (Options.Clock), id lists one JSON argument (no bound-variable limit).
+func (d *Driver) dialect() sqlstore.Dialect {
+	return sqlstore.Dialect{
+		Now:         func() (string, []any) { return "?", []any{d.nowMillis()} },
+		Clock:       d.clock,
+		Time:        func(t time.Time) any { return t.UnixMilli() },
+		Column:      func(expr string) string { return expr },
+		NewTime:     func() sqlstore.TimeValue { return &milliTime{} },
+		IDs:         func(ids []string) (string, []any) { return "(SELECT value FROM json_each(?))", []any{jsonIDs(ids)} },
+		InsertChunk: 400, // well under SQLite's bound-variable limit
+		DueNow:      int64(0),
+		Interpret:   interpretError,
+	}
+}
+
+// milliTime is a time column of Unix milliseconds.
+type milliTime struct{ n sql.NullInt64 }
+
+func (t *milliTime) Scan(src any) error { return t.n.Scan(src) }
+
+func (t *milliTime) Time() (time.Time, bool) { return time.UnixMilli(t.n.Int64), t.n.Valid }
 
 var _ outboxdriver.Driver[*sql.Tx] = (*Driver)(nil)
 
@@ -138,49 +166,6 @@ func (d *Driver) Name() string { return "sqlite" }
 
 // LeaseTTL is the relay leadership lease in force.
 func (d *Driver) LeaseTTL() time.Duration { return d.ttl }
-
-// Table implements outboxdriver.Driver.
-func (d *Driver) Table() outboxdriver.Table { return d.table }
-
-// Err implements outboxdriver.Driver.
-func (d *Driver) Err() error { return d.err }
-
-// UnwrapExecutor implements outboxdriver.Driver.
-func (d *Driver) UnwrapExecutor(tx *sql.Tx) outboxdriver.Executor { return executor{d, tx} }
-
-// GetExecutor implements outboxdriver.Driver.
-func (d *Driver) GetExecutor() (outboxdriver.Executor, error) {
-	if err := d.check(); err != nil {
-		return nil, err
-	}
-	return executor{d, d.db}, nil
-}
-
-// Store implements outboxdriver.Driver.
-func (d *Driver) Store() (outboxdriver.Store, error) {
-	if err := d.check(); err != nil {
-		return nil, err
-	}
-	return d, nil
-}
-
-// Migrator implements outboxdriver.Driver.
-func (d *Driver) Migrator() (outboxdriver.Migrator, error) {
-	if d.err != nil {
-		return nil, d.err
-	}
-	return migrator{d}, nil
-}
-
-func (d *Driver) check() error {
-	if d.err != nil {
-		return d.err
-	}
-	if d.db == nil {
-		return outboxdriver.ErrNoPool
-	}
-	return nil
-}
 
 // interpretError translates SQLite errors to the outboxdriver sentinels.
 func interpretError(err error) error {
@@ -199,65 +184,17 @@ func interpretError(err error) error {
 	return err
 }
 
-type sqlExec interface {
-	ExecContext(ctx context.Context, query string, args ...any) (sql.Result, error)
-	QueryContext(ctx context.Context, query string, args ...any) (*sql.Rows, error)
-}
-
-type executor struct {
-	d *Driver
-	q sqlExec
-}
-
-// insertChunk keeps a statement well under SQLite's bound-variable limit.
-const insertChunk = 400
-
-func (e executor) InsertEvents(ctx context.Context, p *outboxdriver.InsertParams) error {
-	for start := 0; start < len(p.Events); start += insertChunk {
-		evs := p.Events[start:min(start+insertChunk, len(p.Events))]
-		var b strings.Builder
-		b.WriteString("INSERT INTO " + e.d.q + " (id, aggregatetype, aggregateid, type, payload, headers, available_at, tracingspancontext) VALUES ")
-		args := make([]any, 0, len(evs)*8)
-		for i, ev := range evs {
-			if i > 0 {
-				b.WriteByte(',')
-			}
-			b.WriteString("(?,?,?,?,?,?,?,?)")
-			var avail int64
-			if !ev.AvailableAt.IsZero() {
-				avail = ev.AvailableAt.UnixMilli()
-			}
-			var headers any
-			if ev.Headers != nil {
-				headers = string(ev.Headers)
-			}
-			payload := ev.Payload
-			if payload == nil {
-				payload = []byte{}
-			}
-			var trace any
-			if ev.TraceContext != "" {
-				trace = ev.TraceContext
-			}
-			args = append(args, ev.ID, ev.AggregateType, ev.AggregateID, ev.Type, payload, headers, avail, trace)
-		}
-		if _, err := e.q.ExecContext(ctx, b.String(), args...); err != nil {
-			return interpretError(err)
-		}
-	}
-	return nil
-}
-
-func (e executor) Notify(context.Context) error {
-	e.d.mu.Lock()
-	defer e.d.mu.Unlock()
-	for l := range e.d.listeners {
+// notify wakes the relays listening on this driver: SQLite has no LISTEN/NOTIFY, but a
+// writer and a relay sharing the driver still wake each other.
+func (d *Driver) notify() {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	for l := range d.listeners {
 		select {
 		case l.ch <- struct{}{}:
 		default:
 		}
 	}
-	return nil
 }
 
 // nowMillis is the driver's wall clock (Options.Clock) in Unix milliseconds.
@@ -270,8 +207,6 @@ func notBehindFailing(q string) string {
 	return sqlrules.NotBehindFailingSQL(q)
 }
 
-// Claim implements outboxdriver.Store: the oldest unpublished rows not in a claim
-// still in flight.
 // Capabilities implements outboxdriver.Source: mark and delete completion, and
 // wake-ups from writers in this process.
 func (d *Driver) Capabilities() outboxdriver.Capabilities {
@@ -280,6 +215,8 @@ func (d *Driver) Capabilities() outboxdriver.Capabilities {
 	return c
 }
 
+// Claim implements outboxdriver.Store: the oldest unpublished rows not in a claim
+// still in flight.
 func (d *Driver) Claim(ctx context.Context, p *outboxdriver.ClaimParams) (outboxdriver.Claim, error) {
 	if p.MaxSeq > 0 {
 		return nil, fmt.Errorf("claim up to a seq: %w", outboxdriver.ErrNotSupported)
@@ -351,7 +288,7 @@ func (d *Driver) lockRows(ctx context.Context, seqs []int64) ([]outboxdriver.Row
 		return nil, nil
 	}
 	b, _ := json.Marshal(free)
-	rows, err := d.db.QueryContext(ctx, `SELECT seq, id, aggregatetype, aggregateid, type, payload, payload IS NULL, headers, tracingspancontext, created_at, attempts
+	rows, err := d.db.QueryContext(ctx, `SELECT `+sqlstore.RowColumns(d.dialect())+`
 FROM `+d.q+` WHERE seq IN (SELECT value FROM json_each(?)) AND published_at IS NULL ORDER BY seq`, string(b))
 	if err != nil {
 		return nil, err
@@ -359,22 +296,10 @@ FROM `+d.q+` WHERE seq IN (SELECT value FROM json_each(?)) AND published_at IS N
 	defer rows.Close()
 	out := make([]outboxdriver.Row, 0, len(free))
 	for rows.Next() {
-		var (
-			r              outboxdriver.Row
-			payload        []byte
-			null           bool
-			headers, trace sql.NullString
-			created        int64
-		)
-		if err := rows.Scan(&r.Seq, &r.ID, &r.AggregateType, &r.AggregateID, &r.Type, &payload, &null, &headers, &trace, &created, &r.Attempts); err != nil {
+		r, err := sqlstore.ScanRow(rows, d.dialect())
+		if err != nil {
 			return nil, err
 		}
-		r.Payload, r.PayloadNull = payload, null
-		if headers.Valid {
-			r.Headers = outboxdriver.ParseHeaders([]byte(headers.String))
-		}
-		r.TraceContext = trace.String
-		r.CreatedAt = time.UnixMilli(created)
 		out = append(out, r)
 	}
 	return out, rows.Err()
@@ -445,70 +370,12 @@ func (c *claim) Settle(ctx context.Context, p *outboxdriver.CompleteParams) erro
 	}))
 }
 
-// CompletePublished implements outboxdriver.Completer: a claim's statement for
-// published rows, outside any claim (a transactional publisher's resume).
-func (d *Driver) CompletePublished(ctx context.Context, ids []string, c outboxdriver.Completion) error {
-	if len(ids) == 0 {
-		return nil
-	}
-	stmt, args := d.completePublished(ids, c)
-	_, err := d.db.ExecContext(ctx, stmt, args...)
-	return interpretError(err)
-}
-
 var _ outboxdriver.Completer = (*Driver)(nil)
-
-// completePublished is the statement that marks (or deletes) published rows.
-func (d *Driver) completePublished(ids []string, c outboxdriver.Completion) (string, []any) {
-	if c == outboxdriver.CompleteDelete {
-		return `DELETE FROM ` + d.q + ` WHERE id IN (SELECT value FROM json_each(?))`, []any{jsonIDs(ids)}
-	}
-	return `UPDATE ` + d.q + ` SET published_at = ?, last_error = NULL WHERE id IN (SELECT value FROM json_each(?))`,
-		[]any{d.nowMillis(), jsonIDs(ids)}
-}
 
 // write applies p in tx: marks (or deletes) the published rows, and records the
 // failures.
 func (c *claim) write(ctx context.Context, tx *sql.Tx, p *outboxdriver.CompleteParams) error {
-	if len(p.Published) > 0 {
-		stmt, args := c.d.completePublished(p.Published, p.Completion)
-		if _, err := tx.ExecContext(ctx, stmt, args...); err != nil {
-			return err
-		}
-	}
-	for _, f := range p.Failed {
-		n := 0
-		if f.CountAttempt {
-			n = 1
-		}
-		if f.Dead && simbug.On("dead-marked-published") {
-			if _, err := tx.ExecContext(ctx, `UPDATE `+c.d.q+` SET published_at = ? WHERE id = ?`, c.d.nowMillis(), f.ID); err != nil {
-				return err
-			}
-			continue
-		}
-		if f.Dead {
-			if _, err := tx.ExecContext(ctx, `INSERT INTO `+c.d.qDead+` (id, aggregatetype, aggregateid, type, payload, headers,
-  tracingspancontext, seq, created_at, attempts, error, dead_at, holds_key)
-SELECT id, aggregatetype, aggregateid, type, payload, headers, tracingspancontext, seq, created_at, attempts + ?, ?, ?, ?
-FROM `+c.d.q+` WHERE id = ?`, n, f.Error, c.d.nowMillis(), f.HoldKey, f.ID); err != nil {
-				return err
-			}
-			if _, err := tx.ExecContext(ctx, `DELETE FROM `+c.d.q+` WHERE id = ?`, f.ID); err != nil {
-				return err
-			}
-			continue
-		}
-		var retry any
-		if !f.RetryAt.IsZero() {
-			retry = f.RetryAt.UnixMilli()
-		}
-		if _, err := tx.ExecContext(ctx, `UPDATE `+c.d.q+` SET attempts = attempts + ?, last_error = ?,
-  available_at = coalesce(?, available_at) WHERE id = ?`, n, f.Error, retry, f.ID); err != nil {
-			return err
-		}
-	}
-	return nil
+	return sqlstore.WriteOutcomes(ctx, &c.d.base, tx, p)
 }
 
 func (c *claim) Release(context.Context) error {
@@ -621,21 +488,9 @@ func (l *listener) Close(context.Context) error {
 
 // Status implements outboxdriver.Store.
 func (d *Driver) Status(ctx context.Context) (*outboxdriver.Status, error) {
-	st := &outboxdriver.Status{Table: d.table.Name}
-	var oldest sql.NullInt64
-	err := d.db.QueryRowContext(ctx, `SELECT
-  count(*) FILTER (WHERE published_at IS NULL),
-  min(created_at) FILTER (WHERE published_at IS NULL),
-  count(*) FILTER (WHERE published_at IS NOT NULL),
-  count(*) FILTER (WHERE published_at IS NULL AND attempts > 0),
-  (SELECT count(*) FROM `+d.qDead+`),
-  (SELECT count(*) FROM (SELECT DISTINCT aggregatetype, aggregateid FROM `+d.qDead+` WHERE holds_key))
-FROM `+d.q).Scan(&st.Unpublished, &oldest, &st.Published, &st.Failing, &st.Dead, &st.HeldKeys)
+	st, err := sqlstore.Status(ctx, &d.base)
 	if err != nil {
-		return nil, interpretError(err)
-	}
-	if oldest.Valid {
-		st.OldestAge = max(time.Duration(d.nowMillis()-oldest.Int64)*time.Millisecond, time.Millisecond)
+		return nil, err
 	}
 	var holder string
 	var expires int64
@@ -649,7 +504,21 @@ FROM `+d.q).Scan(&st.Unpublished, &oldest, &st.Published, &st.Failing, &st.Dead,
 	return st, nil
 }
 
-type migrator struct{ d *Driver }
+// migrator applies the table's migrations (SQL and Schema are the Set's).
+type migrator struct {
+	migrations.Set
+	d *Driver
+}
+
+func newMigrator(d *Driver) migrator {
+	m := migrator{d: d}
+	versions := quote(d.table.Derived("_migrations"))
+	m.Set = migrations.Set{DB: d.db, Title: "outbox schema for " + d.table.Name + " (SQLite)", Versions: versions,
+		Create: "CREATE TABLE IF NOT EXISTS " + versions + " (version INTEGER PRIMARY KEY, applied_at INTEGER NOT NULL)",
+		Record: "INSERT OR IGNORE INTO " + versions + " (version, applied_at) VALUES (%d, 0)",
+		Load:   m.migrations, Interpret: interpretError}
+	return m
+}
 
 func (m migrator) migrations() ([]migrations.Migration, error) {
 	return migrations.Load(migrationFS, map[string]string{
@@ -662,39 +531,12 @@ func (m migrator) migrations() ([]migrations.Migration, error) {
 	})
 }
 
-func (m migrator) versionTable() string { return quote(m.d.table.Derived("_migrations")) }
-
-func (m migrator) createVersions() string {
-	return "CREATE TABLE IF NOT EXISTS " + m.versionTable() + " (version INTEGER PRIMARY KEY, applied_at INTEGER NOT NULL)"
-}
-
-func (m migrator) SQL() (string, error) {
-	ms, err := m.migrations()
-	if err != nil {
-		return "", err
-	}
-	return migrations.Script("outbox schema for "+m.d.table.Name+" (SQLite)", ms, m.createVersions(),
-		"INSERT OR IGNORE INTO "+m.versionTable()+" (version, applied_at) VALUES (%d, 0)"), nil
-}
-
-// Schema implements outboxdriver.Migrator.
-func (m migrator) Schema(ctx context.Context) (*outboxdriver.SchemaState, error) {
-	if m.d.db == nil {
-		return nil, outboxdriver.ErrNoPool
-	}
-	ms, err := m.migrations()
-	if err != nil {
-		return nil, err
-	}
-	return migrations.Schema(ctx, m.d.db, m.versionTable(), ms, interpretError)
-}
-
 // Migrate applies pending migrations in one immediate (write-locked) transaction.
 func (m migrator) Migrate(ctx context.Context) (applied []int, err error) {
 	if m.d.db == nil {
 		return nil, outboxdriver.ErrNoPool
 	}
-	ms, err := m.migrations()
+	ms, err := m.Load()
 	if err != nil {
 		return nil, err
 	}
@@ -707,10 +549,10 @@ func (m migrator) Migrate(ctx context.Context) (applied []int, err error) {
 			_ = tx.Rollback()
 		}
 	}()
-	if _, err := tx.ExecContext(ctx, m.createVersions()); err != nil {
+	if _, err := tx.ExecContext(ctx, m.Create); err != nil {
 		return nil, err
 	}
-	rows, err := tx.QueryContext(ctx, "SELECT version FROM "+m.versionTable())
+	rows, err := tx.QueryContext(ctx, "SELECT version FROM "+m.Versions)
 	if err != nil {
 		return nil, err
 	}
@@ -723,7 +565,7 @@ func (m migrator) Migrate(ctx context.Context) (applied []int, err error) {
 		_, err := tx.ExecContext(ctx, mg.SQL)
 		return err
 	}, func(v int) error {
-		_, err := tx.ExecContext(ctx, "INSERT INTO "+m.versionTable()+" (version, applied_at) VALUES (?, ?)", v, m.d.nowMillis())
+		_, err := tx.ExecContext(ctx, "INSERT INTO "+m.Versions+" (version, applied_at) VALUES (?, ?)", v, m.d.nowMillis())
 		return err
 	})
 	if err != nil {

@@ -141,3 +141,40 @@ func Schema(ctx context.Context, db *sql.DB, versionTable string, ms []Migration
 	}
 	return outboxdriver.NewSchemaState(Known(ms), done), nil
 }
+
+// Set is a table's migrations on a database/sql database and the table that records
+// those applied (MySQL/MariaDB, SQLite): the schema's SQL and its state read back.
+// Applying them is the driver's own (each locks its own way).
+type Set struct {
+	DB *sql.DB // nil: a writer-only driver, which cannot read the state
+	// Title heads the SQL script.
+	Title string
+	// Versions is the quoted table of the versions applied; Create creates it and
+	// Record inserts one version into it (%d) in the script.
+	Versions, Create, Record string
+	// Load reads the migrations, bound to the table's names.
+	Load func() ([]Migration, error)
+	// Interpret translates the database's errors to outboxdriver's sentinels.
+	Interpret func(error) error
+}
+
+// SQL implements outboxdriver.Migrator.
+func (s Set) SQL() (string, error) {
+	ms, err := s.Load()
+	if err != nil {
+		return "", err
+	}
+	return Script(s.Title, ms, s.Create, s.Record), nil
+}
+
+// Schema implements outboxdriver.Migrator.
+func (s Set) Schema(ctx context.Context) (*outboxdriver.SchemaState, error) {
+	if s.DB == nil {
+		return nil, outboxdriver.ErrNoPool
+	}
+	ms, err := s.Load()
+	if err != nil {
+		return nil, err
+	}
+	return Schema(ctx, s.DB, s.Versions, ms, s.Interpret)
+}

@@ -1,7 +1,4 @@
-// Package sqldead holds the dead-letter statements shared by the database/sql drivers
-// with "?" placeholders (MySQL/MariaDB, SQLite): the filter, and moving dead letters
-// back into the outbox (replay) or away (purge).
-package sqldead
+package sqlstore
 
 import (
 	"context"
@@ -14,18 +11,6 @@ import (
 	"github.com/outboxd/outbox/internal/wire"
 	"github.com/outboxd/outbox/outboxdriver"
 )
-
-// Placeholders returns "?,?,...", n of them.
-func Placeholders(n int) string { return strings.TrimSuffix(strings.Repeat("?,", n), ",") }
-
-// Args converts strings to statement arguments.
-func Args(ss []string) []any {
-	out := make([]any, len(ss))
-	for i, s := range ss {
-		out[i] = s
-	}
-	return out
-}
 
 // Where renders f as a WHERE clause (with ORDER BY and LIMIT). cutoff is the
 // database's value for "dead at or before now minus f.OlderThan", used only when
