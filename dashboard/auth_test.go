@@ -10,6 +10,7 @@ import (
 )
 
 func TestSessions(t *testing.T) {
+	t.Parallel()
 	a := newAuth("s3cret-admin-token")
 	now := time.Now()
 	cookie := a.newSession(now)
@@ -51,6 +52,7 @@ func TestSessions(t *testing.T) {
 // not the token's: a cookie cannot test token guesses offline); parallel wrong
 // guesses pass one at a time; the cookie is Secure behind a TLS proxy.
 func TestSessionsRound2(t *testing.T) {
+	t.Parallel()
 	a := newAuth("s3cret-admin-token")
 	now := time.Now()
 	cookie := a.newSession(now)

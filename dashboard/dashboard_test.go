@@ -167,6 +167,7 @@ var csrfField = regexp.MustCompile(`name="csrf" value="([^"]*)"`)
 // wrong token, without the CSRF token and from another site; with all of them the
 // dead letter goes back to the outbox.
 func TestActionsNeedTheToken(t *testing.T) {
+	t.Parallel()
 	f := newFixture(t, dashboard.Config{Token: "s3cret-admin-token"})
 	ids := f.write(outbox.Event{AggregateType: "order", AggregateID: "o-1", Type: "Placed", Payload: []byte(`{"n":1}`)})
 	f.kill(t, ids...)
@@ -219,6 +220,7 @@ func TestActionsNeedTheToken(t *testing.T) {
 
 // TestReadOnly: with no token configured nobody signs in and every action is refused.
 func TestReadOnly(t *testing.T) {
+	t.Parallel()
 	f := newFixture(t, dashboard.Config{})
 	ids := f.write(outbox.Event{AggregateType: "order", AggregateID: "o-1", Type: "Placed", Payload: []byte(`{}`)})
 	f.kill(t, ids...)
@@ -238,6 +240,7 @@ func TestReadOnly(t *testing.T) {
 // TestUntrustedValuesEscaped: every field of an event is untrusted input; none
 // reaches a page as markup, and every page forbids inline scripts and framing.
 func TestUntrustedValuesEscaped(t *testing.T) {
+	t.Parallel()
 	f := newFixture(t, dashboard.Config{})
 	evil := `<script>alert(1)</script>"'><img src=x onerror=alert(2)>`
 	ids := f.write(outbox.Event{AggregateType: "t" + evil, AggregateID: evil, Type: evil, Payload: []byte(`{"x":"` + strings.ReplaceAll(evil, `"`, `\"`) + `"}`),
@@ -270,6 +273,7 @@ func TestUntrustedValuesEscaped(t *testing.T) {
 
 // TestBadInput: each bad request gets a clear answer and changes nothing.
 func TestBadInput(t *testing.T) {
+	t.Parallel()
 	f := newFixture(t, dashboard.Config{Token: "s3cret-admin-token"})
 	ids := f.write(outbox.Event{AggregateType: "order", AggregateID: "o-1", Type: "Placed", Payload: []byte(`{}`)})
 	f.kill(t, ids...)
@@ -314,6 +318,7 @@ func TestBadInput(t *testing.T) {
 // TestRelaysPage: two relays of a group show with their heartbeats and the 64
 // partitions split between them, as the database records them.
 func TestRelaysPage(t *testing.T) {
+	t.Parallel()
 	f := newFixture(t, dashboard.Config{})
 	mem := memory.New(0)
 	cfg := func(id string) *relay.Config {
@@ -354,6 +359,7 @@ func (c *countingStatus) Status(ctx context.Context) (*outboxdriver.Status, erro
 // TestSamplesOnlyWhileWatched: a relay whose dashboard nobody opens does not count
 // its table for the charts; the first page starts the sampling.
 func TestSamplesOnlyWhileWatched(t *testing.T) {
+	t.Parallel()
 	_, drv := testenv.Outbox(t)
 	store, err := drv.Store()
 	if err != nil {
@@ -384,6 +390,7 @@ func TestSamplesOnlyWhileWatched(t *testing.T) {
 // is given, and refuses any other Host (DNS rebinding: another site's name made to
 // resolve to 127.0.0.1 cannot read it).
 func TestHostAllowlist(t *testing.T) {
+	t.Parallel()
 	f := newFixture(t, dashboard.Config{Hosts: []string{"outbox.internal"}})
 	for host, want := range map[string]int{
 		"":                         http.StatusOK, // the server's own 127.0.0.1:port
@@ -417,6 +424,7 @@ func TestHostAllowlist(t *testing.T) {
 // U+202E + "gnp.exe", which displays as "evilexe.png") is shown escaped on the
 // dead-letter list and the event page, never as the raw rune.
 func TestFieldsShownSafely(t *testing.T) {
+	t.Parallel()
 	f := newFixture(t, dashboard.Config{})
 	ids := f.write(outbox.Event{AggregateType: "order", AggregateID: "evil\u202egnp.exe", Type: "T\u009b", Payload: []byte(`{}`)})
 	f.kill(t, ids...)
@@ -436,6 +444,7 @@ func TestFieldsShownSafely(t *testing.T) {
 // TestBigPayloadPage: an event with a 10 MB payload shows its first 64 KiB and a
 // download link; the download is the whole payload, unrendered.
 func TestBigPayloadPage(t *testing.T) {
+	t.Parallel()
 	f := newFixture(t, dashboard.Config{})
 	big := []byte(`{"pad":"` + strings.Repeat("x", 10<<20) + `"}`)
 	ids := f.write(outbox.Event{AggregateType: "order", AggregateID: "a", Type: "T", Payload: big})
@@ -463,6 +472,7 @@ func TestBigPayloadPage(t *testing.T) {
 // then saves and replays it; a bad form is refused with what was typed kept, and a
 // read-only visitor gets no form and no edit.
 func TestEditDeadLetter(t *testing.T) {
+	t.Parallel()
 	f := newFixture(t, dashboard.Config{Token: "s3cret-admin-token"})
 	ids := f.write(outbox.Event{AggregateType: "order", AggregateID: "o-1", Type: "Placed", Payload: []byte(`{"n":"bad"}`),
 		Headers: map[string]string{"tenant": "a", "stale": "x"}})
@@ -519,6 +529,7 @@ func TestEditDeadLetter(t *testing.T) {
 // again as typed; without the token nothing starts; a dashboard with no broker says
 // where to replay.
 func TestReplayPage(t *testing.T) {
+	t.Parallel()
 	b := memory.New(0)
 	var rn *replay.Runner
 	f := newFixtureWith(t, dashboard.Config{Token: "s3cret-admin-token"}, func(pool *pgxpool.Pool, table outboxdriver.Table, cfg *dashboard.Config) {
@@ -623,6 +634,7 @@ func (a *countingAdmin) now() (inFlight, most int) {
 // letters at once read at most two at a time (the memory they take is bounded in
 // total); every view is still served.
 func TestEventReadsBounded(t *testing.T) {
+	t.Parallel()
 	var admin *countingAdmin
 	f := newFixtureWith(t, dashboard.Config{}, func(_ *pgxpool.Pool, _ outboxdriver.Table, cfg *dashboard.Config) {
 		admin = &countingAdmin{Admin: cfg.Admin, goAhead: make(chan struct{})}

@@ -13,6 +13,7 @@ import (
 )
 
 func TestQuantile(t *testing.T) {
+	t.Parallel()
 	inf := math.Inf(1)
 	for _, tc := range []struct {
 		q    float64
@@ -37,6 +38,7 @@ func TestQuantile(t *testing.T) {
 // derives the rate and latency between two samples; a counter that went down (a
 // restarted relay) gives no point rather than a negative rate.
 func TestFlowFromRegistry(t *testing.T) {
+	t.Parallel()
 	reg := prometheus.NewRegistry()
 	pub := prometheus.NewCounterVec(prometheus.CounterOpts{Name: metricPublished}, []string{"topic"})
 	lat := prometheus.NewHistogram(prometheus.HistogramOpts{Name: metricLatency, Buckets: prometheus.ExponentialBuckets(0.001, 2, 16)})
@@ -70,6 +72,7 @@ func TestFlowFromRegistry(t *testing.T) {
 // TestScrape reads relays' /metrics over HTTP in the text format and sums them; an
 // endpoint that does not answer is an error naming it.
 func TestScrape(t *testing.T) {
+	t.Parallel()
 	reg := prometheus.NewRegistry()
 	pub := prometheus.NewCounterVec(prometheus.CounterOpts{Name: metricPublished}, []string{"topic"})
 	reg.MustRegister(pub)
@@ -96,6 +99,7 @@ func TestScrape(t *testing.T) {
 // dashboard counts its own table's series, from the registry and from /metrics alike
 // (TestFlowFromRegistry: series with no table label all count).
 func TestFlowOfOneTable(t *testing.T) {
+	t.Parallel()
 	reg := prometheus.NewRegistry()
 	for i, table := range []string{"a.outbox", "b.outbox"} {
 		pub := prometheus.NewCounterVec(prometheus.CounterOpts{Name: metricPublished}, []string{"topic"})

@@ -19,6 +19,7 @@ import (
 // then the dead letters); each table's own pages sit under /ui/t/<table>/; one
 // sign-in acts on every table; a table no longer found goes from the page.
 func TestTables(t *testing.T) {
+	t.Parallel()
 	fs := []*fixture{newFixture(t, dashboard.Config{}), newFixture(t, dashboard.Config{}), newFixture(t, dashboard.Config{})}
 	ev := outbox.Event{AggregateType: "order", AggregateID: "o-1", Type: "Placed", Payload: []byte(`{}`)}
 	fs[1].write(ev, ev)

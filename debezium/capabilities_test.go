@@ -18,6 +18,7 @@ import (
 // refused by relay.New, in one error that names the columns and wraps
 // ErrNotSupported, instead of failing per event.
 func TestRelayRefusesColumnsTheStoreLacks(t *testing.T) {
+	t.Parallel()
 	db, err := outboxsqlite.Open(filepath.Join(t.TempDir(), "outbox.db"))
 	if err != nil {
 		t.Fatal(err)

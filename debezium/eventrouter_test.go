@@ -237,6 +237,7 @@ func routeRow(aggType string, payload *string, null bool) *outboxdriver.Row {
 
 // TestEventRouter routes each case's row and compares the record, byte for byte.
 func TestEventRouter(t *testing.T) {
+	t.Parallel()
 	for _, tc := range routerCases("public") {
 		t.Run(tc.test, func(t *testing.T) {
 			r, err := debezium.New(&debezium.Config{Options: tc.opts, Table: outboxdriver.Table{Schema: "public", Name: "outbox"}})
@@ -273,6 +274,7 @@ var outboxColumns = []debezium.Column{{"id", "uuid", true}, {"aggregatetype", "t
 // TestRefusedAtStart: what Debezium's configuration refuses, and what this router
 // cannot reproduce, stops the relay at start with the option named.
 func TestRefusedAtStart(t *testing.T) {
+	t.Parallel()
 	for _, tc := range []struct {
 		test string
 		opts map[string]string
@@ -316,6 +318,7 @@ func TestRefusedAtStart(t *testing.T) {
 // TestBytesPayload reproduces canPassBinaryMessage: a bytea payload is sent as its
 // bytes.
 func TestBytesPayload(t *testing.T) {
+	t.Parallel()
 	r, err := debezium.New(&debezium.Config{Table: outboxdriver.Table{Payload: outboxdriver.PayloadBytes}})
 	if err != nil {
 		t.Fatal(err)
@@ -329,6 +332,7 @@ func TestBytesPayload(t *testing.T) {
 }
 
 func TestIgnoredConnectorKeys(t *testing.T) {
+	t.Parallel()
 	r, err := debezium.New(&debezium.Config{Options: map[string]string{
 		"transforms": "outbox", "transforms.outbox.type": "io.debezium.transforms.outbox.EventRouter",
 		"database.hostname": "db", "slot.name": "debezium", "transforms.outbox.predicate": "isOutbox",
@@ -349,6 +353,7 @@ func TestIgnoredConnectorKeys(t *testing.T) {
 // table.fields.additional.error.on.missing=false, or table.field.additional.missing=ignore),
 // the placement is skipped, reported once, and the other placements still apply.
 func TestMissingAdditionalColumn(t *testing.T) {
+	t.Parallel()
 	const placement = "nosuch:header,tenant:header:t,gone:envelope"
 	_, err := debezium.New(&debezium.Config{Options: map[string]string{"table.fields.additional.placement": placement}, TableColumns: outboxColumns})
 	if err == nil || !strings.Contains(err.Error(), "nosuch") && !strings.Contains(err.Error(), "gone") {

@@ -31,6 +31,7 @@ func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 // in-process Kafka speaking the real protocol), and the record a consumer reads
 // compared byte for byte with what Debezium's router and converter would write.
 func TestGolden(t *testing.T) {
+	t.Parallel()
 	for _, mode := range []string{"poll", "cdc"} {
 		t.Run(mode, func(t *testing.T) {
 			url := testenv.DatabaseURL(t)
@@ -137,6 +138,7 @@ func asRecord(kr *kgo.Record) record {
 // payload), adopted by outbox migrate, with the custom columns Debezium's router
 // tests use: the cases that name columns beyond the outbox's own.
 func TestGoldenCustomColumns(t *testing.T) {
+	t.Parallel()
 	for _, mode := range []string{"poll", "cdc"} {
 		t.Run(mode, func(t *testing.T) {
 			url := testenv.DatabaseURL(t)

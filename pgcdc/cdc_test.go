@@ -246,6 +246,7 @@ func (e *cdcEnv) settled(t testing.TB, r *relay.Relay, b *memory.Broker) []broke
 }
 
 func TestRowsInOrderNoPhantoms(t *testing.T) {
+	t.Parallel()
 	for _, mode := range []outboxdriver.WriteMode{outboxdriver.WriteRows, outboxdriver.WriteInsertDelete, outboxdriver.WriteMessage} {
 		t.Run(string(mode), func(t *testing.T) {
 			e := setup(t, mode)
@@ -276,6 +277,7 @@ func TestRowsInOrderNoPhantoms(t *testing.T) {
 // completion says, so status, cleanup and a polling relay taking over see them
 // published.
 func TestPublishedRowsCompleted(t *testing.T) {
+	t.Parallel()
 	for _, c := range []outboxdriver.Completion{outboxdriver.CompleteMark, outboxdriver.CompleteDelete, outboxdriver.CompleteArchive} {
 		t.Run(string(c), func(t *testing.T) {
 			e := setup(t, outboxdriver.WriteRows)
@@ -313,6 +315,7 @@ func TestPublishedRowsCompleted(t *testing.T) {
 // table-less messages, switching mode between transactions, arrives with outbox-seq
 // increasing in write order (a message's number comes from the table's sequence).
 func TestSeqAcrossWriteModes(t *testing.T) {
+	t.Parallel()
 	e := setup(t, outboxdriver.WriteRows)
 	b := memory.New(0)
 	e.startRelay(t, e.source(t, nil), b, nil)

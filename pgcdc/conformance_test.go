@@ -19,6 +19,7 @@ import (
 // the CDC source, in each write mode: what the relay relies on holds whether it claims
 // from the table or from the WAL.
 func TestConformance(t *testing.T) {
+	t.Parallel()
 	for _, mode := range []outboxdriver.WriteMode{outboxdriver.WriteRows, outboxdriver.WriteInsertDelete, outboxdriver.WriteMessage} {
 		for _, shared := range []bool{false, true} {
 			name := string(mode)

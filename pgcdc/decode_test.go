@@ -125,6 +125,7 @@ func decodeAll(t *testing.T, d *pgcdc.Decoder, msgs ...[]byte) []pgcdc.Change {
 }
 
 func TestDecodeInsertAndMessage(t *testing.T) {
+	t.Parallel()
 	id := uuid.MustParse("0190d2a4-5b6c-7d8e-9f00-112233445566")
 	seq := binary.BigEndian.AppendUint64(nil, 42)
 	d := pgcdc.NewDecoder(outboxdriver.Table{}, "public.outbox")
@@ -171,6 +172,7 @@ func TestDecodeInsertAndMessage(t *testing.T) {
 }
 
 func TestDecodeBadInput(t *testing.T) {
+	t.Parallel()
 	d := pgcdc.NewDecoder(outboxdriver.Table{}, "public.outbox")
 	for name, m := range map[string][]byte{
 		"empty":             {},
@@ -199,6 +201,7 @@ func TestDecodeBadInput(t *testing.T) {
 }
 
 func TestMessageRoundTrip(t *testing.T) {
+	t.Parallel()
 	at := time.Date(2030, 1, 2, 3, 4, 5, 0, time.UTC)
 	ev := outboxdriver.InsertEvent{ID: uuid.NewString(), AggregateType: "a", AggregateID: "line\nbreak", Type: "T",
 		Payload: nil, TraceContext: "traceparent=00-x", AvailableAt: at}
@@ -245,6 +248,7 @@ func FuzzDecode(f *testing.F) {
 // TestWriteFuzzCorpus regenerates the committed corpus from the real server:
 // PGCDC_WRITE_CORPUS=1 go test -run TestWriteFuzzCorpus ./pgcdc.
 func TestWriteFuzzCorpus(t *testing.T) {
+	t.Parallel()
 	if os.Getenv("PGCDC_WRITE_CORPUS") == "" {
 		t.Skip("set PGCDC_WRITE_CORPUS=1 to regenerate testdata/fuzz/FuzzDecode from PostgreSQL")
 	}

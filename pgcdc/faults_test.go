@@ -30,6 +30,7 @@ import (
 // Rows committed before the slot exists (and while it is being created) are published
 // by the backfill; nothing falls in the gap (failure class 7).
 func TestStartDuringBurstBackfillsRowsBeforeTheSlot(t *testing.T) {
+	t.Parallel()
 	e := setup(t, outboxdriver.WriteRows)
 	var wrote sync.WaitGroup
 	wrote.Add(1)
@@ -49,6 +50,7 @@ func TestStartDuringBurstBackfillsRowsBeforeTheSlot(t *testing.T) {
 // A standby relay waits on the table lock and takes over when the active one stops;
 // order holds across the handover.
 func TestStandbyTakesOver(t *testing.T) {
+	t.Parallel()
 	e := setup(t, outboxdriver.WriteMessage)
 	b := memory.New(0)
 	active := e.startRelay(t, e.source(t, nil), b, nil)
@@ -70,6 +72,7 @@ func TestStandbyTakesOver(t *testing.T) {
 // While the outbox is quiet and the rest of the database busy, keepalives still move
 // the slot forward: it does not pin WAL (failure class 8).
 func TestIdleSlotAdvances(t *testing.T) {
+	t.Parallel()
 	e := setup(t, outboxdriver.WriteRows)
 	b := memory.New(0)
 	e.startRelay(t, e.source(t, nil), b, nil)
@@ -110,6 +113,7 @@ FROM pg_replication_slots WHERE slot_name = $1`, e.slot).Scan(&n); err != nil {
 // aggregate's later events wait in the dead letters too; other aggregates flow; a
 // replay of the aggregate publishes them all in order.
 func TestDeadLettersAndReplay(t *testing.T) {
+	t.Parallel()
 	for _, mode := range []outboxdriver.WriteMode{outboxdriver.WriteRows, outboxdriver.WriteMessage} {
 		t.Run(string(mode), func(t *testing.T) {
 			e := setup(t, mode)
@@ -149,6 +153,7 @@ func TestDeadLettersAndReplay(t *testing.T) {
 // A delayed event waits for its time; a non-transactional logical message (which
 // PostgreSQL sends even when its transaction rolls back) goes to the dead letters.
 func TestDelayedAndNonTransactional(t *testing.T) {
+	t.Parallel()
 	e := setup(t, outboxdriver.WriteMessage)
 	b := memory.New(0)
 	src := e.source(t, nil)
@@ -186,6 +191,7 @@ func TestDelayedAndNonTransactional(t *testing.T) {
 // One transaction of 100,000 events streams through with bounded memory: the relay
 // holds at most MaxPending of them at a time.
 func TestLargeTransactionBoundedMemory(t *testing.T) {
+	t.Parallel()
 	if testing.Short() {
 		t.Skip("100,000 events")
 	}
@@ -311,6 +317,7 @@ func waitDelivered(t *testing.T, e *cdcEnv, b *memory.Broker, produced map[strin
 // not). Each round writes one event, relays it, stops the relay, and checks the next
 // relay's first message is the next event.
 func TestCleanStopRepublishesNothing(t *testing.T) {
+	t.Parallel()
 	e := setup(t, outboxdriver.WriteRows)
 	ctx := context.Background()
 	w, err := outbox.NewWriter(e.drv, nil)
@@ -344,6 +351,7 @@ func TestCleanStopRepublishesNothing(t *testing.T) {
 // made before the writes, stands for that trailing position. Events written once the
 // relay on it started go out.
 func TestResentMarkedRowsSkipped(t *testing.T) {
+	t.Parallel()
 	e := setup(t, outboxdriver.WriteRows)
 	trailing := e.slot + "_trailing"
 	t.Cleanup(func() { dropSlot(t, e.pool, trailing) })

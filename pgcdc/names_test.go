@@ -20,6 +20,7 @@ import (
 )
 
 func TestDefaultSlotNames(t *testing.T) {
+	t.Parallel()
 	if got := pgcdc.DefaultSlot(outboxdriver.Table{}); got != "outbox_public_outbox" {
 		t.Fatalf("default table's slot %q, want the name it always had", got)
 	}
@@ -40,6 +41,7 @@ func TestDefaultSlotNames(t *testing.T) {
 // were both outbox_a_b_c, and one relay read the other's WAL while its own rows were
 // never published). A publication of another table is refused.
 func TestTablesWhoseSlotNamesUsedToCollide(t *testing.T) {
+	t.Parallel()
 	url := testenv.DatabaseURL(t)
 	pool := testenv.Pool(t, url)
 	testenv.LogicalReplication(t, pool)

@@ -19,6 +19,7 @@ import (
 // wal_sender_timeout), the standby streams from the slot, and after healing nothing
 // is lost and no first delivery is out of order.
 func TestPartitionedCDCRelay(t *testing.T) {
+	t.Parallel()
 	const bound = 3 * time.Second
 	e := setup(t, outboxdriver.WriteRows)
 	poolA, proxy := testenv.ProxiedPool(t, e.url)

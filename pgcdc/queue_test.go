@@ -16,6 +16,7 @@ func row(agg string) outboxdriver.Row {
 // A position is confirmed only once every event before it is done, whatever order
 // the events finish in (failure class 4: confirming too early).
 func TestQueueConfirmsOnlyAfterEverythingBefore(t *testing.T) {
+	t.Parallel()
 	q := newQueue(100, 0)
 	q.reached = 10
 	q.push(&Change{Row: row("a")})
@@ -46,6 +47,7 @@ func TestQueueConfirmsOnlyAfterEverythingBefore(t *testing.T) {
 // A waiting (failed, retrying) event holds back the later events of its aggregate
 // only; given-back events keep their order.
 func TestQueueHoldsAggregateBehindWaitingEvent(t *testing.T) {
+	t.Parallel()
 	q := newQueue(100, 0)
 	for _, a := range []string{"x", "y", "x", "y"} {
 		r := row(a)
@@ -68,6 +70,7 @@ func TestQueueHoldsAggregateBehindWaitingEvent(t *testing.T) {
 }
 
 func TestQueueBoundsPending(t *testing.T) {
+	t.Parallel()
 	synctest.Test(t, func(t *testing.T) {
 		q := newQueue(2, 0)
 		q.push(&Change{Row: row("a")})
@@ -95,6 +98,7 @@ func idxs(es []*entry) []uint64 {
 // than minOpenEvents events are open (so a few huge events waiting for a retry never
 // stop the stream), and a take stops at maxBytes.
 func TestQueueBoundsPendingBytes(t *testing.T) {
+	t.Parallel()
 	synctest.Test(t, func(t *testing.T) {
 		q := newQueue(10_000, 1000)
 		big := func(key string, n int) outboxdriver.Row {
@@ -133,6 +137,7 @@ func TestQueueBoundsPendingBytes(t *testing.T) {
 // A delayed event (NotBefore) holds nothing back: its aggregate's later events pass
 // it, and it is taken once due (outbox.Event.NotBefore's contract).
 func TestQueueDelayedEventHoldsNothing(t *testing.T) {
+	t.Parallel()
 	q := newQueue(100, 0)
 	now := time.Now()
 	q.push(&Change{Row: row("x"), AvailableAt: now.Add(time.Hour)})
@@ -150,6 +155,7 @@ func TestQueueDelayedEventHoldsNothing(t *testing.T) {
 // Two tables on one ledger: the stream's position waits for the slower table, each
 // table's own progress only for its own events (what a stream read again skips).
 func TestSharedLedgerAndOwnProgress(t *testing.T) {
+	t.Parallel()
 	l := newLedger(100, 0)
 	fast, slow := newTableQueue(l), newTableQueue(l)
 	slow.push(&Change{Row: row("s1"), Xid: 1, Inserted: true})

@@ -25,6 +25,7 @@ import (
 // test's own while producers write and a CDC relay streams: nothing committed is lost,
 // order per aggregate holds, and the relay resumes by itself.
 func TestPostgresRestart(t *testing.T) {
+	t.Parallel()
 	c, pool := cluster(t)
 	ctx := context.Background()
 	for _, mode := range []outboxdriver.WriteMode{outboxdriver.WriteRows, outboxdriver.WriteMessage} {
@@ -111,6 +112,7 @@ func TestPostgresRestart(t *testing.T) {
 // streams on as if nothing happened); --recreate-slot republishes the rows still in the
 // table, the ones written while the slot was behind included.
 func TestInvalidatedSlot(t *testing.T) {
+	t.Parallel()
 	_, pool := cluster(t)
 	ctx := context.Background()
 	table := outboxdriver.Table{Schema: "lost"}

@@ -124,6 +124,7 @@ func sorted(s ...string) []string {
 // publication, a table removed leaves it and holds the confirmed position back no
 // more, and a clean restart sends nothing twice.
 func TestSharedSlot(t *testing.T) {
+	t.Parallel()
 	a, b := setup(t, outboxdriver.WriteRows), setup(t, outboxdriver.WriteMessage)
 	ctx := context.Background()
 	const aggs, per = 4, 30
@@ -230,6 +231,7 @@ FROM pg_replication_slots`, slot, pgcdc.DefaultSlot(a.table), pgcdc.DefaultSlot(
 // not in the publication until a rescan adds it; then its rows written before
 // arrive, by its backfill.
 func TestSharedSlotFindsNewTables(t *testing.T) {
+	t.Parallel()
 	a := setup(t, outboxdriver.WriteRows)
 	ctx := context.Background()
 	slot := sharedSlot(a)
@@ -287,6 +289,7 @@ func TestSharedSlotFindsNewTables(t *testing.T) {
 // TestSharedSlotStandby: a second process cannot take the slot while the first
 // streams; it stands by for every table, and takes over when the first stops.
 func TestSharedSlotStandby(t *testing.T) {
+	t.Parallel()
 	a := setup(t, outboxdriver.WriteRows)
 	ctx := context.Background()
 	slot := sharedSlot(a)
@@ -326,6 +329,7 @@ func TestSharedSlotStandby(t *testing.T) {
 // held-back position (a restart) they skip what they had already sent, by their own
 // recorded progress. Once the stuck table's relay leads, its events arrive.
 func TestSharedSlotStuckTable(t *testing.T) {
+	t.Parallel()
 	a, b := setup(t, outboxdriver.WriteRows), setup(t, outboxdriver.WriteMessage)
 	ctx := context.Background()
 	slot := sharedSlot(a)
@@ -391,6 +395,7 @@ func TestSharedSlotStuckTable(t *testing.T) {
 // exist nowhere else: it stops and tries again, and once the table is added they
 // arrive. A table taken out (Remove) no longer holds the stream.
 func TestSharedSlotWaitsForItsTables(t *testing.T) {
+	t.Parallel()
 	a, b := setup(t, outboxdriver.WriteRows), setup(t, outboxdriver.WriteMessage)
 	ctx := context.Background()
 	slot := sharedSlot(a)
@@ -441,6 +446,7 @@ func TestSharedSlotWaitsForItsTables(t *testing.T) {
 // invalidation) stops the stream with ErrSlotLost, and RecreateSlot recovers: a new
 // slot, and every table's unpublished rows published by its backfill.
 func TestSharedSlotLost(t *testing.T) {
+	t.Parallel()
 	a := setup(t, outboxdriver.WriteRows)
 	ctx := context.Background()
 	slot := sharedSlot(a)
@@ -499,6 +505,7 @@ func TestSharedSlotLost(t *testing.T) {
 // up, the stream is read again from the slot's position: they get every event they
 // missed, in order, and the other table sends nothing again.
 func TestSharedSlotParksAStuckTable(t *testing.T) {
+	t.Parallel()
 	a, b, c := setup(t, outboxdriver.WriteRows), setup(t, outboxdriver.WriteMessage), setup(t, outboxdriver.WriteRows)
 	ctx := context.Background()
 	slot := sharedSlot(a)

@@ -19,6 +19,7 @@ import (
 // with ErrServerSilent instead of waiting for ever, while every other connection
 // (the lock session's) may still answer.
 func TestStreamNoticesASilentServer(t *testing.T) {
+	t.Parallel()
 	url := testenv.DatabaseURL(t)
 	pool := testenv.Pool(t, url)
 	testenv.LogicalReplication(t, pool)

@@ -15,6 +15,7 @@ import (
 )
 
 func TestSnapshotVisible(t *testing.T) {
+	t.Parallel()
 	for _, c := range []struct {
 		snap string
 		xid  uint32
@@ -123,6 +124,7 @@ func returnsAfter(t *testing.T, f func() error, release func()) {
 // A transaction still running (as one whose commit reached the stream but not yet
 // other sessions is) is waited for; one that ended is not.
 func TestWaitVisibleWaitsForARunningTransaction(t *testing.T) {
+	t.Parallel()
 	s := internalSource(t)
 	ctx := context.Background()
 	tx := openTx(t, s)
@@ -149,6 +151,7 @@ func TestWaitVisibleWaitsForARunningTransaction(t *testing.T) {
 // The hold check waits for a replay (or purge) of the holding dead letter in flight,
 // and then sees it: it never answers from before a commit the stream already saw.
 func TestHeldCheckWaitsForAReplayInFlight(t *testing.T) {
+	t.Parallel()
 	s := internalSource(t)
 	ctx := context.Background()
 	if _, err := s.pool.Exec(ctx, `INSERT INTO `+s.qDead+` (`+sqlrules.DeadLetterColumns+`)
@@ -188,6 +191,7 @@ VALUES (gen_random_uuid(), 'order', 'o-1', 'T', '{}', NULL, NULL, 1, now(), 1, '
 // visible, so its row leaves the table (before, it could stay behind, and a replay
 // then failed on the id).
 func TestDeadLetterWaitsForTheEventsTransaction(t *testing.T) {
+	t.Parallel()
 	s := internalSource(t)
 	ctx := context.Background()
 	tx := openTx(t, s)

@@ -33,6 +33,7 @@ import (
 // one it built live; the live consumer, without Reprocess, skips the replayed events
 // as duplicates. On NATS JetStream and on Kafka (kfake).
 func TestRebuildFromReplay(t *testing.T) {
+	t.Parallel()
 	t.Run("nats", func(t *testing.T) {
 		url := natstest.URL(t)
 		ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)

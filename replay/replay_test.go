@@ -158,6 +158,7 @@ func contains(ids []string, id string) bool {
 // published events go out again with their ids, in order per aggregate, marked; a
 // filter selects; the dry run counts per topic.
 func TestReplayKeptHistory(t *testing.T) {
+	t.Parallel()
 	for _, tc := range []struct {
 		name       string
 		completion outboxdriver.Completion
@@ -215,6 +216,7 @@ func TestReplayKeptHistory(t *testing.T) {
 // again it continues there and every event arrives, and none published after it
 // started; a different selection under the same name is refused unless restarted.
 func TestReplayResumes(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t)
 	store, err := e.drv.Store()
 	if err != nil {
@@ -262,6 +264,7 @@ func TestReplayResumes(t *testing.T) {
 // TestReplayRefusals: one replay of a name at a time; a table that keeps no history
 // (delete completion) says so.
 func TestReplayRefusals(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t)
 	store, err := e.drv.Store()
 	if err != nil {
@@ -299,6 +302,7 @@ func TestReplayRefusals(t *testing.T) {
 // TestReplayRefusesTableLess: events written table-less (logical messages) and relayed
 // by a CDC relay leave no history in the table: replay says so, and sends nothing.
 func TestReplayRefusesTableLess(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t)
 	src := e.cdc(t)
 	e.table.Write = outboxdriver.WriteMessage
@@ -339,6 +343,7 @@ func (columnRouter) Columns() []string { return []string{"tenant"} }
 // TestReplayRefusesColumnRouter: a router that reads custom columns (a Debezium
 // table's placements) is refused before anything is sent.
 func TestReplayRefusesColumnRouter(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t)
 	e.write(t, "order", 1, 1)
 	if _, err := e.pool.Exec(context.Background(), `UPDATE `+e.table.String()+` SET published_at = now()`); err != nil {

@@ -85,6 +85,7 @@ func partitionedEvents(t *testing.T) (*pgxpool.Pool, outboxdriver.Table, *outbox
 // TestPartitionRotation: cleanup creates the coming days' partitions and drops a past
 // day only once every row of it is published.
 func TestPartitionRotation(t *testing.T) {
+	t.Parallel()
 	pool, table, drv, _ := partitionedEvents(t)
 	ctx := context.Background()
 	partitions := func() map[string]bool {
@@ -145,6 +146,7 @@ func TestPartitionRotation(t *testing.T) {
 // cleanup drops past days whole, and an archive made before it was partitioned (an
 // older migration) becomes the default partition with its rows.
 func TestArchivePartitionRotation(t *testing.T) {
+	t.Parallel()
 	pool, table, drv, m := partitionedEvents(t)
 	ctx := context.Background()
 	qa := pgx.Identifier{table.Schema, "events_published"}.Sanitize()
@@ -240,6 +242,7 @@ func hasKey(m map[string]int, k string) bool { _, ok := m[k]; return ok }
 // TestAdoptDebeziumTable: migrating an existing Debezium outbox table (its five
 // columns, rows already in it) adds what the relay needs and keeps the rows.
 func TestAdoptDebeziumTable(t *testing.T) {
+	t.Parallel()
 	url := testenv.DatabaseURL(t)
 	pool := testenv.Pool(t, url)
 	schema := testenv.Schema(t, url)
@@ -272,6 +275,7 @@ func TestAdoptDebeziumTable(t *testing.T) {
 // Debezium columns gets its partition from the database, the same one Go computes, and
 // the rows spread over the partitions.
 func TestPartitionComputedByDatabase(t *testing.T) {
+	t.Parallel()
 	url := testenv.DatabaseURL(t)
 	pool := testenv.Pool(t, url)
 	schema := testenv.Schema(t, url)
@@ -320,6 +324,7 @@ SELECT gen_random_uuid(), 'order', 'agg-' || i || 'é', 'T', '{}' FROM generate_
 // NOTIFY channel fits PostgreSQL's limit): PostgreSQL would otherwise truncate derived
 // names into each other and refuse the channel, failing the caller's transaction.
 func TestLongTableNames(t *testing.T) {
+	t.Parallel()
 	url := testenv.DatabaseURL(t)
 	pool := testenv.Pool(t, url)
 	ctx := context.Background()
@@ -367,6 +372,7 @@ func TestLongTableNames(t *testing.T) {
 // to fail on 'column "payload" is of type jsonb', and the relay sent the batch again
 // for ever.)
 func TestAdoptedPayloadTypes(t *testing.T) {
+	t.Parallel()
 	url := testenv.DatabaseURL(t)
 	pool := testenv.Pool(t, url)
 	ctx := context.Background()
@@ -435,6 +441,7 @@ func TestAdoptedPayloadTypes(t *testing.T) {
 // has a type the relay cannot read, is refused by migrate in one line that names the
 // column, and the migration leaves the table as it was.
 func TestAdoptRefusesUnusableColumns(t *testing.T) {
+	t.Parallel()
 	url := testenv.DatabaseURL(t)
 	pool := testenv.Pool(t, url)
 	ctx := context.Background()
@@ -466,6 +473,7 @@ func TestAdoptRefusesUnusableColumns(t *testing.T) {
 // refusal as its error, instead of the whole write-back failing and the batch going
 // out again at once, for ever.
 func TestDeadLetterRefusedStaysWithItsRow(t *testing.T) {
+	t.Parallel()
 	url := testenv.DatabaseURL(t)
 	pool := testenv.Pool(t, url)
 	ctx := context.Background()

@@ -17,6 +17,7 @@ import (
 // whose migrations table is shortened included), in order, and nothing else: not a
 // plain table of the same name, not an outbox table's own companions.
 func TestFindTables(t *testing.T) {
+	t.Parallel()
 	url := testenv.DatabaseURL(t)
 	pool := testenv.Pool(t, url)
 	ctx := context.Background()
@@ -83,6 +84,7 @@ func sortedNames(names ...string) []string {
 // TestPendingTables: one statement names the tables that hold an unpublished row,
 // and none once every row is published.
 func TestPendingTables(t *testing.T) {
+	t.Parallel()
 	url := testenv.DatabaseURL(t)
 	pool := testenv.Pool(t, url)
 	ctx := context.Background()
