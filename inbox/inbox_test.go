@@ -134,6 +134,7 @@ func run[TTx any](t *testing.T, s suite[TTx]) {
 }
 
 func TestPgx(t *testing.T) {
+	t.Parallel()
 	url := testenv.DatabaseURL(t)
 	pool := testenv.Pool(t, url)
 	counter := testenv.UniqueName("counter_")
@@ -215,6 +216,7 @@ func sqlSuite(t *testing.T, db *sql.DB, d inbox.Dialect) suite[*sql.Tx] {
 }
 
 func TestDatabaseSQLPostgres(t *testing.T) {
+	t.Parallel()
 	db, err := sql.Open("pgx", testenv.DatabaseURL(t))
 	if err != nil {
 		t.Fatal(err)
@@ -224,6 +226,7 @@ func TestDatabaseSQLPostgres(t *testing.T) {
 }
 
 func TestMariaDB(t *testing.T) {
+	t.Parallel()
 	dsn := testenv.ServiceURL(t, "TEST_MYSQL_DSN", "root@tcp(127.0.0.1:3306)/test?parseTime=true", "127.0.0.1:3306", "MariaDB")
 	db, err := sql.Open("mysql", dsn)
 	if err != nil {
@@ -234,6 +237,7 @@ func TestMariaDB(t *testing.T) {
 }
 
 func TestSQLite(t *testing.T) {
+	t.Parallel()
 	db, err := outboxsqlite.Open(filepath.Join(t.TempDir(), "inbox.db"))
 	if err != nil {
 		t.Fatal(err)
@@ -243,6 +247,7 @@ func TestSQLite(t *testing.T) {
 }
 
 func TestBadConfig(t *testing.T) {
+	t.Parallel()
 	db, _ := sql.Open("pgx", "postgres://127.0.0.1:1/x")
 	defer db.Close()
 	if _, err := inbox.NewSQL(db, inbox.Postgres, &inbox.Config{Table: "inbox; DROP TABLE x"}); err == nil {
@@ -257,6 +262,7 @@ func TestBadConfig(t *testing.T) {
 }
 
 func TestFromHeaders(t *testing.T) {
+	t.Parallel()
 	m := inbox.FromHeaders(map[string]string{"Id": "e1", "eventType": "T", "aggregateType": "order", "aggregateId": "7", "outbox-seq": "42"}, []byte("{}"))
 	if m.ID != "e1" || m.Type != "T" || m.AggregateType != "order" || m.AggregateID != "7" || m.Seq != 42 {
 		t.Fatalf("%+v", m)

@@ -25,6 +25,7 @@ import (
 // version guard processes them instead of skipping them as stale, while the guard
 // still skips a real redelivery of an older event.
 func TestVersionGuardTakesLateEvents(t *testing.T) {
+	t.Parallel()
 	pool, drv := testenv.Outbox(t)
 	store, err := drv.Store()
 	if err != nil {

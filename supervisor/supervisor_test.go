@@ -126,6 +126,7 @@ func waitFor(t *testing.T, pub *memory.Broker, table outboxdriver.Table, n int) 
 // scan, one that goes is let go (and reported retired), and /readyz lists the
 // tables relayed with their roles.
 func TestFindFollowsTheTables(t *testing.T) {
+	t.Parallel()
 	w := newWorld(t)
 	a, b := outboxdriver.Table{Schema: "main", Name: "a_outbox"}, outboxdriver.Table{Schema: "main", Name: "b_outbox"}
 	write(t, w.db, a, "1")
@@ -170,6 +171,7 @@ func TestFindFollowsTheTables(t *testing.T) {
 // TestFindRetriesATableThatCannotOpen: with Find, a table Open refuses is tried again
 // at the next scan while the others are relayed.
 func TestFindRetriesATableThatCannotOpen(t *testing.T) {
+	t.Parallel()
 	w := newWorld(t)
 	a, b := outboxdriver.Table{Schema: "main", Name: "a_outbox"}, outboxdriver.Table{Schema: "main", Name: "b_outbox"}
 	write(t, w.db, a, "1")
@@ -197,6 +199,7 @@ func TestFindRetriesATableThatCannotOpen(t *testing.T) {
 // TestFixedTableThatCannotOpenEndsRun: a fixed table (Config.Tables) that cannot
 // open ends Run with its error, and the tables opened before it are stopped.
 func TestFixedTableThatCannotOpenEndsRun(t *testing.T) {
+	t.Parallel()
 	w := newWorld(t)
 	a, b := outboxdriver.Table{Schema: "main", Name: "a_outbox"}, outboxdriver.Table{Schema: "main", Name: "b_outbox"}
 	refused := errors.New("schema unknown")
@@ -217,6 +220,7 @@ func TestFixedTableThatCannotOpenEndsRun(t *testing.T) {
 // TestOneTableDashboard: a single fixed table's dashboard is that table's pages at
 // /ui/, and /readyz names its role.
 func TestOneTableDashboard(t *testing.T) {
+	t.Parallel()
 	w := newWorld(t)
 	a := outboxdriver.Table{Schema: "main", Name: "a_outbox"}
 	write(t, w.db, a, "1")
@@ -245,6 +249,7 @@ func TestOneTableDashboard(t *testing.T) {
 
 // TestConfigRefused: New says what is missing.
 func TestConfigRefused(t *testing.T) {
+	t.Parallel()
 	w := newWorld(t)
 	for name, cfg := range map[string]*supervisor.Config{
 		"nil":     nil,
