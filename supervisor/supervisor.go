@@ -14,6 +14,7 @@
 package supervisor
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -116,7 +117,7 @@ type Supervisor struct {
 	reg     *prometheus.Registry
 	retired *relayprom.RetiredTables // with Find: tables let go
 	scan    chan chan struct{}       // Scan's requests: reconcile now, then close the channel
-	ended   chan struct{}            // a table's relay ended on its own
+	ended   chan struct{}            // a fixed table's relay ended on its own
 	dash    *dashboards
 	started chan struct{} // closed once the first tables are open
 	quit    chan struct{} // closed once Run stops reconciling: Scan waits no more
@@ -254,7 +255,10 @@ func (s *Supervisor) Scan(ctx context.Context) error {
 	}
 }
 
-var errStopped = errors.New("supervisor: stopped")
+var (
+	errStopped = errors.New("supervisor: stopped")
+	errEnded   = errors.New("ended on its own")
+)
 
 // Tables are the tables whose relays run, sorted.
 func (s *Supervisor) Tables() []outboxdriver.Table {
@@ -309,12 +313,12 @@ func (s *Supervisor) reconcile(ctx context.Context) error {
 	var leaving []*tableRelay
 	for name, tr := range s.running {
 		select {
-		case <-tr.done: // ended on its own: started again below if still wanted
-			gone = append(gone, name)
-			if s.cfg.Tables != nil && tr.err != nil {
+		case <-tr.done: // ended on its own: with Find, started again below if still wanted
+			if s.cfg.Tables != nil {
 				s.mu.Unlock()
-				return fmt.Errorf("relay of %s: %w", name, tr.err)
+				return fmt.Errorf("relay of %s: %w", name, cmp.Or(tr.err, errEnded))
 			}
+			gone = append(gone, name)
 			continue
 		default:
 		}
@@ -448,16 +452,22 @@ func (s *Supervisor) start(ctx context.Context, t outboxdriver.Table) (err error
 		}
 	}
 	go func() {
-		defer close(tr.done)
-		if err := r.Run(rctx); err != nil && rctx.Err() == nil {
-			tr.err = err
-			if s.cfg.Find != nil {
-				cfg.Logger.Error("relay: stopped; starting it again at the next rescan", "err", err)
-			}
-			select {
-			case s.ended <- struct{}{}:
-			default:
-			}
+		err := r.Run(rctx)
+		if rctx.Err() != nil {
+			close(tr.done) // stopped
+			return
+		}
+		tr.err = err
+		close(tr.done) // before Run hears of it: its reconcile finds the relay ended
+		if s.cfg.Find != nil {
+			// Not at once: a relay that fails as it starts would be started again
+			// in a tight loop.
+			cfg.Logger.Error("relay: stopped; starting it again at the next rescan", "err", err)
+			return
+		}
+		select {
+		case s.ended <- struct{}{}: // a fixed table's relay ended: Run ends
+		default:
 		}
 	}()
 	s.mu.Lock()

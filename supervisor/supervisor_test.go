@@ -5,11 +5,13 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"path/filepath"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -261,4 +263,82 @@ func TestConfigRefused(t *testing.T) {
 			t.Errorf("%s: accepted", name)
 		}
 	}
+}
+
+// needsOperator is a real store whose first leadership attempts fail as a lost CDC
+// slot does (outboxdriver.ErrNeedsOperator): the relay stops on it.
+type needsOperator struct {
+	outboxdriver.Store
+	fails *atomic.Int64
+}
+
+func (n needsOperator) AcquireLeadership(ctx context.Context, p *outboxdriver.LeadershipParams) (outboxdriver.Leadership, error) {
+	if n.fails.Add(-1) >= 0 {
+		return nil, fmt.Errorf("planted: %w", outboxdriver.ErrNeedsOperator)
+	}
+	return n.Store.AcquireLeadership(ctx, p)
+}
+
+// TestRelayThatStops: a relay that stops on an error ends Run with it for a fixed
+// table, and with Find is started again at the next scan, not at once (a relay that
+// fails as it starts must not be restarted in a tight loop).
+func TestRelayThatStops(t *testing.T) {
+	t.Parallel()
+	w := newWorld(t)
+	a := outboxdriver.Table{Schema: "main", Name: "a_outbox"}
+	write(t, w.db, a, "1")
+	fails := &atomic.Int64{}
+	open := func(ctx context.Context, t outboxdriver.Table) (*supervisor.Table, error) {
+		tb, err := w.open(ctx, t)
+		if err != nil {
+			return nil, err
+		}
+		tb.Source = needsOperator{Store: tb.Store, fails: fails}
+		return tb, nil
+	}
+
+	fails.Store(1)
+	sup, err := supervisor.New(&supervisor.Config{Tables: []outboxdriver.Table{a}, Open: open, Publisher: w.pub})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := sup.Run(t.Context()); !errors.Is(err, outboxdriver.ErrNeedsOperator) {
+		t.Fatalf("Run of a fixed table whose relay stopped: %v", err)
+	}
+
+	fails.Store(1)
+	w.setTables(a)
+	var logs syncBuffer
+	sup, err = supervisor.New(&supervisor.Config{Find: w.find, Open: open, Publisher: w.pub, Rescan: time.Hour,
+		Logger: slog.New(slog.NewTextHandler(&logs, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	run(t, sup)
+	testenv.Wait(t, t.Context(), "the relay stopped", func() bool { return strings.Contains(logs.String(), "starting it again at the next rescan") })
+	if got := len(w.pub.Messages()); got != 0 || fails.Load() != 0 {
+		t.Fatalf("%d messages, %d leadership attempts past the planted one: the relay was started again at once", got, -fails.Load())
+	}
+	if err := sup.Scan(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, w.pub, a, 1)
+}
+
+// syncBuffer is a log destination the test reads while the supervisor writes.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  strings.Builder
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
 }
