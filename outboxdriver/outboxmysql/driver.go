@@ -35,9 +35,13 @@ import (
 //go:embed migrations/*.sql
 var migrationFS embed.FS
 
-// Driver binds outbox to a MySQL/MariaDB *sql.DB. Build it with New.
+// Driver binds outbox to a MySQL/MariaDB *sql.DB. Build it with New. It is an
+// outboxdriver.Driver[*sql.Tx] (Table, Err, GetExecutor, UnwrapExecutor, Store and
+// Migrator, written once for MySQL and SQLite, are not listed below), and its Store
+// is the Driver itself: an outboxdriver.Store, Admin (with Event, RetryNow,
+// ReplayDead, PurgeDead and EditDead) and Completer (CompletePublished).
 type Driver struct {
-	base  // Table, Err, CompletePublished, Event, RetryNow and the dead letters' admin
+	base  // the methods written once for MySQL and SQLite
 	db    *sql.DB
 	table outboxdriver.Table
 	q     string // `table`
@@ -109,7 +113,10 @@ func (t *textTime) Time() (time.Time, bool) {
 	return v, true
 }
 
-var _ outboxdriver.Driver[*sql.Tx] = (*Driver)(nil)
+var (
+	_ outboxdriver.Driver[*sql.Tx] = (*Driver)(nil)
+	_ outboxdriver.Store           = (*Driver)(nil)
+)
 
 // Name implements outboxdriver.Driver.
 func (d *Driver) Name() string { return "mysql" }

@@ -76,9 +76,13 @@ type Options struct {
 	Clock func() time.Time
 }
 
-// Driver binds outbox to a SQLite *sql.DB. Build it with New.
+// Driver binds outbox to a SQLite *sql.DB. Build it with New. It is an
+// outboxdriver.Driver[*sql.Tx] (Table, Err, GetExecutor, UnwrapExecutor, Store and
+// Migrator, written once for MySQL and SQLite, are not listed below), and its Store
+// is the Driver itself: an outboxdriver.Store, Admin (with Event, RetryNow,
+// ReplayDead, PurgeDead and EditDead) and Completer (CompletePublished).
 type Driver struct {
-	base  // Table, Err, CompletePublished, Event, RetryNow and the dead letters' admin
+	base  // the methods written once for MySQL and SQLite
 	db    *sql.DB
 	table outboxdriver.Table
 	ttl   time.Duration
@@ -159,7 +163,10 @@ func (t *milliTime) Scan(src any) error { return t.n.Scan(src) }
 
 func (t *milliTime) Time() (time.Time, bool) { return time.UnixMilli(t.n.Int64), t.n.Valid }
 
-var _ outboxdriver.Driver[*sql.Tx] = (*Driver)(nil)
+var (
+	_ outboxdriver.Driver[*sql.Tx] = (*Driver)(nil)
+	_ outboxdriver.Store           = (*Driver)(nil)
+)
 
 // Name implements outboxdriver.Driver.
 func (d *Driver) Name() string { return "sqlite" }
