@@ -110,6 +110,12 @@ type Source struct {
 	sess *session
 
 	skipped atomic.Int64
+
+	// seen is the latest snapshot waitVisible read, and when: a transaction that had
+	// ended in it has ended for good, so another wait for it asks the server nothing.
+	seenMu sync.Mutex
+	seen   snapshot
+	seenAt time.Time
 }
 
 // ForDriver returns the CDC source of an outboxpgx driver's table, on its pool and

@@ -141,6 +141,14 @@ func TestWaitVisibleWaitsForARunningTransaction(t *testing.T) {
 	if err := s.waitVisible(ctx, []uint32{xid}); err != nil {
 		t.Fatal(err)
 	}
+	// Seen visible, it stays visible: asked again (the marker after the claim), the
+	// answer comes from the snapshot read before, with no query (a context already
+	// ended would fail one).
+	ended, end := context.WithCancel(ctx)
+	end()
+	if err := s.waitVisible(ended, []uint32{xid}); err != nil {
+		t.Fatalf("a transaction seen visible was asked about again: %v", err)
+	}
 	cctx, cancel := context.WithTimeout(ctx, 50*time.Millisecond)
 	defer cancel()
 	if err := s.waitVisible(cctx, []uint32{uint32(full + 1000)}); err == nil {
