@@ -34,6 +34,13 @@ type marker struct {
 // markBatchMax bounds the ids of one completing statement.
 const markBatchMax = 5000
 
+// markLinger is how long the marker lets acknowledged rows gather before a statement
+// that would complete only a few: at a live rate each batch holds a handful of events,
+// and one statement per batch was a sixth of the relay's CPU (docs/benchmarks.md). The
+// publish path never waits for it; the slot's position and `outbox status` see the
+// rows this much later, and a crash in between sends them again.
+const markLinger = 5 * time.Millisecond
+
 func newMarker(ss *session) *marker {
 	return &marker{ss: ss, wake: make(chan struct{}, 1)}
 }
@@ -63,6 +70,15 @@ func (m *marker) run(ctx context.Context) {
 		case <-ctx.Done():
 			return
 		}
+		if m.queued() < markBatchMax {
+			t := time.NewTimer(markLinger)
+			select {
+			case <-t.C:
+			case <-ctx.Done():
+				t.Stop()
+				return
+			}
+		}
 		for wait := 100 * time.Millisecond; ; wait = min(2*wait, 5*time.Second) {
 			more, err := m.flush(ctx)
 			if err == nil && !more {
@@ -83,6 +99,13 @@ func (m *marker) run(ctx context.Context) {
 			}
 		}
 	}
+}
+
+// queued is how many acknowledged rows wait to be completed.
+func (m *marker) queued() int {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return len(m.pending)
 }
 
 // flush completes one batch of the queued rows and reports them done. more says
