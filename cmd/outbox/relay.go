@@ -122,19 +122,26 @@ func checkSchema(ctx context.Context, m outboxdriver.Migrator, allowNewer bool, 
 	return err
 }
 
+// closers close what a relay's startup opened, in reverse order.
+type closers []func()
+
+func (o *closers) add(close func()) { *o = append(*o, close) }
+
+// close closes what was opened, the last first.
+func (o closers) close() {
+	for i := len(o) - 1; i >= 0; i-- {
+		o[i]()
+	}
+}
+
 // tableSupervisor opens --table's database and broker: the supervisor's one table,
 // with its router bound to the table's columns, its CDC source, metrics, tracing and
 // the dashboard's replays. closeAll closes what it opened.
 func tableSupervisor(ctx context.Context, o *relayOptions) (_ *supervisor.Config, closeAll func(), err error) {
-	var closers []func()
-	closeOpened := func() {
-		for i := len(closers) - 1; i >= 0; i-- {
-			closers[i]()
-		}
-	}
+	var cl closers
 	defer func() {
 		if err != nil {
-			closeOpened()
+			cl.close()
 		}
 	}()
 	cfg, logger, table := o.cfg, o.logger, o.table
@@ -142,7 +149,7 @@ func tableSupervisor(ctx context.Context, o *relayOptions) (_ *supervisor.Config
 	if err != nil {
 		return nil, nil, err
 	}
-	closers = append(closers, db.close)
+	cl.add(db.close)
 	if db.leaseTTL > 0 {
 		cfg.LeaderCheck = min(relay.LeaderCheckDefault, db.leaseTTL/4) // renew well before it lapses
 	}
@@ -151,12 +158,12 @@ func tableSupervisor(ctx context.Context, o *relayOptions) (_ *supervisor.Config
 	if err != nil {
 		return nil, nil, err
 	}
-	closers = append(closers, func() { _ = pub.Close() })
+	cl.add(func() { _ = pub.Close() })
 	tracer, stopTracing, err := tracerFromEnv(ctx)
 	if err != nil {
 		return nil, nil, fmt.Errorf("tracing: %w", err)
 	}
-	closers = append(closers, stopTracing)
+	cl.add(stopTracing)
 	if tracer != nil {
 		cfg.Tracer = tracer
 	}
@@ -165,12 +172,12 @@ func tableSupervisor(ctx context.Context, o *relayOptions) (_ *supervisor.Config
 		if replayPub, err = startBroker(ctx, o.brokerURL, o.broker.outsideTransactions(), logger); err != nil {
 			return nil, nil, err
 		}
-		closers = append(closers, func() { _ = replayPub.Close() })
+		cl.add(func() { _ = replayPub.Close() })
 	}
 	open := func(ctx context.Context, t outboxdriver.Table) (*supervisor.Table, error) {
 		return openTableRelay(ctx, o, db, t, replayPub)
 	}
-	return &supervisor.Config{Tables: []outboxdriver.Table{table}, Open: open, Publisher: pub, Ping: db.ping}, closeOpened, nil
+	return &supervisor.Config{Tables: []outboxdriver.Table{table}, Open: open, Publisher: pub, Ping: db.ping}, cl.close, nil
 }
 
 // openTableRelay is --table's relay: checked (it answers, its schema is known), its

@@ -28,27 +28,22 @@ import (
 // Tables created or dropped are found every --tables-rescan. closeAll closes what
 // it opened.
 func tablesSupervisor(ctx context.Context, o *relayOptions) (_ *supervisor.Config, closeAll func(), err error) {
-	var closers []func()
-	closeOpened := func() {
-		for i := len(closers) - 1; i >= 0; i-- {
-			closers[i]()
-		}
-	}
+	var cl closers
 	defer func() {
 		if err != nil {
-			closeOpened()
+			cl.close()
 		}
 	}()
 	pool, sessions, err := openTablesPools(ctx, o)
 	if err != nil {
 		return nil, nil, err
 	}
-	closers = append(closers, pool.Close)
+	cl.add(pool.Close)
 	if sessions != pool {
-		closers = append(closers, sessions.Close)
+		cl.add(sessions.Close)
 	}
 	shared := outboxpgx.NewShared(sessions)
-	closers = append(closers, shared.Close)
+	cl.add(shared.Close)
 	o.broker.logger = o.logger
 	// Shared by the tables' relays, and the dashboard's replays; with exactly-once,
 	// each relay has a transactional publisher of its own (open).
@@ -56,7 +51,7 @@ func tablesSupervisor(ctx context.Context, o *relayOptions) (_ *supervisor.Confi
 	if err != nil {
 		return nil, nil, err
 	}
-	closers = append(closers, func() { _ = pub.Close() })
+	cl.add(func() { _ = pub.Close() })
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "outbox_db_pool_connections",
 		Help: "Database connections the relays' pool holds (in use, idle or opening), at most --max-conns."},
@@ -74,7 +69,7 @@ func tablesSupervisor(ctx context.Context, o *relayOptions) (_ *supervisor.Confi
 		// CDC relays wake up on the stream; polling ones on this.
 		sc.Beside = append(sc.Beside, set.wakePending)
 	}
-	return sc, closeOpened, nil
+	return sc, cl.close, nil
 }
 
 // openTablesPools opens the pool every table's relay claims through, capped at
