@@ -585,8 +585,13 @@ func (p *pipeline) after(results []broker.Result, failed int, unavailable, full 
 	if failed == 0 {
 		p.bo.reset()
 		if !full {
-			p.linger = false
-			r.waitFor(p.ctx, p.wake, 0) // pick up a pending wake-up, then claim again
+			// Pick up a pending wake-up, then claim again. The linger a notification
+			// armed stays armed until the relay idles: a writer debounces its
+			// notifications, so the last commits of a burst may have none, and the
+			// relay must look once more after NotifyLinger, not a whole PollInterval.
+			if r.waitFor(p.ctx, p.wake, 0) {
+				p.linger = true
+			}
 		}
 		return
 	}
