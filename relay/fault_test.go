@@ -1,7 +1,6 @@
 package relay_test
 
 import (
-	"bytes"
 	"context"
 	"database/sql"
 	"errors"
@@ -147,28 +146,10 @@ func (f *faulty) sequence(ctx context.Context, now fault, msgs []broker.Message)
 }
 
 // tell is the story of a failed case: each publish call, then the relay's warnings.
-func (f *faulty) tell(logs *lockedBuffer) string {
+func (f *faulty) tell(logs *testenv.Buffer) string {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	return "calls:\n" + strings.Join(f.story, "\n") + "\nrelay:\n" + logs.String()
-}
-
-// lockedBuffer is a buffer the relay's goroutines write their logs to.
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
 }
 
 // noAnswer is an answer that comes only after the deadline (or never).
@@ -294,7 +275,7 @@ func generatedFaults(t *testing.T, e faultStore) {
 			rt.Fatal(err)
 		}
 		f := &faulty{mem: memory.New(0), script: script}
-		logs := &lockedBuffer{} // the relay's warnings, told on failure
+		logs := &testenv.Buffer{} // the relay's warnings, told on failure
 		r, err := relay.New(e.store, f, &relay.Config{
 			BatchSize: batch, PollInterval: 10 * time.Millisecond, FlowPastDeadLetters: true,
 			MaxAttempts: 1000, RetryMin: 5 * time.Millisecond, RetryMax: 20 * time.Millisecond,

@@ -308,7 +308,7 @@ func TestRelayThatStops(t *testing.T) {
 
 	fails.Store(1)
 	w.setTables(a)
-	var logs syncBuffer
+	var logs testenv.Buffer
 	sup, err = supervisor.New(&supervisor.Config{Find: w.find, Open: open, Publisher: w.pub, Rescan: time.Hour,
 		Logger: slog.New(slog.NewTextHandler(&logs, nil))})
 	if err != nil {
@@ -323,22 +323,4 @@ func TestRelayThatStops(t *testing.T) {
 		t.Fatal(err)
 	}
 	waitFor(t, w.pub, a, 1)
-}
-
-// syncBuffer is a log destination the test reads while the supervisor writes.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  strings.Builder
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
 }
