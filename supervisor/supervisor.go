@@ -179,7 +179,7 @@ func (s *Supervisor) Registry() *prometheus.Registry { return s.reg }
 
 // Run opens the tables and runs their relays until ctx ends. It returns nil when
 // ctx ends, or the error that ended it: a fixed table that could not open or whose
-// relay failed, or a Beside's.
+// relay failed, or a Beside's. A Supervisor runs once.
 func (s *Supervisor) Run(parent context.Context) error {
 	ctx, cancel := context.WithCancelCause(parent)
 	defer cancel(nil)
