@@ -41,6 +41,12 @@ var (
 	// ErrEventNotFound means no table holds an event with that id: never written,
 	// rolled back, cleaned up after publication, or purged from the dead letters.
 	ErrEventNotFound = errors.New("no event with this id")
+	// ErrNotCompleted means a claim's write-back, settled in a fresh transaction
+	// after the claim's own ended, left rows the broker took unpublished: another
+	// session held them (SKIP LOCKED), or recorded on them since. They are published
+	// again; a transactional publisher's ledger must keep them as sent, so it answers
+	// them without sending (docs/kafka.md).
+	ErrNotCompleted = errors.New("rows the broker took were left unpublished")
 )
 
 // Driver is one database binding, generic over the transaction type the caller uses

@@ -23,6 +23,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"slices"
 	"sync"
 	"time"
@@ -47,11 +48,25 @@ type DB struct {
 	// changed is closed, and replaced, whenever a lock is released or a transaction
 	// ends: waiters look again.
 	changed chan struct{}
+	// counts are what the server did that a simulation wants reached (Counts).
+	counts map[string]int
+}
+
+// Counts reports how often the server did what tests want to see done: ended a
+// transaction idle past its timeout ("idle-in-transaction-ended"), a session idle
+// past idle_session_timeout ("idle-session-ended"), made a statement wait for a lock
+// ("lock-waited"), or gave up on one at lock_timeout ("lock-timeout"); and how often a
+// new leader waited for claims still holding the claim fence
+// ("leader-waited-for-claims").
+func (db *DB) Counts() map[string]int {
+	db.mu.Lock()
+	defer db.mu.Unlock()
+	return maps.Clone(db.counts)
 }
 
 // NewDB is an empty database server.
 func NewDB() *DB {
-	return &DB{tables: map[string]*table{}, advisory: map[int64]*advisoryLock{}, changed: make(chan struct{})}
+	return &DB{tables: map[string]*table{}, advisory: map[int64]*advisoryLock{}, changed: make(chan struct{}), counts: map[string]int{}}
 }
 
 // Client is one process's connections to the database: Close ends them all at once,
@@ -170,6 +185,11 @@ func (db *DB) reap() {
 	t := time.Now()
 	for _, s := range slices.Clone(db.sessions) {
 		if at, ok := s.reapAt(); ok && !t.Before(at) {
+			if s.tx != nil {
+				db.counts["idle-in-transaction-ended"]++
+			} else {
+				db.counts["idle-session-ended"]++
+			}
 			db.terminate(s)
 		}
 	}
@@ -227,16 +247,20 @@ func (tx *Tx) wait(ctx context.Context, ready func() bool) error {
 	if tx.lockTimeout > 0 {
 		lockDeadline = time.Now().Add(tx.lockTimeout)
 	}
-	for {
+	for waited := false; ; waited = true {
 		db.reap()
 		if tx.s.closed {
 			return ErrSessionEnded
 		}
 		if ready() {
 			tx.s.last = time.Now()
+			if waited {
+				db.counts["lock-waited"]++
+			}
 			return nil
 		}
 		if !lockDeadline.IsZero() && !time.Now().Before(lockDeadline) {
+			db.counts["lock-timeout"]++
 			return ErrLockTimeout
 		}
 		wake := db.nextReap()

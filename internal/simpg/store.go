@@ -250,7 +250,24 @@ func (c *claim) Complete(ctx context.Context, p *outboxdriver.CompleteParams) er
 	}); serr != nil {
 		return fmt.Errorf("%w (settling in a fresh transaction: %w)", err, serr)
 	}
-	return nil
+	return c.unpublished(ctx, p.Published)
+}
+
+// unpublished fails with ErrNotCompleted when rows of ids are still unpublished after
+// a settle (its SKIP LOCKED passed rows another session held).
+func (c *claim) unpublished(ctx context.Context, ids []string) error {
+	n := 0
+	err := c.s.read(ctx, func(t *table, _ time.Time) {
+		for _, r := range t.outbox {
+			if v := r.committed; v != nil && !v.published() && slices.Contains(ids, v.id) {
+				n++
+			}
+		}
+	})
+	if err == nil && n > 0 {
+		err = fmt.Errorf("%w: %d of %d (another session held them when the claim's transaction had ended)", outboxdriver.ErrNotCompleted, n, len(ids))
+	}
+	return err
 }
 
 // Settle implements outboxdriver.Settler, under the claim fence shared.
@@ -455,6 +472,9 @@ func (s *Store) advisory(ctx context.Context, exclusive bool, timeout time.Durat
 	}
 	if exclusive {
 		// pg_advisory_lock(fence), pg_advisory_unlock(fence), on the lock's session.
+		if !db.grantable(s.d.claimFence, sess, true, nil) {
+			db.counts["leader-waited-for-claims"]++
+		}
 		tx := &Tx{db: db, s: sess, start: now()}
 		sess.tx = tx
 		err := tx.advisoryXact(ctx, s.d.claimFence, true)

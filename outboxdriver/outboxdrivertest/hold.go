@@ -2,6 +2,8 @@ package outboxdrivertest
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"testing"
 	"time"
 
@@ -86,5 +88,38 @@ func testCompleteAfterHoldEnded[TTx any](t *testing.T, h *Harness[TTx]) {
 	ev, err := s.Event(ctx, want[1])
 	if err != nil || ev.Attempts != 1 || ev.Error != "refused" {
 		t.Fatalf("the failed event: %+v, %v; want one attempt, its error", ev, err)
+	}
+}
+
+// testCompleteAfterHoldEndedRowHeld: when the database ended the claim and another
+// session holds a row the broker took, the write-back in a fresh transaction cannot
+// mark it (it skips locked rows): Complete says so with ErrNotCompleted, never
+// reports it completed (a transactional publisher's ledger would forget it was sent,
+// and send it twice: found by the relay's simulation), and the row is claimed again
+// once the lock goes.
+func testCompleteAfterHoldEndedRowHeld[TTx any](t *testing.T, h *Harness[TTx]) {
+	if h.HoldRow == nil {
+		t.Skip("the database has no row locks another session could hold (one writer at a time)")
+	}
+	ctx := ctxT(t)
+	want, s, c := holdClaim(t, h)
+	if c == nil {
+		return
+	}
+	time.Sleep(2500 * time.Millisecond) //nolint:forbidigo // outlasts the claim's hold timeout: the server ends the idle claim by its own clock
+	release, err := h.HoldRow(ctx, want[1], LockForShare)
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = c.Complete(ctx, &outboxdriver.CompleteParams{Published: want})
+	release()
+	if !errors.Is(err, outboxdriver.ErrNotCompleted) {
+		t.Fatalf("complete of a row another session held after the claim ended: %v, want ErrNotCompleted", err)
+	}
+	if st, err := s.Status(ctx); err != nil || st.Unpublished != 1 || st.Published != 1 {
+		t.Fatalf("status: %+v, %v; want the free row published, the held one not", st, err)
+	}
+	if got := ids(drain(t, s)); fmt.Sprint(got) != fmt.Sprint(want[1:]) {
+		t.Fatalf("after the lock: claimed %v, want the held row %v again", got, want[1:])
 	}
 }

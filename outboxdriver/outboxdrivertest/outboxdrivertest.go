@@ -74,6 +74,7 @@ func Run[TTx any](t *testing.T, newHarness NewFunc[TTx]) {
 		{"LeaderWaitsForOldClaims", testLeaderWaitsForOldClaims[TTx]},
 		{"ClaimKeptAlive", testClaimKeptAlive[TTx]},
 		{"CompleteAfterHoldEnded", testCompleteAfterHoldEnded[TTx]},
+		{"CompleteAfterHoldEndedRowHeld", testCompleteAfterHoldEndedRowHeld[TTx]},
 		{"Status", testStatus[TTx]},
 		{"EventStory", testEventStory[TTx]},
 		{"CleanupNeverDeletesUnpublished", testCleanup[TTx]},

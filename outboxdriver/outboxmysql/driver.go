@@ -324,7 +324,7 @@ func (c *claim) Complete(ctx context.Context, p *outboxdriver.CompleteParams) er
 	if serr := outboxdriver.Settle(ctx, p, settle); serr != nil {
 		return fmt.Errorf("%w (settling in a fresh transaction: %w)", interpretError(err), interpretError(serr))
 	}
-	return nil
+	return interpretError(sqlstore.Unpublished(ctx, &c.d.base, p.Published))
 }
 
 // Settle implements outboxdriver.Settler: the rows Complete left out, written in

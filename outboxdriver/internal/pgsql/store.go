@@ -571,6 +571,24 @@ func (c *claim) Complete(ctx context.Context, p *outboxdriver.CompleteParams) er
 	}); serr != nil {
 		return fmt.Errorf("%w (settling in a fresh transaction: %w)", InterpretError(err), InterpretError(serr))
 	}
+	return c.unpublished(ctx, p.Published)
+}
+
+// unpublished fails with ErrNotCompleted when rows of ids are still unpublished after
+// a settle: its SKIP LOCKED passed rows another session held (an operator's lock, a
+// reporting job's FOR SHARE), which the caller must not count as completed.
+func (c *claim) unpublished(ctx context.Context, ids []string) error {
+	if len(ids) == 0 {
+		return nil
+	}
+	var n int
+	if err := QueryRow(ctx, c.s.DB, `SELECT count(*) FROM `+c.s.Statements.qualified+` AS o
+WHERE o.id = ANY($1::text[]::uuid[]) AND o.published_at IS NULL`, []any{ids}, &n); err != nil {
+		return InterpretError(err)
+	}
+	if n > 0 {
+		return fmt.Errorf("%w: %d of %d (another session held them when the claim's transaction had ended)", outboxdriver.ErrNotCompleted, n, len(ids))
+	}
 	return nil
 }
 

@@ -96,6 +96,24 @@ func NewBase(db *sql.DB, table outboxdriver.Table, err error, q, qDead string, d
 	return Base{db: db, table: table, err: err, q: q, qDead: qDead, d: d, parts: p}
 }
 
+// Unpublished fails with outboxdriver.ErrNotCompleted when rows of ids are still
+// unpublished after a settle: its SKIP LOCKED passed rows another session held,
+// which the caller must not count as completed.
+func Unpublished(ctx context.Context, b *Base, ids []string) error {
+	if len(ids) == 0 {
+		return nil
+	}
+	var n int
+	if err := b.db.QueryRowContext(ctx, `SELECT count(*) FROM `+b.q+` WHERE published_at IS NULL AND id IN (`+Placeholders(len(ids))+`)`,
+		Args(ids)...).Scan(&n); err != nil {
+		return err
+	}
+	if n > 0 {
+		return fmt.Errorf("%w: %d of %d (another session held them when the claim's transaction had ended)", outboxdriver.ErrNotCompleted, n, len(ids))
+	}
+	return nil
+}
+
 // Table implements outboxdriver.Driver.
 func (b *Base) Table() outboxdriver.Table { return b.table }
 
