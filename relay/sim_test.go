@@ -2,7 +2,6 @@ package relay_test
 
 import (
 	"context"
-	"database/sql"
 	"flag"
 	"fmt"
 	"log/slog"
@@ -22,7 +21,6 @@ import (
 	"github.com/outboxd/outbox"
 	"github.com/outboxd/outbox/broker"
 	"github.com/outboxd/outbox/outboxdriver"
-	"github.com/outboxd/outbox/outboxdriver/outboxsqlite"
 	"github.com/outboxd/outbox/relay"
 )
 
@@ -45,6 +43,7 @@ var (
 	simSeed = flag.Uint64("sim.seed", 0, "TestSimulation: run this seed only (its trace is printed)")
 	simRuns = flag.Int("sim.runs", 0, "TestSimulation: how many seeds (default: OUTBOX_SIM_RUNS, else a CI sample)")
 	simBase = flag.Uint64("sim.base", 0, "TestSimulation: the first seed of the sample (0: from the clock, a new sample each run)")
+	simOn   = flag.String("sim.store", "", "TestSimulation: run every seed on this database, sqlite or postgres (default: each seed draws one; a forced one changes the seed's schedule)")
 )
 
 // simRunsDefault is how many seeds TestSimulation runs by default: fewer under the
@@ -141,7 +140,17 @@ type simScript struct {
 	// ledger: the relays publish through a broker with a ledger (Kafka's
 	// transactions): no event may reach it twice.
 	ledger bool
+	// store is the database the processes share.
+	store simStoreKind
 }
+
+// simStoreKind is a run's database: SQLite's file, or the PostgreSQL model.
+type simStoreKind string
+
+const (
+	simSQLite   simStoreKind = "sqlite"
+	simPostgres simStoreKind = "postgres (model)"
+)
 
 func newSimScript(seed uint64, rng *rand.Rand) *simScript {
 	s := &simScript{procs: 2 + rng.IntN(2), faultP: []int{0, 50, 150, 300}[rng.IntN(4)], cfg: simRelayConfig(rng)}
@@ -180,6 +189,14 @@ func newSimScript(seed uint64, rng *rand.Rand) *simScript {
 	}
 	slices.SortStableFunc(s.locks, func(a, b simLock) int { return int(a.at - b.at) })
 	s.ledger = rand.New(rand.NewPCG(seed, 2)).IntN(3) == 0
+	// Half the runs on the PostgreSQL model, drawn apart too: a SQLite run's schedule
+	// is the one it had before the model existed.
+	s.store = simSQLite
+	if pg := rand.New(rand.NewPCG(seed, 3)).IntN(2) == 0; *simOn == "postgres" || pg && *simOn != "sqlite" {
+		s.store = simPostgres
+		// The leadership's bound, which SQLite's lease plays: simLiveness counts it.
+		s.cfg.LeaderTimeout = simLeaseTTL
+	}
 	return s
 }
 
@@ -265,11 +282,17 @@ var simBranches = []string{
 	"takeover", "takeover-from-crashed-or-claiming", "crash-with-claim", "commit-outcome-unknown",
 	"commit-after-caller-gave-up", "publish-answer-lost", "straggler", "settle", "dead-letter", "pause", "clock-step",
 	"foreign-lock", "ledger-resume-marks",
+	// The PostgreSQL model's server: runs on it, a claim's transaction ended by its
+	// hold timeout, a leadership's session by idle_session_timeout.
+	"pg-run", "pg-idle-in-transaction-ended", "pg-idle-session-ended",
 }
 
 // Counted, too rare to require of a CI sample (about one run in 400): a dead letter
 // moved by a process after another took its leadership ("dead-letter-after-term-lost");
-// a ledger's commit fenced by a newer epoch ("ledger-fenced", about one in 100).
+// a ledger's commit fenced by a newer epoch ("ledger-fenced", about one in 100); on
+// the PostgreSQL model, a new leader waiting for the old one's claims
+// ("pg-leader-waited-for-claims", about one run in 200) and a statement waiting for a
+// row lock ("pg-lock-waited", one in 70).
 
 func firstDifference(a, b []string) string {
 	for i := range min(len(a), len(b)) {
@@ -304,25 +327,23 @@ func simulate(t *testing.T, seed uint64, path string) simResult {
 	rng := rand.New(rand.NewPCG(seed, 0))
 	script := newSimScript(seed, rng)
 	w := newSimWorld(seed, script.faultP)
-	w.note("seed %d: %d processes, faults %d‰, batch %d, %s, %d transactions, %d actions, ledger %v",
-		seed, script.procs, script.faultP, script.cfg.BatchSize, script.cfg.Completion, len(script.txs), len(script.actions), script.ledger)
+	w.note("seed %d: %s, %d processes, faults %d‰, batch %d, %s, %d transactions, %d actions, ledger %v",
+		seed, script.store, script.procs, script.faultP, script.cfg.BatchSize, script.cfg.Completion, len(script.txs), len(script.actions), script.ledger)
 	ctx := context.Background()
 
-	// The application: its own handle on the file, writing through the writer.
-	appDB, err := outboxsqlite.Open(path)
+	// The database, and the application writing through the writer.
+	var backend simBackend
+	var err error
+	switch script.store {
+	case simPostgres:
+		backend, err = newPGBackend()
+	default:
+		backend, err = newSQLiteBackend(path)
+	}
 	if err != nil {
 		t.Fatal(err)
 	}
-	app := outboxsqlite.New(appDB, &outboxsqlite.Options{LeaseTTL: simLeaseTTL})
-	m, _ := app.Migrator()
-	if _, err := m.Migrate(ctx); err != nil {
-		t.Fatal(err)
-	}
-	writer, err := outbox.NewWriter(outboxdriver.Driver[*sql.Tx](app), nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	appStore, _ := app.Store()
+	appStore := backend.admin()
 
 	var procs []*simProc
 	nextID := 0
@@ -330,13 +351,8 @@ func simulate(t *testing.T, seed uint64, path string) simResult {
 		p := &simProc{id: nextID}
 		p.life, p.kill = context.WithCancel(ctx)
 		nextID++
-		db, err := outboxsqlite.Open(path)
-		if err != nil {
-			t.Fatal(err)
-		}
-		clock := func() time.Time { return time.Now().Add(time.Duration(p.step.Load())) }
-		inner, _ := outboxsqlite.New(db, &outboxsqlite.Options{LeaseTTL: simLeaseTTL, Clock: clock}).Store()
-		p.store = inner
+		inner, sever, closeStore := backend.open(p)
+		p.store, p.sever = inner, sever
 		cfg := script.cfg
 		cfg.Rand = rand.NewPCG(seed, uint64(p.id)+1)
 		cfg.Logger = slog.New(slog.DiscardHandler)
@@ -356,7 +372,7 @@ func simulate(t *testing.T, seed uint64, path string) simResult {
 			if err := <-done; err != nil {
 				w.note("p%d stopped with %v", p.id, err)
 			}
-			_ = db.Close()
+			closeStore()
 		}
 		procs = append(procs, p)
 		w.note("p%d started", p.id)
@@ -376,6 +392,9 @@ func simulate(t *testing.T, seed uint64, path string) simResult {
 			return false
 		})
 		w.mu.Unlock()
+		if p.sever != nil {
+			p.sever() // its connections die with it
+		}
 		for _, c := range gone {
 			c.verdict <- simVerdict{fault: simRefused}
 		}
@@ -395,17 +414,12 @@ func simulate(t *testing.T, seed uint64, path string) simResult {
 	// released one at a time in between.
 	type restart struct{ at time.Time }
 	var restarts []restart
-	// held are the simLocks' claims, until their release time.
+	// held are the simLocks, until their release time.
 	type held struct {
-		until  time.Time
-		claims []outboxdriver.Claim
+		until   time.Time
+		release func()
 	}
 	var holds []held
-	release := func(h held) {
-		for _, c := range h.claims {
-			_ = c.Release(ctx) // a crashed process's store is closed: its locks went with it
-		}
-	}
 	bad, good := map[string]bool{}, map[string][]string{} // good: per aggregate, in commit order
 	txs, actions, locks := script.txs, script.actions, script.locks
 	for {
@@ -415,18 +429,9 @@ func simulate(t *testing.T, seed uint64, path string) simResult {
 		case len(locks) > 0 && locks[0].at <= elapsed:
 			l := locks[0]
 			locks = locks[1:]
-			h := held{until: time.Now().Add(l.dur)}
-			var span string
-			for _, p := range live() {
-				c, err := p.store.Claim(ctx, &outboxdriver.ClaimParams{Limit: l.rows})
-				if err != nil {
-					w.note("p%d: another session could not lock rows: %v", p.id, err)
-					continue
-				}
-				h.claims = append(h.claims, c)
-				span = seqSpan(c.Rows())
-			}
-			if span != "" {
+			span, release := backend.lock(ctx, live(), l)
+			h := held{until: time.Now().Add(l.dur), release: release}
+			if span != "" && span != "[]" {
 				w.mu.Lock()
 				w.reached["foreign-lock"]++
 				w.mu.Unlock()
@@ -436,14 +441,14 @@ func simulate(t *testing.T, seed uint64, path string) simResult {
 			slices.SortStableFunc(holds, func(a, b held) int { return a.until.Compare(b.until) })
 			continue
 		case len(holds) > 0 && !holds[0].until.After(time.Now()):
-			release(holds[0])
+			holds[0].release()
 			holds = holds[1:]
 			w.note("another session's locks released")
 			continue
 		case len(txs) > 0 && txs[0].at <= elapsed:
 			tx := txs[0]
 			txs = txs[1:]
-			simWrite(t, w, appDB, writer, tx, bad, good)
+			simWrite(t, w, backend, tx, bad, good)
 			continue
 		case len(actions) > 0 && actions[0].at <= elapsed:
 			a := actions[0]
@@ -501,7 +506,7 @@ func simulate(t *testing.T, seed uint64, path string) simResult {
 		w.idle(next)
 	}
 	for _, h := range holds {
-		release(h)
+		h.release()
 	}
 
 	// The faults stop: hung calls die, pauses end, the crashed come back.
@@ -565,44 +570,26 @@ func simulate(t *testing.T, seed uint64, path string) simResult {
 		failure = simDuplicates(w, script.cfg.BatchSize, script.ledger)
 	}
 	if failure != "" {
-		for _, q := range []string{"SELECT 'outbox', seq, id, coalesce(published_at,0), attempts, coalesce(last_error,'') FROM outbox", "SELECT 'dead', seq, id, dead_at, attempts, error FROM outbox_dead"} {
-			rows, err := appDB.QueryContext(ctx, q)
-			if err != nil {
-				w.detail("%s: %v", q, err)
-				continue
-			}
-			for rows.Next() {
-				var tbl, id, e string
-				var seq, at, attempts int64
-				_ = rows.Scan(&tbl, &seq, &id, &at, &attempts, &e)
-				w.detail("final %s seq=%d %s at=%d attempts=%d %.60s", tbl, seq, shortID(id), at, attempts, e)
-			}
-			_ = rows.Close()
-		}
+		backend.dump(w)
 	}
-	_ = appDB.Close()
+	for k, v := range backend.reached() {
+		w.reached[k] += v
+	}
+	backend.close()
 	return simResult{hash: w.hash, failure: failure, trace: w.trace, details: w.details, reached: w.reached}
 }
 
 // simWrite runs one transaction of the script through the writer.
-func simWrite(t *testing.T, w *simWorld, db *sql.DB, writer *outbox.Writer[*sql.Tx], tx simTx, bad map[string]bool, good map[string][]string) {
+func simWrite(t *testing.T, w *simWorld, backend simBackend, tx simTx, bad map[string]bool, good map[string][]string) {
 	t.Helper()
-	ctx := context.Background()
-	sqlTx, err := db.BeginTx(ctx, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
 	evs := make([]outbox.Event, len(tx.events))
 	for i := range tx.events {
 		evs[i] = tx.events[i].ev
 	}
-	if err := writer.WriteTx(ctx, sqlTx, evs...); err != nil {
+	if err := backend.write(context.Background(), evs, tx.rollback); err != nil {
 		t.Fatal(err)
 	}
 	if tx.rollback {
-		if err := sqlTx.Rollback(); err != nil {
-			t.Fatal(err)
-		}
 		w.mu.Lock()
 		for _, e := range evs {
 			w.rolledBack[e.ID] = true
@@ -610,9 +597,6 @@ func simWrite(t *testing.T, w *simWorld, db *sql.DB, writer *outbox.Writer[*sql.
 		w.mu.Unlock()
 		w.note("rolled back %d events", len(evs))
 		return
-	}
-	if err := sqlTx.Commit(); err != nil {
-		t.Fatal(err)
 	}
 	w.mu.Lock()
 	now := time.Now()

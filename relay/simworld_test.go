@@ -88,6 +88,8 @@ type simProc struct {
 	// store is the process's own store, unwrapped: another session of the process
 	// (simLock) claims on it, outside the scheduler.
 	store outboxdriver.Store
+	// sever ends the process's connections when it crashes (nil: its stop does).
+	sever func()
 }
 
 // simWorld is the scheduler, the faults' source and the record of what happened.
@@ -439,6 +441,9 @@ func (s *simStore) AcquireLeadership(ctx context.Context, p *outboxdriver.Leader
 	}
 	s.w.leader = s.p
 	s.w.mu.Unlock()
+	if _, ok := l.(outboxdriver.LeaseBound); ok {
+		return &simLeaseLead{simLead{s: s, inner: l}}, nil
+	}
 	return &simLead{s: s, inner: l}, nil
 }
 
@@ -455,8 +460,11 @@ func (l *simLead) Release(ctx context.Context) error {
 	return l.s.w.call(ctx, l.s.p, "resign", "", true, l.inner.Release)
 }
 
+// simLeaseLead is a leadership with a bound of its own (SQLite's lease).
+type simLeaseLead struct{ simLead }
+
 // Bound passes the SQLite lease's own bound through: the relay fences itself by it.
-func (l *simLead) Bound() time.Duration { return l.inner.(outboxdriver.LeaseBound).Bound() }
+func (l *simLeaseLead) Bound() time.Duration { return l.inner.(outboxdriver.LeaseBound).Bound() }
 
 type simClaim struct {
 	s      *simStore
