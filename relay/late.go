@@ -4,6 +4,7 @@ import (
 	"hash/maphash"
 	"sync"
 
+	"github.com/outboxd/outbox/internal/simbug"
 	"github.com/outboxd/outbox/internal/wire"
 	"github.com/outboxd/outbox/outboxdriver"
 )
@@ -73,7 +74,7 @@ func (l *lateMarks) mark(rows []outboxdriver.Row) (n int) {
 			top = max(top, inBatch[k])
 			inBatch[k] = max(inBatch[k], r.Seq)
 		}
-		if r.Seq >= top || r.Headers[wire.HeaderLate] != "" {
+		if r.Seq >= top || r.Headers[wire.HeaderLate] != "" || simbug.On("late-unmarked") {
 			continue
 		}
 		h := make(map[string]string, len(r.Headers)+1)

@@ -20,6 +20,7 @@ import (
 
 	"github.com/outboxd/outbox"
 	"github.com/outboxd/outbox/broker"
+	"github.com/outboxd/outbox/internal/wire"
 	"github.com/outboxd/outbox/outboxdriver"
 	"github.com/outboxd/outbox/relay"
 )
@@ -99,6 +100,10 @@ type simTx struct {
 	at       time.Duration
 	events   []simEvent
 	rollback bool
+	// open is how long the transaction stays open after its insert, others
+	// committing meanwhile (PostgreSQL only: writers that do not serialize an
+	// aggregate, whose commits come opposite to their inserts). 0: it commits at once.
+	open time.Duration
 }
 
 // simAction is a process's fate: crash (and restart after dur), pause (for dur), or
@@ -196,6 +201,14 @@ func newSimScript(seed uint64, rng *rand.Rand) *simScript {
 		s.store = simPostgres
 		// The leadership's bound, which SQLite's lease plays: simLiveness counts it.
 		s.cfg.LeaderTimeout = simLeaseTTL
+		// One transaction in four stays open up to 3 s (SQLite has one writer: an
+		// open transaction there holds everyone back).
+		orng := rand.New(rand.NewPCG(seed, 4))
+		for i := range s.txs {
+			if orng.IntN(4) == 0 {
+				s.txs[i].open = time.Duration(1+orng.IntN(3000)) * time.Millisecond
+			}
+		}
 	}
 	return s
 }
@@ -285,6 +298,9 @@ var simBranches = []string{
 	// The PostgreSQL model's server: runs on it, a claim's transaction ended by its
 	// hold timeout, a leadership's session by idle_session_timeout.
 	"pg-run", "pg-idle-in-transaction-ended", "pg-idle-session-ended",
+	// Writers that do not serialize (PostgreSQL): a transaction committing after
+	// later ones, an event of it published after a later one, marked late.
+	"late-commit", "late-commit-passed", "late-commit-marked",
 }
 
 // Counted, too rare to require of a CI sample (about one run in 400): a dead letter
@@ -422,6 +438,8 @@ func simulate(t *testing.T, seed uint64, path string) simResult {
 	var holds []held
 	bad, good := map[string]bool{}, map[string][]string{} // good: per aggregate, in commit order
 	txs, actions, locks := script.txs, script.actions, script.locks
+	// opens are the transactions written and not yet ended, by when they end.
+	var opens []simOpen
 	for {
 		quiesce()
 		elapsed := time.Since(w.start)
@@ -445,10 +463,21 @@ func simulate(t *testing.T, seed uint64, path string) simResult {
 			holds = holds[1:]
 			w.note("another session's locks released")
 			continue
+		case len(opens) > 0 && !opens[0].until.After(time.Now()):
+			o := opens[0]
+			opens = opens[1:]
+			simEnd(t, w, o, bad)
+			continue
 		case len(txs) > 0 && txs[0].at <= elapsed:
 			tx := txs[0]
 			txs = txs[1:]
-			simWrite(t, w, backend, tx, bad, good)
+			o := simBegin(t, w, backend, tx, good)
+			if tx.open == 0 {
+				simEnd(t, w, o, bad)
+				continue
+			}
+			opens = append(opens, o)
+			slices.SortStableFunc(opens, func(a, b simOpen) int { return a.until.Compare(b.until) })
 			continue
 		case len(actions) > 0 && actions[0].at <= elapsed:
 			a := actions[0]
@@ -481,15 +510,21 @@ func simulate(t *testing.T, seed uint64, path string) simResult {
 			start()
 			continue
 		}
-		if elapsed >= simFaultPhase && len(txs) == 0 {
+		if elapsed >= simFaultPhase && len(txs) == 0 && len(opens) == 0 {
 			break
 		}
 		if w.releaseOne() {
 			continue
 		}
 		next := w.start.Add(simFaultPhase)
+		if len(opens) > 0 && !next.After(time.Now()) { // a transaction still open past the phase
+			next = opens[0].until
+		}
 		if len(txs) > 0 {
 			next = w.start.Add(txs[0].at)
+		}
+		if len(opens) > 0 && opens[0].until.Before(next) {
+			next = opens[0].until
 		}
 		if len(actions) > 0 && w.start.Add(actions[0].at).Before(next) {
 			next = w.start.Add(actions[0].at)
@@ -579,38 +614,67 @@ func simulate(t *testing.T, seed uint64, path string) simResult {
 	return simResult{hash: w.hash, failure: failure, trace: w.trace, details: w.details, reached: w.reached}
 }
 
-// simWrite runs one transaction of the script through the writer.
-func simWrite(t *testing.T, w *simWorld, backend simBackend, tx simTx, bad map[string]bool, good map[string][]string) {
+// simOpen is a transaction of the script, written and not yet ended.
+type simOpen struct {
+	tx    simTx
+	until time.Time
+	end   func(rollback bool) error
+}
+
+// simBegin writes one transaction of the script through the writer, and adds its good
+// events to good, per aggregate in write order (the order of their seqs).
+func simBegin(t *testing.T, w *simWorld, backend simBackend, tx simTx, good map[string][]string) simOpen {
 	t.Helper()
 	evs := make([]outbox.Event, len(tx.events))
 	for i := range tx.events {
 		evs[i] = tx.events[i].ev
 	}
-	if err := backend.write(context.Background(), evs, tx.rollback); err != nil {
+	end, err := backend.begin(context.Background(), evs)
+	if err != nil {
 		t.Fatal(err)
 	}
-	if tx.rollback {
+	w.mu.Lock()
+	for _, e := range tx.events {
+		if !e.bad {
+			good[e.ev.AggregateID] = append(good[e.ev.AggregateID], e.ev.ID)
+		}
+	}
+	w.mu.Unlock()
+	if tx.open > 0 {
+		w.note("wrote %d events, open for %v", len(evs), tx.open)
+	}
+	return simOpen{tx: tx, until: time.Now().Add(tx.open), end: end}
+}
+
+// simEnd commits or rolls back a transaction of the script.
+func simEnd(t *testing.T, w *simWorld, o simOpen, bad map[string]bool) {
+	t.Helper()
+	if err := o.end(o.tx.rollback); err != nil {
+		t.Fatal(err)
+	}
+	if o.tx.rollback {
 		w.mu.Lock()
-		for _, e := range evs {
-			w.rolledBack[e.ID] = true
+		for _, e := range o.tx.events {
+			w.rolledBack[e.ev.ID] = true
 		}
 		w.mu.Unlock()
-		w.note("rolled back %d events", len(evs))
+		w.note("rolled back %d events", len(o.tx.events))
 		return
 	}
 	w.mu.Lock()
 	now := time.Now()
 	var line []string
-	for _, e := range tx.events {
+	for _, e := range o.tx.events {
 		w.committed[e.ev.ID] = now
 		if e.bad {
 			bad[e.ev.ID] = true
-		} else {
-			good[e.ev.AggregateID] = append(good[e.ev.AggregateID], e.ev.ID)
 		}
 		line = append(line, e.ev.AggregateID+"/"+shortID(e.ev.ID))
 	}
 	w.mu.Unlock()
+	if o.tx.open > 0 {
+		w.reach("late-commit")
+	}
 	w.note("committed %v", line)
 }
 
@@ -632,6 +696,44 @@ func simDuplicates(w *simWorld, batch int, ledger bool) string {
 	}
 	if bound := 4 * batch * (w.disruptions + 1); dups > bound {
 		return fmt.Sprintf("%d events sent again after %d disruptions: at most %d expected (four batches of %d each, and once more)", dups, w.disruptions, bound, batch)
+	}
+	return ""
+}
+
+// simInOrder checks the first delivery m against the events written before it in
+// its aggregate (ids, in write order): each must have gone first, unless it was not
+// committed yet when m's claim read the table (a late commit: no relay can see it).
+// A late commit that the same process publishes after the broker took a later event
+// of its aggregate must go out marked outbox-late: committed-late.
+func simInOrder(w *simWorld, m simTaken, ids []string, pos map[string]int, delivered map[string]bool) string {
+	for _, earlier := range ids[:pos[m.id]] {
+		at, committed := w.committed[earlier]
+		if !committed || delivered[earlier] {
+			continue // rolled back, or out already
+		}
+		// The claim m went out from: the process's last claim of it before.
+		var claimed time.Time
+		for _, c := range w.claimed[simSent{m.proc, m.id}] {
+			if !c.After(m.at) {
+				claimed = c
+			}
+		}
+		if !claimed.IsZero() && at.After(claimed) {
+			w.reached["late-commit-passed"]++
+			continue
+		}
+		return fmt.Sprintf("aggregate %s: %s (#%d) reached the broker (p%d, at %v) before %s (#%d) ever had",
+			m.key, shortID(m.id), pos[m.id], m.proc, m.at.Sub(w.start), shortID(earlier), pos[earlier])
+	}
+	if m.late == wire.LateCommitted {
+		w.reached["late-commit-marked"]++
+		return ""
+	}
+	for _, later := range ids[pos[m.id]+1:] {
+		if acked, ok := w.acked[simSent{m.proc, later}]; ok && acked.Before(w.committed[m.id]) {
+			return fmt.Sprintf("aggregate %s: %s (#%d) committed late, after p%d had published %s (#%d), and went out without %s: %s",
+				m.key, shortID(m.id), pos[m.id], m.proc, shortID(later), pos[later], wire.HeaderLate, wire.LateCommitted)
+		}
 	}
 	return ""
 }
@@ -658,19 +760,15 @@ func simCheck(ctx context.Context, w *simWorld, store outboxdriver.Store, bad ma
 			return fmt.Sprintf("bad event %s reached the broker (p%d)", shortID(m.id), m.proc)
 		}
 		if !delivered[m.id] {
-			ids := good[m.key]
-			for _, earlier := range ids[:pos[m.id]] {
-				if !delivered[earlier] {
-					return fmt.Sprintf("aggregate %s: %s (#%d) reached the broker (p%d, at %v) before %s (#%d) ever had",
-						m.key, shortID(m.id), pos[m.id], m.proc, m.at.Sub(w.start), shortID(earlier), pos[earlier])
-				}
+			if f := simInOrder(w, m, good[m.key], pos, delivered); f != "" {
+				return f
 			}
 		}
 		delivered[m.id] = true
 	}
 	for _, agg := range slices.Sorted(maps.Keys(good)) {
 		for _, id := range good[agg] {
-			if !delivered[id] {
+			if _, committed := w.committed[id]; committed && !delivered[id] {
 				return fmt.Sprintf("aggregate %s: event %s was committed but never reached the broker", agg, shortID(id))
 			}
 		}
@@ -710,6 +808,7 @@ var simPlantedBugs = []struct{ name, what string }{
 	{"heads-off", "a claim takes an event while another session holds an earlier one of its aggregate (the head rule removed)"},
 	{"ledger-marked-early", "the relay tells a ledger a batch is marked though its mark failed"},
 	{"ledger-fence-ignored", "the relay keeps its term after its ledger was fenced (it never resumes)"},
+	{"late-unmarked", "the relay sends an event that committed after a later one of its aggregate went out without outbox-late: committed-late"},
 }
 
 // The CI slice: seeds of the clean build, then seeds of each planted bug (a fixed

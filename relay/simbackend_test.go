@@ -17,8 +17,9 @@ import (
 // the PostgreSQL store's statements over a model of the server, each process with its
 // own connections).
 type simBackend interface {
-	// write runs one transaction of the application through the real writer.
-	write(ctx context.Context, evs []outbox.Event, rollback bool) error
+	// begin writes one transaction of the application through the real writer, and
+	// returns what ends it (a commit, or with rollback a rollback).
+	begin(ctx context.Context, evs []outbox.Event) (end func(rollback bool) error, err error)
 	// admin is the application's store: status and dead letters, for the checks.
 	admin() outboxdriver.Store
 	// open is a new process's store, and sever, what its crash does to its
@@ -60,18 +61,20 @@ func newSQLiteBackend(path string) (*sqliteBackend, error) {
 	return &sqliteBackend{path: path, db: db, store: store, writer: writer}, nil
 }
 
-func (b *sqliteBackend) write(ctx context.Context, evs []outbox.Event, rollback bool) error {
+func (b *sqliteBackend) begin(ctx context.Context, evs []outbox.Event) (func(bool) error, error) {
 	tx, err := b.db.BeginTx(ctx, nil)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	if err := b.writer.WriteTx(ctx, tx, evs...); err != nil {
-		return err
+		return nil, err
 	}
-	if rollback {
-		return tx.Rollback()
-	}
-	return tx.Commit()
+	return func(rollback bool) error {
+		if rollback {
+			return tx.Rollback()
+		}
+		return tx.Commit()
+	}, nil
 }
 
 func (b *sqliteBackend) admin() outboxdriver.Store { return b.store }
@@ -156,18 +159,20 @@ func newPGBackend() (*pgBackend, error) {
 	return b, nil
 }
 
-func (b *pgBackend) write(ctx context.Context, evs []outbox.Event, rollback bool) error {
+func (b *pgBackend) begin(ctx context.Context, evs []outbox.Event) (func(bool) error, error) {
 	tx, err := b.app.Begin(ctx)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	if err := b.writer.WriteTx(ctx, tx, evs...); err != nil {
-		return err
+		return nil, err
 	}
-	if rollback {
-		return tx.Rollback(ctx)
-	}
-	return tx.Commit(ctx)
+	return func(rollback bool) error {
+		if rollback {
+			return tx.Rollback(ctx)
+		}
+		return tx.Commit(ctx)
+	}, nil
 }
 
 func (b *pgBackend) admin() outboxdriver.Store { return b.store }

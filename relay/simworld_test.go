@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/outboxd/outbox/broker"
+	"github.com/outboxd/outbox/internal/wire"
 	"github.com/outboxd/outbox/outboxdriver"
 )
 
@@ -120,12 +121,24 @@ type simWorld struct {
 	// Committed event ids, by the time of their commit, and the rolled-back ones.
 	committed  map[string]time.Time
 	rolledBack map[string]bool
+	// claimed is when each claim of a process that held an event returned, and
+	// acked when the broker first answered a process that it took an event (not
+	// through a ledger): the checks of a late commit.
+	claimed map[simSent][]time.Time
+	acked   map[simSent]time.Time
 }
 
 type simTaken struct {
 	id, key string
 	at      time.Time
 	proc    int
+	late    string // the message's outbox-late header
+}
+
+// simSent names an event as one process handled it.
+type simSent struct {
+	proc int
+	id   string
 }
 
 func newSimWorld(seed uint64, faultP int) *simWorld {
@@ -134,6 +147,7 @@ func newSimWorld(seed uint64, faultP int) *simWorld {
 		bell: make(chan struct{}, 1), heal: make(chan struct{}), faultP: faultP,
 		hash: fnv.New64a().Sum64(), reached: map[string]int{},
 		committed: map[string]time.Time{}, rolledBack: map[string]bool{},
+		claimed: map[simSent][]time.Time{}, acked: map[simSent]time.Time{},
 	}
 }
 
@@ -409,6 +423,12 @@ func (s *simStore) Claim(ctx context.Context, p *outboxdriver.ClaimParams) (outb
 		got = append(got, fmt.Sprintf("%d:%s/%s", r.Seq, r.AggregateID, shortID(r.ID)))
 	}
 	s.w.detail("p%d claimed %v", s.p.id, got)
+	s.w.mu.Lock()
+	for _, r := range c.Rows() {
+		k := simSent{s.p.id, r.ID}
+		s.w.claimed[k] = append(s.w.claimed[k], time.Now())
+	}
+	s.w.mu.Unlock()
 	return &simClaim{s: s, inner: c, detail: seqSpan(c.Rows())}, nil
 }
 
@@ -596,7 +616,7 @@ func (b *simBroker) publish(ctx context.Context, msgs []broker.Message, stage *[
 	if v.fault == simStraggler {
 		b.w.reach("straggler")
 	}
-	return broker.Sequence(ctx, msgs, broker.Schedule{AckTimeout: simAckTimeout}, broker.Sender{
+	results := broker.Sequence(ctx, msgs, broker.Schedule{AckTimeout: simAckTimeout}, broker.Sender{
 		Prepare: func(_ context.Context, i int) error {
 			switch {
 			case v.fault == simDown:
@@ -612,7 +632,7 @@ func (b *simBroker) publish(ctx context.Context, msgs []broker.Message, stage *[
 		},
 		Send: func(_ context.Context, i int) (broker.Future, error) {
 			b.w.mu.Lock()
-			taken := simTaken{id: msgs[i].ID, key: msgs[i].Key, at: time.Now(), proc: b.p.id}
+			taken := simTaken{id: msgs[i].ID, key: msgs[i].Key, at: time.Now(), proc: b.p.id, late: msgs[i].Headers[wire.HeaderLate]}
 			if stage != nil {
 				*stage = append(*stage, taken)
 			} else {
@@ -632,6 +652,17 @@ func (b *simBroker) publish(ctx context.Context, msgs []broker.Message, stage *[
 			return broker.Answered{}, nil
 		},
 	})
+	if stage == nil {
+		b.w.mu.Lock()
+		for i, res := range results {
+			k := simSent{b.p.id, msgs[i].ID}
+			if _, ok := b.w.acked[k]; res.Err == nil && !ok {
+				b.w.acked[k] = time.Now()
+			}
+		}
+		b.w.mu.Unlock()
+	}
+	return results
 }
 
 // lateRefusal is a refusal that comes at a given time.
