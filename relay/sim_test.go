@@ -41,10 +41,11 @@ import (
 // that replays it (docs/testing.md). The same seed gives the same schedule: a sample
 // of seeds is run twice and their trace hashes compared.
 var (
-	simSeed = flag.Uint64("sim.seed", 0, "TestSimulation: run this seed only (its trace is printed)")
-	simRuns = flag.Int("sim.runs", 0, "TestSimulation: how many seeds (default: OUTBOX_SIM_RUNS, else a CI sample)")
-	simBase = flag.Uint64("sim.base", 0, "TestSimulation: the first seed of the sample (0: from the clock, a new sample each run)")
-	simOn   = flag.String("sim.store", "", "TestSimulation: run every seed on this database, sqlite or postgres (default: each seed draws one; a forced one changes the seed's schedule)")
+	simSeed  = flag.Uint64("sim.seed", 0, "TestSimulation: run this seed only (its trace is printed)")
+	simRuns  = flag.Int("sim.runs", 0, "TestSimulation: how many seeds (default: OUTBOX_SIM_RUNS, else a CI sample)")
+	simBase  = flag.Uint64("sim.base", 0, "TestSimulation: the first seed of the sample (0: from the clock, a new sample each run)")
+	simOn    = flag.String("sim.store", "", "TestSimulation: run every seed on this database, sqlite or postgres (default: each seed draws one; a forced one changes the seed's schedule)")
+	simGroup = flag.String("sim.group", "", "TestSimulation: on or off: run every PostgreSQL seed as a group of active relays, or none (default: each seed draws)")
 )
 
 // simRunsDefault is how many seeds TestSimulation runs by default: fewer under the
@@ -147,6 +148,9 @@ type simScript struct {
 	ledger bool
 	// store is the database the processes share.
 	store simStoreKind
+	// group: the processes run as a group of active relays, each leasing its share
+	// of the partitions (PostgreSQL only).
+	group bool
 }
 
 // simStoreKind is a run's database: SQLite's file, or the PostgreSQL model.
@@ -208,6 +212,12 @@ func newSimScript(seed uint64, rng *rand.Rand) *simScript {
 			if orng.IntN(4) == 0 {
 				s.txs[i].open = time.Duration(1+orng.IntN(3000)) * time.Millisecond
 			}
+		}
+		// Half the PostgreSQL runs as a group. Not through a ledger: a group gives
+		// each partition a ledger of its own (Kafka's transactional id per
+		// partition), which the simulated broker does not have.
+		if g := rand.New(rand.NewPCG(seed, 5)).IntN(2) == 0; *simGroup == "on" || g && *simGroup != "off" {
+			s.group, s.ledger = true, false
 		}
 	}
 	return s
@@ -280,7 +290,7 @@ func TestSimulation(t *testing.T) {
 		}
 	}
 	t.Logf("%d runs; %d replayed, %d with another trace; branches reached: %v", len(seeds), replayed, differed, reached)
-	if len(seeds) >= 50 {
+	if len(seeds) >= 50 && *simOn == "" && *simGroup == "" { // a forced database or mode reaches only its own branches
 		for _, b := range simBranches {
 			if reached[b] == 0 {
 				t.Errorf("no run reached %q: the simulator no longer explores it", b)
@@ -301,6 +311,9 @@ var simBranches = []string{
 	// Writers that do not serialize (PostgreSQL): a transaction committing after
 	// later ones, an event of it published after a later one, marked late.
 	"late-commit", "late-commit-passed", "late-commit-marked",
+	// A group (PostgreSQL): runs as one, a partition's lease taken over (a new
+	// epoch), a barrier before claiming a partition that changed hands.
+	"group-run", "group-lease-taken-over", "group-barrier",
 }
 
 // Counted, too rare to require of a CI sample (about one run in 400): a dead letter
@@ -343,8 +356,8 @@ func simulate(t *testing.T, seed uint64, path string) simResult {
 	rng := rand.New(rand.NewPCG(seed, 0))
 	script := newSimScript(seed, rng)
 	w := newSimWorld(seed, script.faultP)
-	w.note("seed %d: %s, %d processes, faults %d‰, batch %d, %s, %d transactions, %d actions, ledger %v",
-		seed, script.store, script.procs, script.faultP, script.cfg.BatchSize, script.cfg.Completion, len(script.txs), len(script.actions), script.ledger)
+	w.note("seed %d: %s, %d processes, faults %d‰, batch %d, %s, %d transactions, %d actions, ledger %v, group %v",
+		seed, script.store, script.procs, script.faultP, script.cfg.BatchSize, script.cfg.Completion, len(script.txs), len(script.actions), script.ledger, script.group)
 	ctx := context.Background()
 
 	// The database, and the application writing through the writer.
@@ -376,7 +389,13 @@ func simulate(t *testing.T, seed uint64, path string) simResult {
 		if script.ledger {
 			pub = newSimLedgerBroker(pub.(*simBroker))
 		}
-		r, err := relay.New(&simStore{w: w, p: p, inner: inner}, pub, &cfg)
+		var store outboxdriver.Source = &simStore{w: w, p: p, inner: inner}
+		if script.group {
+			cfg.Group = &relay.GroupConfig{RelayID: fmt.Sprint("r", p.id), LeaseTTL: simLeaseTTL}
+			store = &simGroupStore{simStore: store.(*simStore), Admin: inner, group: inner.(outboxdriver.GroupStore)}
+			w.reach("group-run")
+		}
+		r, err := relay.New(store, pub, &cfg)
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -298,9 +298,10 @@ func (w *simWorld) verdict(c *simCall) simVerdict {
 	switch c.kind {
 	case "publish":
 		choice = []simFault{simRefused, simLate, simHung, simUnknown, simDown, simRefuse1, simCut, simStraggler, simStraggler}
-	case "complete", "settle", "check", "acquire", "cleanup", "resume", "commit", "complete-published":
+	case "complete", "settle", "check", "acquire", "cleanup", "resume", "commit", "complete-published",
+		"join", "heartbeat", "leases", "leave":
 		choice = []simFault{simRefused, simLate, simHung, simUnknown}
-	case "claim": // a read
+	case "claim", "barrier": // a read; the barrier's locks go with its transaction
 		choice = []simFault{simRefused, simLate}
 	default: // release: the SQLite driver's own memory, which cannot fail
 		return simVerdict{latency: latency}
@@ -507,7 +508,7 @@ func (c *simClaim) Complete(ctx context.Context, p *outboxdriver.CompleteParams)
 	if anyDead(p) {
 		c.s.w.reach("dead-letter")
 		c.s.w.mu.Lock()
-		if c.s.w.leader != c.s.p { // another process took leadership since
+		if c.s.w.leader != nil && c.s.w.leader != c.s.p { // another process took leadership since
 			c.s.w.reached["dead-letter-after-term-lost"]++
 		}
 		c.s.w.mu.Unlock()
@@ -681,3 +682,60 @@ func (b *simBroker) Features() broker.Features {
 func (b *simBroker) Close() error { return nil }
 
 func shortID(id string) string { return id[len(id)-6:] }
+
+// simGroupStore is simStore for a store that lets several relays run at once (the
+// PostgreSQL model): a group's calls go through the gate too; the operator's (Admin),
+// which the relay does not call, go straight to the store.
+type simGroupStore struct {
+	*simStore
+	outboxdriver.Admin
+	group outboxdriver.GroupStore
+}
+
+func (s *simGroupStore) AcquireMembership(ctx context.Context) (outboxdriver.Leadership, error) {
+	var l outboxdriver.Leadership
+	err := s.w.call(ctx, s.p, "join", "", true, func(ctx context.Context) error {
+		var err error
+		l, err = s.group.AcquireMembership(ctx)
+		return err
+	})
+	if err != nil || l == nil {
+		return nil, err
+	}
+	return &simLead{s: s.simStore, inner: l}, nil
+}
+
+func (s *simGroupStore) Heartbeat(ctx context.Context, p *outboxdriver.HeartbeatParams) (m *outboxdriver.Membership, err error) {
+	err = s.w.call(ctx, s.p, "heartbeat", "", true, func(ctx context.Context) error {
+		m, err = s.group.Heartbeat(ctx, p)
+		return err
+	})
+	return m, err
+}
+
+func (s *simGroupStore) Leases(ctx context.Context, p *outboxdriver.LeaseParams) (ls []outboxdriver.Lease, err error) {
+	err = s.w.call(ctx, s.p, "leases", fmt.Sprint(len(p.Want)), true, func(ctx context.Context) error {
+		ls, err = s.group.Leases(ctx, p)
+		return err
+	})
+	for _, l := range ls {
+		if l.Epoch > 1 {
+			s.w.reach("group-lease-taken-over")
+			break
+		}
+	}
+	return ls, err
+}
+
+func (s *simGroupStore) Barrier(ctx context.Context, partitions []int) error {
+	s.w.reach("group-barrier")
+	return s.w.call(ctx, s.p, "barrier", fmt.Sprint(len(partitions)), false, func(ctx context.Context) error {
+		return s.group.Barrier(ctx, partitions)
+	})
+}
+
+func (s *simGroupStore) Leave(ctx context.Context, relayID string) error {
+	return s.w.call(ctx, s.p, "leave", "", true, func(ctx context.Context) error {
+		return s.group.Leave(ctx, relayID)
+	})
+}
