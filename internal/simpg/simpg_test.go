@@ -18,6 +18,7 @@ func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 // sessions' row locks of every strength).
 func TestConformance(t *testing.T) {
 	outboxdrivertest.Run(t, func(t *testing.T, payload outboxdriver.PayloadType) *outboxdrivertest.Harness[*simpg.Tx] {
+		t.Helper()
 		db := simpg.NewDB()
 		app := db.Client()
 		t.Cleanup(app.Close)
