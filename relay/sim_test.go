@@ -114,6 +114,9 @@ type simAction struct {
 	kind simActionKind
 	proc int // index among the live processes, modulo
 	dur  time.Duration
+	// replace: in a group, a pause is met by a new process under the paused one's
+	// relay id (a restart while the old process is only hung).
+	replace bool
 }
 
 type simActionKind int
@@ -218,6 +221,10 @@ func newSimScript(seed uint64, rng *rand.Rand) *simScript {
 		// partition), which the simulated broker does not have.
 		if g := rand.New(rand.NewPCG(seed, 5)).IntN(2) == 0; *simGroup == "on" || g && *simGroup != "off" {
 			s.group, s.ledger = true, false
+			rrng := rand.New(rand.NewPCG(seed, 6))
+			for i := range s.actions {
+				s.actions[i].replace = rrng.IntN(3) == 0
+			}
 		}
 	}
 	return s
@@ -312,8 +319,9 @@ var simBranches = []string{
 	// later ones, an event of it published after a later one, marked late.
 	"late-commit", "late-commit-passed", "late-commit-marked",
 	// A group (PostgreSQL): runs as one, a partition's lease taken over (a new
-	// epoch), a barrier before claiming a partition that changed hands.
-	"group-run", "group-lease-taken-over", "group-barrier",
+	// epoch), a barrier before claiming a partition that changed hands, a paused
+	// member replaced under its relay id while it lives on.
+	"group-run", "group-lease-taken-over", "group-barrier", "group-same-relay-id",
 }
 
 // Counted, too rare to require of a CI sample (about one run in 400): a dead letter
@@ -376,7 +384,9 @@ func simulate(t *testing.T, seed uint64, path string) simResult {
 
 	var procs []*simProc
 	nextID := 0
-	start := func() {
+	// start starts a process; relayID, when given, is its group member id (a
+	// replacement for a paused process, under the same id).
+	start := func(relayID ...string) {
 		p := &simProc{id: nextID}
 		p.life, p.kill = context.WithCancel(ctx)
 		nextID++
@@ -391,7 +401,11 @@ func simulate(t *testing.T, seed uint64, path string) simResult {
 		}
 		var store outboxdriver.Source = &simStore{w: w, p: p, inner: inner}
 		if script.group {
-			cfg.Group = &relay.GroupConfig{RelayID: fmt.Sprint("r", p.id), LeaseTTL: simLeaseTTL}
+			p.relayID = fmt.Sprint("r", p.id)
+			if len(relayID) > 0 {
+				p.relayID = relayID[0]
+			}
+			cfg.Group = &relay.GroupConfig{RelayID: p.relayID, LeaseTTL: simLeaseTTL}
 			store = &simGroupStore{simStore: store.(*simStore), Admin: inner, group: inner.(outboxdriver.GroupStore)}
 			w.reach("group-run")
 		}
@@ -514,6 +528,12 @@ func simulate(t *testing.T, seed uint64, path string) simResult {
 					w.disruptions++
 					w.mu.Unlock()
 					w.note("p%d paused for %v", p.id, a.dur)
+					if a.replace && script.group {
+						// An orchestrator gives up on the hung process and starts
+						// another under its relay id, while it lives on.
+						w.reach("group-same-relay-id")
+						start(p.relayID)
+					}
 				case simClockStep:
 					p.step.Add(int64(a.dur))
 					w.mu.Lock()

@@ -91,6 +91,8 @@ type simProc struct {
 	store outboxdriver.Store
 	// sever ends the process's connections when it crashes (nil: its stop does).
 	sever func()
+	// relayID is its group member id (group runs).
+	relayID string
 }
 
 // simWorld is the scheduler, the faults' source and the record of what happened.
