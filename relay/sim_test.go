@@ -319,9 +319,10 @@ var simBranches = []string{
 	// later ones, an event of it published after a later one, marked late.
 	"late-commit", "late-commit-passed", "late-commit-marked",
 	// A group (PostgreSQL): runs as one, a partition's lease taken over (a new
-	// epoch), a barrier before claiming a partition that changed hands, a paused
-	// member replaced under its relay id while it lives on.
-	"group-run", "group-lease-taken-over", "group-barrier", "group-same-relay-id",
+	// epoch), a barrier before claiming a partition that changed hands, one that
+	// waited for a row the previous owner's claim held, a paused member replaced
+	// under its relay id while it lives on.
+	"group-run", "group-lease-taken-over", "group-barrier", "pg-barrier-waited", "group-same-relay-id",
 }
 
 // Counted, too rare to require of a CI sample (about one run in 400): a dead letter

@@ -484,6 +484,9 @@ func (s *Store) Barrier(ctx context.Context, partitions []int) error {
 		if v := r.view(tx); v == nil || v.published() || !slices.Contains(partitions, v.partition) {
 			continue
 		}
+		if !r.free(tx, ForUpdate) {
+			s.db.counts["barrier-waited"]++
+		}
 		if _, err := tx.lock(ctx, r, ForUpdate, false); err != nil {
 			return fmt.Errorf("partitions %v still locked by a previous owner: %w", partitions, err)
 		}

@@ -57,7 +57,8 @@ type DB struct {
 // past idle_session_timeout ("idle-session-ended"), made a statement wait for a lock
 // ("lock-waited"), or gave up on one at lock_timeout ("lock-timeout"); and how often a
 // new leader waited for claims still holding the claim fence
-// ("leader-waited-for-claims").
+// ("leader-waited-for-claims"), and a barrier for a row another claim held
+// ("barrier-waited").
 func (db *DB) Counts() map[string]int {
 	db.mu.Lock()
 	defer db.mu.Unlock()
