@@ -970,6 +970,12 @@ func (r *Relay) listen(ctx context.Context, wake chan<- struct{}) {
 			continue
 		}
 		bo.reset()
+		// What committed while no one listened (before the first LISTEN took
+		// effect, or while the session was lost) notified no one: one look now.
+		select {
+		case wake <- struct{}{}:
+		default:
+		}
 		for {
 			// A listening session that stays silent for a whole LeaderTimeout is
 			// listened again: a half-open connection would otherwise wait for ever

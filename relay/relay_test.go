@@ -509,6 +509,54 @@ func TestGroupExcludesSingleRelay(t *testing.T) {
 // the batch's write-back, so this order passed before the linger was kept armed past
 // the write-back too; the interleaving that lost it, seen in bench's live load, is
 // not forced here.)
+// TestWriteBeforeListenFound: a write committed while the relay's listening session was
+// not up yet (its notification reached no one) is found once the session is, not a
+// poll interval later: the relay looks once each time it starts listening. (Found by
+// CI: TestDebouncedWriteFoundAfterLinger wrote its first event right after the first
+// claim, before the listener had connected, and waited for a poll interval of an hour.)
+func TestWriteBeforeListenFound(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	store := &gatedListen{Store: e.store, entered: make(chan struct{}), gate: make(chan struct{})}
+	mem := memory.New(0)
+	r := relaytest.Start(t, store, mem, &relay.Config{PollInterval: time.Hour})
+	ctx := waitCtx(t)
+	testenv.Wait(t, ctx, "the relay's first claim", func() bool { return r.Stats().Claims >= 1 })
+	select {
+	case <-store.entered: // the listener is connecting, not listening yet
+	case <-ctx.Done():
+		t.Fatal("the relay never listened")
+	}
+	w, err := outbox.NewWriter(e.drv, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := w.Write(ctx, outbox.Event{AggregateType: "order", AggregateID: "a", Type: "OrderPlaced", Payload: []byte(`{}`)}); err != nil {
+		t.Fatal(err)
+	}
+	close(store.gate)
+	if _, err := mem.Wait(ctx, "outbox.event.order", 1); err != nil {
+		t.Fatalf("a write committed before the relay listened waited for the poll interval: %v", err)
+	}
+}
+
+// gatedListen holds the relay's first Listen until gate is closed.
+type gatedListen struct {
+	outboxdriver.Store
+	entered, gate chan struct{}
+	once          sync.Once
+}
+
+func (g *gatedListen) Listen(ctx context.Context) (outboxdriver.Listener, error) {
+	g.once.Do(func() { close(g.entered) })
+	select {
+	case <-g.gate:
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
+	return g.Store.Listen(ctx)
+}
+
 func TestDebouncedWriteFoundAfterLinger(t *testing.T) {
 	t.Parallel()
 	e := setup(t)
