@@ -23,6 +23,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"slices"
+	"sort"
 	"strconv"
 	"strings"
 	"sync"
@@ -205,9 +206,7 @@ func runDrain(dbURL, natsURL string, o drainOpts) (drainResult, error) {
 	}
 	rargs := []string{"relay", "--http=", "--db", dbURL, "--broker", natsURL, "--table", table.Schema + "." + table.Name, "--mode", o.mode,
 		"--topic-template", prefix + ".${aggregatetype}", "--batch-size", strconv.Itoa(o.batch), "--log-level", env("BENCH_RELAY_LOG", "warn")}
-	if o.mode == "poll" {
-		rargs = append(rargs, "--completion", o.completion)
-	}
+	rargs = append(rargs, "--completion", o.completion) // both modes: the CDC relay completes rows too
 	var cmds []*exec.Cmd
 	for i := 0; i < max(o.relays, 1); i++ {
 		args := rargs
@@ -219,7 +218,7 @@ func runDrain(dbURL, natsURL string, o drainOpts) (drainResult, error) {
 		cmds = append(cmds, cmd)
 	}
 	natsPID := pidOf("nats-server")
-	natsCPU, pgCPU := cpuSeconds(natsPID), postgresCPU()
+	natsCPU, pg0 := cpuSeconds(natsPID), postgresCPU()
 	start := time.Now()
 	for _, cmd := range cmds {
 		if err := cmd.Start(); err != nil {
@@ -263,14 +262,9 @@ func runDrain(dbURL, natsURL string, o drainOpts) (drainResult, error) {
 		peakRSS = max(peakRSS, hwm(cmd.Process.Pid))
 		cpu += cpuSeconds(cmd.Process.Pid)
 	}
-	natsCPU, pgCPU = cpuSeconds(natsPID)-natsCPU, postgresCPU()-pgCPU
-	if o.mode == "cdc" {
-		var walsender int
-		_ = pool.QueryRow(ctx, `SELECT coalesce(max(pid), 0) FROM pg_stat_replication WHERE application_name = 'outbox relay (cdc)'`).Scan(&walsender)
-		fmt.Printf("CPU during the drain: PostgreSQL %.1fs (walsender %.1fs), nats-server %.1fs\n", pgCPU, cpuSeconds(walsender), natsCPU)
-	} else {
-		fmt.Printf("CPU during the drain: PostgreSQL %.1fs, nats-server %.1fs\n", pgCPU, natsCPU)
-	}
+	natsCPU = cpuSeconds(natsPID) - natsCPU
+	pgCPU := postgresCPU().since(pg0)
+	fmt.Printf("CPU during the drain: PostgreSQL %.1fs (%s), nats-server %.1fs\n", pgCPU.total(), pgCPU, natsCPU)
 	return drainResult{events: o.events, elapsed: elapsed, completed: marked, cpu: cpu, rss: peakRSS, stored: stored}, nil
 }
 
@@ -319,16 +313,80 @@ func stopProcess(cmd *exec.Cmd) {
 	t.Stop()
 }
 
-// postgresCPU is the CPU seconds of every process named postgres so far: a process
-// that ended in between is not counted (a connection the relay closed).
-func postgresCPU() float64 {
+// pgProcs is the CPU seconds so far of each PostgreSQL process, by pid, with its kind
+// (its title: "walsender", "autovacuum worker", "checkpointer", a client backend...).
+type pgProcs map[int]pgProc
+
+type pgProc struct {
+	kind string
+	cpu  float64
+}
+
+// postgresCPU reads every process named postgres.
+func postgresCPU() pgProcs {
 	out, _ := exec.Command("pgrep", "-x", "postgres").Output()
-	var s float64
+	ps := pgProcs{}
 	for _, f := range strings.Fields(string(out)) {
 		pid, _ := strconv.Atoi(f)
-		s += cpuSeconds(pid)
+		ps[pid] = pgProc{kind: pgKind(pid), cpu: cpuSeconds(pid)}
 	}
-	return s
+	return ps
+}
+
+// pgKind names a PostgreSQL process by its title: "postgres: walsender …",
+// "postgres: autovacuum worker", "postgres: user db host(port) idle" (a client
+// backend), or the server itself.
+func pgKind(pid int) string {
+	b, _ := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
+	title := strings.TrimPrefix(strings.TrimRight(strings.ReplaceAll(string(b), "\x00", " "), " "), "postgres: ")
+	if i := strings.Index(title, ": "); i >= 0 && !strings.Contains(title[:i], " ") {
+		title = title[i+2:] // the cluster's name first ("15/main: walsender …")
+	}
+	for _, k := range []string{"walsender", "autovacuum", "checkpointer", "background writer", "walwriter", "logical replication", "stats", "archiver"} {
+		if strings.HasPrefix(title, k) {
+			return k
+		}
+	}
+	if strings.Contains(title, "(") { // user db host(port) state
+		return "backends"
+	}
+	return "other"
+}
+
+// pgCPU is what PostgreSQL's processes spent between two readings, by kind: a process
+// that ended in between (an autovacuum worker) is counted up to the first reading only.
+type pgCPU map[string]float64
+
+func (end pgProcs) since(start pgProcs) pgCPU {
+	out := pgCPU{}
+	for pid, p := range end {
+		out[p.kind] += p.cpu - start[pid].cpu
+	}
+	return out
+}
+
+func (c pgCPU) total() float64 {
+	var t float64
+	for _, v := range c {
+		t += v
+	}
+	return t
+}
+
+// String lists the kinds that spent a tenth of a second or more, the most first.
+func (c pgCPU) String() string {
+	kinds := make([]string, 0, len(c))
+	for k, v := range c {
+		if v >= 0.1 {
+			kinds = append(kinds, k)
+		}
+	}
+	sort.Slice(kinds, func(i, j int) bool { return c[kinds[i]] > c[kinds[j]] })
+	parts := make([]string, len(kinds))
+	for i, k := range kinds {
+		parts[i] = fmt.Sprintf("%s %.1fs", k, c[k])
+	}
+	return strings.Join(parts, ", ")
 }
 
 // pidOf is the pid of the first process named name (0 if none).
