@@ -353,16 +353,20 @@ func (l listener) Wait(ctx context.Context) error {
 	}
 }
 
-// Cleanup implements outboxdriver.Source. In CDC mode rows are not marked when
-// published (the WAL, not the row, is what is relayed), so every row older than the
-// retention goes, unless it waits for the backfill.
+// Cleanup implements outboxdriver.Source: the rows marked published before the
+// cutoff, as the table store's cleanup (through the cleanup index), and the rows the
+// stream carried but no mark reached (the stream, not the row, is what was relayed:
+// rows written after the slot, past the backfill) older than the cutoff (through the
+// unpublished rows' index). Never a row that waits for the backfill.
 func (s *Source) Cleanup(ctx context.Context, p *outboxdriver.CleanupParams) (int64, error) {
 	ss := s.current()
 	if ss == nil || ss.backfilling.Load() {
 		return s.inner.Cleanup(ctx, p)
 	}
-	tag, err := s.pool.Exec(ctx, `DELETE FROM `+s.qTable+` WHERE seq IN (SELECT seq FROM `+s.qTable+
-		` WHERE created_at < $1 AND (published_at IS NOT NULL OR seq > $3) ORDER BY seq LIMIT $2)`, p.Before, p.Limit, ss.backfillUntil)
+	tag, err := s.pool.Exec(ctx, `DELETE FROM `+s.qTable+` WHERE seq IN (
+  (SELECT seq FROM `+s.qTable+` WHERE published_at IS NOT NULL AND published_at < $1 ORDER BY published_at LIMIT $2)
+  UNION ALL
+  (SELECT seq FROM `+s.qTable+` WHERE published_at IS NULL AND seq > $3 AND created_at < $1 ORDER BY seq LIMIT $2))`, p.Before, p.Limit, ss.backfillUntil)
 	if err != nil {
 		return 0, fmt.Errorf("pgcdc: cleanup: %w", interpret(err))
 	}

@@ -1005,7 +1005,7 @@ func TestSchemaVersionChecked(t *testing.T) {
 	name := table.Schema + "." + table.Name
 	versions := pgx.Identifier{table.Schema, table.Name + "_migrations"}.Sanitize()
 	stdout, stderr, code := runCLI(t, nil, "status", "--db", url, "--table", name)
-	if code != 0 || !strings.Contains(stdout, "version 10 (current)") {
+	if code != 0 || !strings.Contains(stdout, "version 11 (current)") {
 		t.Fatalf("status: exit %d\n%s%s", code, stdout, stderr)
 	}
 	relay := []string{"relay", "--db", url, "--table", name, "--broker", "stdout:", "--http", ""}

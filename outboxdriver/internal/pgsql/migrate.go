@@ -39,6 +39,7 @@ func (s *Statements) Migrations() ([]migrations.Migration, error) {
 		"PublishedDefaultName": pgx.Identifier{t.Derived("_published_default")}.Sanitize(),
 		"PublishedDayIndex":    pgx.Identifier{t.Derived("_published_day_idx")}.Sanitize(),
 		"ReplaysTable":         pgx.Identifier{t.Schema, t.Derived("_replays")}.Sanitize(),
+		"CleanupIndex":         pgx.Identifier{t.Derived("_cleanup_idx")}.Sanitize(),
 	})
 }
 

@@ -967,9 +967,11 @@ func (s *Store) Cleanup(ctx context.Context, p *outboxdriver.CleanupParams) (int
 		}
 	}
 	var n int64
-	// (tableoid, ctid): a ctid alone is ambiguous across the partitions of a table.
+	// (tableoid, ctid): a ctid alone is ambiguous across the partitions of a table. In
+	// published_at order, through the cleanup index: a read of the whole table
+	// otherwise, every time no row is past the retention.
 	err := QueryRow(ctx, s.DB, `WITH del AS (DELETE FROM `+s.Statements.qualified+` WHERE (tableoid, ctid) IN (
-    SELECT tableoid, ctid FROM `+s.Statements.qualified+` WHERE published_at IS NOT NULL AND published_at < $1 LIMIT $2)
+    SELECT tableoid, ctid FROM `+s.Statements.qualified+` WHERE published_at IS NOT NULL AND published_at < $1 ORDER BY published_at LIMIT $2)
   RETURNING 1)
 SELECT count(*) FROM del`, []any{p.Before, p.Limit}, &n)
 	if err != nil {
