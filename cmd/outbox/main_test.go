@@ -215,7 +215,7 @@ func TestEnvironmentVariables(t *testing.T) {
 	url := testenv.DatabaseURL(t)
 	schema := testenv.Schema(t, url)
 	stdout, stderr, code := runCLI(t, []string{"OUTBOX_DB=" + url, "OUTBOX_TABLE=" + schema + ".events"}, "migrate")
-	if code != 0 || !strings.Contains(stdout, "applied migrations [1 2 3 4 5 6 7 8 9 10]") {
+	if code != 0 || !strings.Contains(stdout, "applied migrations [1 2 3 4 5 6 7 8 9 10 11]") {
 		t.Fatalf("migrate via env: code %d, %s %s", code, stdout, stderr)
 	}
 	stdout, _, code = runCLI(t, []string{"OUTBOX_DB=" + url, "OUTBOX_TABLE=" + schema + ".events"}, "migrate")
