@@ -119,12 +119,10 @@ type executor struct {
 	tx *Tx // nil: a transaction of its own
 }
 
-// InsertEvents implements outboxdriver.Executor: a row per event (its seq drawn now,
-// seen by others once the transaction commits); insert-delete inserts and deletes
-// it; message draws the seq and stores nothing the model keeps (it has no WAL).
-func (e executor) InsertEvents(ctx context.Context, p *outboxdriver.InsertParams) error {
+// run runs fn as a statement of the executor's transaction, or of one of its own.
+func (e executor) run(ctx context.Context, fn func(tx *Tx, t *table) error) error {
 	if e.tx == nil {
-		return e.d.autocommit(ctx, func(tx *Tx, t *table) error { return e.d.insert(ctx, tx, t, p.Events, false) })
+		return e.d.autocommit(ctx, fn)
 	}
 	db := e.d.c.db
 	db.mu.Lock()
@@ -136,7 +134,14 @@ func (e executor) InsertEvents(ctx context.Context, p *outboxdriver.InsertParams
 	if err != nil {
 		return err
 	}
-	return e.d.insert(ctx, e.tx, t, p.Events, false)
+	return fn(e.tx, t)
+}
+
+// InsertEvents implements outboxdriver.Executor: a row per event (its seq drawn now,
+// seen by others once the transaction commits); insert-delete inserts and deletes
+// it; message draws the seq and stores nothing the model keeps (it has no WAL).
+func (e executor) InsertEvents(ctx context.Context, p *outboxdriver.InsertParams) error {
+	return e.run(ctx, func(tx *Tx, t *table) error { return e.d.insert(ctx, tx, t, p.Events, false) })
 }
 
 // insert adds events to t in tx; plain: only the five Debezium columns were given.
@@ -182,24 +187,10 @@ func (e executor) Notify(ctx context.Context) error {
 	if e.d.table.Write != outboxdriver.WriteRows {
 		return nil
 	}
-	if e.tx == nil {
-		return e.d.autocommit(ctx, func(tx *Tx, t *table) error {
-			tx.notify = append(tx.notify, t)
-			return nil
-		})
-	}
-	db := e.d.c.db
-	db.mu.Lock()
-	defer db.mu.Unlock()
-	if err := e.tx.stmt(ctx); err != nil {
-		return err
-	}
-	t, err := e.d.tableIn(db)
-	if err != nil {
-		return err
-	}
-	e.tx.notify = append(e.tx.notify, t)
-	return nil
+	return e.run(ctx, func(tx *Tx, t *table) error {
+		tx.notify = append(tx.notify, t)
+		return nil
+	})
 }
 
 // InsertPlain inserts a row of the five Debezium columns, as a producer in another
