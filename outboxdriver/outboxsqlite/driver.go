@@ -535,6 +535,7 @@ func (m migrator) migrations() ([]migrations.Migration, error) {
 		"FailingIndex":     quote(m.d.table.Derived("_failing_idx")),
 		"DeadTable":        m.d.qDead,
 		"DeadHoldIndex":    quote(m.d.table.Derived("_dead_holds_idx")),
+		"CleanupIndex":     quote(m.d.table.Derived("_cleanup_idx")),
 	})
 }
 
@@ -584,7 +585,7 @@ func (m migrator) Migrate(ctx context.Context) (applied []int, err error) {
 // Cleanup implements outboxdriver.Store.
 func (d *Driver) Cleanup(ctx context.Context, p *outboxdriver.CleanupParams) (int64, error) {
 	res, err := d.db.ExecContext(ctx, `DELETE FROM `+d.q+` WHERE seq IN (
-  SELECT seq FROM `+d.q+` WHERE published_at IS NOT NULL AND published_at < ? LIMIT ?)`, p.Before.UnixMilli(), p.Limit)
+  SELECT seq FROM `+d.q+` WHERE published_at IS NOT NULL AND published_at < ? ORDER BY published_at LIMIT ?)`, p.Before.UnixMilli(), p.Limit)
 	if err != nil {
 		return 0, interpretError(err)
 	}
