@@ -319,7 +319,9 @@ func TestRelayTablesRouters(t *testing.T) {
 	for _, table := range tables {
 		waitUnpublished(t, pool, table, 0, 30*time.Second)
 	}
-	out := p.output()
+	// A row is marked once the broker took its event; the line may still be on its
+	// way through the pipe: wait for the lines, then count them.
+	out := waitLines(t, p, len(tables)*10)
 	for _, table := range tables {
 		if n := strings.Count(out, `"source":"/outbox/`+table.String()+`"`); n != 10 {
 			t.Errorf("%s: %d events with its source, want 10:\n%s", table, n, out)
@@ -348,12 +350,24 @@ func TestRelayTablesRouters(t *testing.T) {
 	for _, table := range tables {
 		waitUnpublished(t, pool, table, 0, 30*time.Second)
 	}
-	out = p.output()
+	out = waitLines(t, p, len(tables)*10)
 	for i := range tables {
 		if n := strings.Count(out, fmt.Sprintf(`"tenant":"tenant-%d"`, i)); n != 10 {
 			t.Errorf("tenant-%d: %d events with its header, want 10:\n%s", i, n, out)
 		}
 	}
+}
+
+// waitLines waits until the process printed at least n events (lines starting with
+// "{"), and returns its output.
+func waitLines(t *testing.T, p *proc, n int) string {
+	t.Helper()
+	var out string
+	testenv.WaitTell(t, context.Background(), fmt.Sprintf("%d events on the relay's output", n), func() bool {
+		out = p.output()
+		return strings.Count("\n"+out, "\n{") >= n
+	}, func() string { return out })
+	return out
 }
 
 // prefixedTables makes n schemas, prefix_0 to prefix_<n-1>, each with a migrated
