@@ -73,9 +73,14 @@ func (s *Source) Claim(ctx context.Context, p *outboxdriver.ClaimParams) (outbox
 			continue
 		}
 		if len(held) == 0 {
-			kept, err := ss.unpublished(ctx, out)
+			whole, err := ss.hydrate(ctx, out)
 			if err != nil {
 				ss.q.giveBack(out)
+				return nil, err
+			}
+			kept, err := ss.unpublished(ctx, whole)
+			if err != nil {
+				ss.q.giveBack(whole)
 				return nil, err
 			}
 			if len(kept) == 0 && len(out) > 0 {
@@ -85,11 +90,69 @@ func (s *Source) Claim(ctx context.Context, p *outboxdriver.ClaimParams) (outbox
 		}
 		// Give the events back before the database work: the next take starts over.
 		ss.q.giveBack(out)
-		if err := ss.deadLetter(ctx, held, p.FlowPastDeadLetters); err != nil {
+		whole, err := ss.hydrate(ctx, held)
+		if err != nil {
 			ss.q.giveBack(held)
 			return nil, err
 		}
+		if err := ss.deadLetter(ctx, whole, p.FlowPastDeadLetters); err != nil {
+			ss.q.giveBack(whole)
+			return nil, err
+		}
 	}
+}
+
+// hydrate reads from the table the payloads of es's spilled events (held without
+// them, ledger.maxSpilled), once their transactions are visible to other sessions.
+// An event whose row is no longer there unpublished (completed since, or deleted by
+// hand) is done and left out: the table is what a rows-mode event is. Nothing is
+// done when it fails.
+func (ss *session) hydrate(ctx context.Context, es []*entry) ([]*entry, error) {
+	var ids []string
+	var xids []uint32
+	for _, e := range es {
+		if e.spilled && e.row.Payload == nil {
+			ids, xids = append(ids, e.row.ID), append(xids, e.xid)
+		}
+	}
+	if len(ids) == 0 {
+		return es, nil
+	}
+	if err := ss.src.waitVisible(ctx, xids); err != nil {
+		return nil, err
+	}
+	rows, err := ss.src.pool.Query(ctx, `SELECT id::text, payload FROM `+ss.src.qTable+`
+WHERE id = ANY($1::text[]::uuid[]) AND published_at IS NULL AND payload IS NOT NULL`, ids)
+	if err != nil {
+		return nil, fmt.Errorf("pgcdc: reading spilled events' payloads: %w", interpret(err))
+	}
+	payloads := make(map[string][]byte, len(ids))
+	var id string
+	var payload []byte
+	if _, err := pgx.ForEachRow(rows, []any{&id, &payload}, func() error {
+		payloads[id] = append([]byte{}, payload...)
+		return nil
+	}); err != nil {
+		return nil, fmt.Errorf("pgcdc: reading spilled events' payloads: %w", interpret(err))
+	}
+	kept := make([]*entry, 0, len(es))
+	var gone []*entry
+	for _, e := range es {
+		if e.spilled && e.row.Payload == nil {
+			p, ok := payloads[e.row.ID]
+			if !ok {
+				gone = append(gone, e)
+				continue
+			}
+			e.row.Payload = p
+		}
+		kept = append(kept, e)
+	}
+	if len(gone) > 0 {
+		ss.q.done(gone)
+		ss.src.log.Info("pgcdc: skipped spilled events whose rows were no longer unpublished in the table (published before, or deleted)", "events", len(gone))
+	}
+	return kept, nil
 }
 
 // published hands acknowledged events on: rows of the table to the marker, which
@@ -228,7 +291,7 @@ func (ss *session) holds(key string) bool {
 func payloadBytes(es []*entry) int {
 	n := 0
 	for _, e := range es {
-		n += len(e.row.Payload)
+		n += e.size
 	}
 	return n
 }

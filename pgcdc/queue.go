@@ -17,12 +17,19 @@ import (
 type ledger struct {
 	mu       sync.Mutex
 	space    *sync.Cond // signalled when an event is done
-	capacity int        // most events not yet done
+	capacity int        // most events not yet done, held whole (the room)
 	maxBytes int        // most payload bytes not yet done (0: no bound); one event always fits
+	// maxSpilled is how many more events not yet done may be held without their
+	// payloads once the room is full (0: none; a stream of several tables only). A
+	// spilled event is a row of its table: its claim reads the payload from there.
+	// So a quiet table's event committed after another table's transaction larger
+	// than the room is read, and published, without waiting for that table's relay.
+	maxSpilled int
 
 	positions     // reached: the latest confirmable position
-	open      int // events not yet done
+	open      int // events not yet done, held whole
 	openBytes int // their payloads' bytes
+	spilled   int // events not yet done, held without their payloads
 	closed    bool
 }
 
@@ -86,9 +93,10 @@ type queue struct {
 	// stream of many tables it runs ahead of the stream's position, held back by
 	// the slowest table, and is what the table records as done_lsn, so that a
 	// stream read again after a crash skips what it had already sent).
-	own   positions
-	open  int // the table's events not yet done
-	bytes int // their payloads' bytes
+	own     positions
+	open    int // the table's events not yet done
+	bytes   int // their payloads' bytes, of those held whole
+	spilled int // of them, those held without their payloads
 	// parked (Shared): the table held the stream's room without progress; its
 	// later events are skipped until the stream is read again (drained is called
 	// once nothing of it is open), and its open ones no longer count in the ledger.
@@ -102,6 +110,8 @@ type entry struct {
 	idx         uint64
 	own         uint64 // the index in its table's own order (queue.own)
 	row         outboxdriver.Row
+	size        int  // the payload's bytes as read from the stream
+	spilled     bool // held without its payload (ledger.maxSpilled): the claim reads it from the table
 	availableAt time.Time
 	reject      error  // goes to the dead letters instead of the broker
 	xid         uint32 // the transaction that wrote it (0: none), see waitVisible
@@ -117,15 +127,15 @@ type checkpoint struct {
 	lsn uint64
 }
 
-func newLedger(capacity, maxBytes int) *ledger {
-	l := &ledger{capacity: capacity, maxBytes: maxBytes}
+func newLedger(capacity, maxBytes, maxSpilled int) *ledger {
+	l := &ledger{capacity: capacity, maxBytes: maxBytes, maxSpilled: maxSpilled}
 	l.space = sync.NewCond(&l.mu)
 	return l
 }
 
 // newQueue returns a queue on a ledger of its own (a stream of one table).
 func newQueue(capacity, maxBytes int) *queue {
-	return newTableQueue(newLedger(capacity, maxBytes))
+	return newTableQueue(newLedger(capacity, maxBytes, 0))
 }
 
 // newTableQueue returns a queue of one table on a stream's ledger.
@@ -133,13 +143,19 @@ func newTableQueue(l *ledger) *queue {
 	return &queue{ledger: l, avail: make(chan struct{}, 1)}
 }
 
-// waitSpace blocks until an event may be added or deadline passes (so the reader
-// can still send status updates while the relay is behind). It reports whether there
-// is space.
-func (l *ledger) waitSpace(deadline time.Time) bool {
+// waitSpace blocks until an event may be added whole or deadline passes (so the
+// reader can still send status updates while the relay is behind). It reports
+// whether there is space.
+func (l *ledger) waitSpace(deadline time.Time) bool { return l.waitFor(deadline, l.hasSpace) }
+
+// waitRead blocks until another event may be read, whole or spilled, or deadline
+// passes; it reports whether one may.
+func (l *ledger) waitRead(deadline time.Time) bool { return l.waitFor(deadline, l.canRead) }
+
+func (l *ledger) waitFor(deadline time.Time, ok func() bool) bool {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	if l.hasSpace() {
+	if ok() {
 		return true
 	}
 	t := time.AfterFunc(time.Until(deadline), func() {
@@ -148,10 +164,10 @@ func (l *ledger) waitSpace(deadline time.Time) bool {
 		l.mu.Unlock()
 	})
 	defer t.Stop()
-	for !l.hasSpace() && time.Now().Before(deadline) {
+	for !ok() && time.Now().Before(deadline) {
 		l.space.Wait()
 	}
-	return l.hasSpace()
+	return ok()
 }
 
 // minOpenEvents is how many events may always be open, whatever their bytes: a few
@@ -170,18 +186,42 @@ func (l *ledger) hasSpace() bool {
 	return l.open < l.capacity && (l.maxBytes <= 0 || l.openBytes < l.maxBytes)
 }
 
-// push adds an event read from the stream. One reader pushes, so each queue stays in
-// index order.
-func (q *queue) push(ch *Change) {
-	idx := q.number(len(ch.Row.Payload))
+// canRead reports whether another event may be read: there is room, or room to
+// spill one (an event that cannot be spilled then waits for room, read). Called
+// with mu held.
+func (l *ledger) canRead() bool { return l.hasSpace() || l.spilled < l.maxSpilled }
+
+// spillable reports whether ch's event may be held without its payload: a row of
+// the table (read again from there by its claim) that is to be published.
+func spillable(ch *Change) bool { return ch.Inserted && ch.Reject == nil && !ch.Row.PayloadNull }
+
+// push adds an event read from the stream, whole if there is room, else without its
+// payload if it may be spilled; it reports false, adding nothing, when neither (the
+// reader waits for room). One reader pushes, so each queue stays in index order.
+func (q *queue) push(ch *Change) bool {
+	size := len(ch.Row.Payload)
+	idx, spilled, ok := q.admit(size, spillable(ch))
+	if !ok {
+		return false
+	}
+	e := &entry{idx: idx, row: ch.Row, size: size, spilled: spilled, availableAt: ch.AvailableAt, reject: ch.Reject,
+		xid: ch.Xid, commitLSN: ch.CommitLSN, inserted: ch.Inserted}
+	if spilled {
+		e.row.Payload = nil // the stream's buffer goes with it
+	}
 	q.pmu.Lock()
-	q.pending = append(q.pending, &entry{idx: idx, own: q.own.next, row: ch.Row, availableAt: ch.AvailableAt, reject: ch.Reject,
-		xid: ch.Xid, commitLSN: ch.CommitLSN, inserted: ch.Inserted})
+	e.own = q.own.next
+	q.pending = append(q.pending, e)
 	q.own.next++
 	q.open++
-	q.bytes += len(ch.Row.Payload)
+	if spilled {
+		q.spilled++
+	} else {
+		q.bytes += size
+	}
 	q.pmu.Unlock()
 	q.hint()
+	return true
 }
 
 // park skips the table's later events and takes its open ones out of the ledger's
@@ -194,12 +234,20 @@ func (q *queue) park(drained func()) {
 		return
 	}
 	q.parked, q.drained = true, drained
-	n, b := q.open, q.bytes
+	n, b, sp := q.open, q.bytes, q.spilled
 	q.pmu.Unlock()
-	q.forgive(n, b)
+	q.forgive(n-sp, b, sp)
 	if n == 0 {
 		drained()
 	}
+}
+
+// takes reports whether the table still takes events from the stream: not parked,
+// not let go.
+func (q *queue) takes() bool {
+	q.pmu.Lock()
+	defer q.pmu.Unlock()
+	return !q.parked && !q.gone
 }
 
 func (q *queue) isParked() bool {
@@ -214,6 +262,24 @@ func (q *queue) ownDoneCount() uint64 {
 	q.pmu.Lock()
 	defer q.pmu.Unlock()
 	return q.own.doneUpTo
+}
+
+// holding is how many of the table's events not done hold the stream's room: those
+// held whole, and the spilled ones too when spilled says the spill is full.
+func (q *queue) holding(spilled bool) int {
+	q.pmu.Lock()
+	defer q.pmu.Unlock()
+	if spilled {
+		return q.open
+	}
+	return q.open - q.spilled
+}
+
+// spillFull reports whether no more events may be spilled.
+func (l *ledger) spillFull() bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.spilled >= l.maxSpilled
 }
 
 // openEvents is how many of the table's events are not done yet.
@@ -250,7 +316,11 @@ func (q *queue) done(es []*entry) {
 	q.pmu.Lock()
 	for _, e := range es {
 		q.own.finish(e.own)
-		q.bytes -= len(e.row.Payload)
+		if e.spilled {
+			q.spilled--
+		} else {
+			q.bytes -= e.size
+		}
 	}
 	q.own.advance()
 	q.open -= len(es)
@@ -266,15 +336,25 @@ func (q *queue) done(es []*entry) {
 	}
 }
 
-// number gives the next event its index, counting it open.
-func (l *ledger) number(payload int) uint64 {
+// admit gives the next event its index, counting it open: whole if there is room,
+// else spilled if it may be (canSpill) and there is room for that; ok is false when
+// neither, and then nothing is counted.
+func (l *ledger) admit(payload int, canSpill bool) (idx uint64, spilled, ok bool) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	idx := l.next
+	switch {
+	case l.hasSpace():
+		l.open++
+		l.openBytes += payload
+	case canSpill && l.spilled < l.maxSpilled:
+		l.spilled++
+		spilled = true
+	default:
+		return 0, false, false
+	}
+	idx = l.next
 	l.next++
-	l.open++
-	l.openBytes += payload
-	return idx
+	return idx, spilled, true
 }
 
 // mark records a position that may be confirmed once every event pushed before it
@@ -331,7 +411,7 @@ func (q *queue) take(limit, maxBytes int, now time.Time, blocked func(key string
 			held = append(held, e)
 		default:
 			out = append(out, e)
-			bytes += len(e.row.Payload)
+			bytes += e.size
 		}
 	}
 	clear(q.pending[len(keep):])
@@ -340,10 +420,16 @@ func (q *queue) take(limit, maxBytes int, now time.Time, blocked func(key string
 }
 
 // giveBack returns events to the queue (a released claim, or failed events with a
-// later availableAt), keeping index order.
+// later availableAt), keeping index order. A spilled event's payload, read for its
+// claim, goes again: what waits stays within the room.
 func (q *queue) giveBack(es []*entry) {
 	if len(es) == 0 {
 		return
+	}
+	for _, e := range es {
+		if e.spilled {
+			e.row.Payload = nil
+		}
 	}
 	q.pmu.Lock()
 	if q.gone {
@@ -376,24 +462,27 @@ func (l *ledger) finishAll(es []*entry, counted bool) {
 	defer l.mu.Unlock()
 	for _, e := range es {
 		l.finish(e.idx)
-		if counted {
-			l.openBytes -= len(e.row.Payload)
+		switch {
+		case !counted:
+		case e.spilled:
+			l.spilled--
+		default:
+			l.open--
+			l.openBytes -= e.size
 		}
-	}
-	if counted {
-		l.open -= len(es)
 	}
 	l.advance()
 	l.space.Broadcast()
 }
 
-// forgive takes n open events (of bytes payload) out of the count: a parked
-// table's, which no longer hold the stream's room.
-func (l *ledger) forgive(n, bytes int) {
+// forgive takes n open events (of bytes payload) and spilled ones out of the
+// count: a parked table's, which no longer hold the stream's room.
+func (l *ledger) forgive(n, bytes, spilled int) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	l.open -= n
 	l.openBytes -= bytes
+	l.spilled -= spilled
 	l.space.Broadcast()
 }
 

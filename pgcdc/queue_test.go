@@ -156,7 +156,7 @@ func TestQueueDelayedEventHoldsNothing(t *testing.T) {
 // table's own progress only for its own events (what a stream read again skips).
 func TestSharedLedgerAndOwnProgress(t *testing.T) {
 	t.Parallel()
-	l := newLedger(100, 0)
+	l := newLedger(100, 0, 0)
 	fast, slow := newTableQueue(l), newTableQueue(l)
 	slow.push(&Change{Row: row("s1"), Xid: 1, Inserted: true})
 	slow.committed(10)
@@ -206,5 +206,57 @@ func TestSharedLedgerAndOwnProgress(t *testing.T) {
 	slow.giveBack(claimed)
 	if conf := l.confirmedLSN(); conf != 41 {
 		t.Fatalf("confirmed %d after the dropped table's claim came back, want 41", conf)
+	}
+}
+
+// TestLedgerSpills: past the room, rows of a table are held without their payloads
+// (up to maxSpilled) and every other event waits for room; done and parked events
+// give back what they held, spilled or whole, and a spilled event given back drops
+// the payload its claim read.
+func TestLedgerSpills(t *testing.T) {
+	t.Parallel()
+	l := newLedger(2, 0, 2)
+	big, quiet := newTableQueue(l), newTableQueue(l)
+	withPayload := func(agg string) *Change {
+		r := row(agg)
+		r.Payload = []byte(`{"agg":"` + agg + `"}`)
+		return &Change{Row: r, Inserted: true}
+	}
+	for _, a := range []string{"b1", "b2"} {
+		if !big.push(withPayload(a)) {
+			t.Fatalf("%s refused with room", a)
+		}
+	}
+	if !l.canRead() || l.hasSpace() {
+		t.Fatal("a full room with spill to spare must be read on, with no room for a whole event")
+	}
+	msg := withPayload("m")
+	msg.Inserted = false // table-less: nothing to read it again from
+	if big.push(msg) {
+		t.Fatal("a table-less event was taken past the room")
+	}
+	if !big.push(withPayload("b3")) || !quiet.push(withPayload("q1")) {
+		t.Fatal("rows refused with spill to spare")
+	}
+	if l.canRead() || big.push(withPayload("b4")) {
+		t.Fatal("read on past maxSpilled")
+	}
+	got, _ := quiet.take(10, 0, time.Now(), nil)
+	if len(got) != 1 || !got[0].spilled || got[0].row.Payload != nil || got[0].size != len(`{"agg":"q1"}`) {
+		t.Fatalf("the quiet table's event: %+v, want it spilled without its payload, its size kept", got)
+	}
+	got[0].row.Payload = []byte("read again")
+	quiet.giveBack(got)
+	got, _ = quiet.take(10, 0, time.Now(), nil)
+	if got[0].row.Payload != nil {
+		t.Fatal("a spilled event given back kept the payload its claim read")
+	}
+	quiet.done(got)
+	if !l.canRead() || l.hasSpace() {
+		t.Fatal("a spilled event done must free spill, not room")
+	}
+	big.park(func() {})
+	if !l.hasSpace() || l.spilled != 0 || l.open != 0 || l.openBytes != 0 {
+		t.Fatalf("after parking the only open table: open %d, bytes %d, spilled %d; want all 0", l.open, l.openBytes, l.spilled)
 	}
 }

@@ -148,7 +148,8 @@ func (s *Source) start(ctx context.Context, lead outboxdriver.Leadership, timeou
 	if si, err = prepareSlot(ctx, conn, si, streamed, s.cfg.Slot, s.log, s); err != nil {
 		return nil, err
 	}
-	l := newLedger(s.cfg.MaxPending, s.cfg.MaxPendingBytes)
+	// A table alone spills nothing: its own transactions hold back only itself.
+	l := newLedger(s.cfg.MaxPending, s.cfg.MaxPendingBytes, 0)
 	l.reached = uint64(si.confirmed)
 	q := newTableQueue(l)
 	t := newTerm(ctx, &stream{conn: conn, dec: NewDecoder(s.table, s.table.MessagePrefix), l: l,

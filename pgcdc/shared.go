@@ -26,6 +26,9 @@ const ParkAfterDefault = 5 * time.Second
 // given.
 const SharedSlotDefault = "outbox_tables"
 
+// MaxSpilledDefault is SharedConfig.MaxSpilled's default.
+const MaxSpilledDefault = 100_000
+
 // SharedConfig configures a Shared stream.
 type SharedConfig struct {
 	// Slot is the replication slot every table is read from ("" means
@@ -38,10 +41,18 @@ type SharedConfig struct {
 	// Logger are Config's, for the stream and every table.
 	MaxPending      int
 	MaxPendingBytes int
-	StatusInterval  time.Duration
-	ClaimLinger     time.Duration
-	RecreateSlot    bool
-	Logger          *slog.Logger
+	// MaxSpilled is how many events more than MaxPending the stream may hold without
+	// their payloads once its room is full: inserted rows of a table, which their
+	// claims read from the table again. So one table's transaction larger than
+	// MaxPending does not hold back the other tables' events committed after it,
+	// while its own relay works through it (docs/cdc.md, "Fairness"). A table-less or
+	// insert-delete event has no row to read again: it waits for room. Default
+	// MaxSpilledDefault (about 300 bytes of memory each); negative: none.
+	MaxSpilled     int
+	StatusInterval time.Duration
+	ClaimLinger    time.Duration
+	RecreateSlot   bool
+	Logger         *slog.Logger
 	// Timeout is the replication connection's wal_sender_timeout: PostgreSQL ends the
 	// stream of a process that stopped answering, so that a standby can take the
 	// slot over (0: the server's).
@@ -122,6 +133,7 @@ func NewShared(pool *pgxpool.Pool, cfg *SharedConfig) (*Shared, error) {
 	}
 	c.MaxPending = cmp.Or(c.MaxPending, MaxPendingDefault)
 	c.MaxPendingBytes = cmp.Or(c.MaxPendingBytes, MaxPendingBytesDefault)
+	c.MaxSpilled = max(cmp.Or(c.MaxSpilled, MaxSpilledDefault), 0)
 	c.StatusInterval = cmp.Or(c.StatusInterval, StatusIntervalDefault)
 	c.ClaimLinger = cmp.Or(c.ClaimLinger, ClaimLingerDefault)
 	c.ParkAfter = cmp.Or(c.ParkAfter, ParkAfterDefault)
@@ -525,7 +537,7 @@ func (sh *Shared) startTerm(ctx context.Context) (*term, error) {
 	if si, err = prepareSlot(ctx, conn, si, streamed, sh.cfg.Slot, sh.cfg.Logger, tables...); err != nil {
 		return nil, err
 	}
-	l := newLedger(sh.cfg.MaxPending, sh.cfg.MaxPendingBytes)
+	l := newLedger(sh.cfg.MaxPending, sh.cfg.MaxPendingBytes, sh.cfg.MaxSpilled)
 	l.reached = uint64(si.confirmed)
 	var t *term
 	route := func(ch *Change) (*queue, error) { return sh.route(t, ch) }
@@ -576,17 +588,19 @@ func (sh *Shared) endTerm(t *term) {
 }
 
 // behind runs while reading the stream waits for room (first: it just started). It
-// names the table holding the most events not yet done, and parks it once it got
-// none of them done for ParkAfter: every other table's later events wait behind
-// it otherwise.
+// names the table holding the most of the room (its events held whole, and its
+// spilled ones too once the spill is full), and parks it once it got none of its
+// events done for ParkAfter: every other table's later events wait behind it
+// otherwise.
 func (sh *Shared) behind(t *term, first bool) {
 	var most *Source
 	var hog *queue
 	n := 0
+	spillFull := t.l.spillFull()
 	sh.mu.Lock()
 	if sh.term == t {
 		for s, q := range sh.queues {
-			if k := q.openEvents(); k > n && !q.isParked() {
+			if k := q.holding(spillFull); k > n && !q.isParked() {
 				most, hog, n = s, q, k
 			}
 		}

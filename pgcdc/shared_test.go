@@ -536,3 +536,88 @@ func TestSharedSlotParksAStuckTable(t *testing.T) {
 		t.Fatalf("a's relay published %d events, want 45: the stream read again sent some of a's again", n)
 	}
 }
+
+// TestSharedSlotSpillsPastATable: a table whose events cannot get done (its relay
+// cannot lead) fills the stream's room; its later rows are held without their
+// payloads, so another table's events committed after them are read and published,
+// with no table parked. Once its relay leads, it reads the spilled rows' payloads
+// from its table and publishes every event, in order, once.
+func TestSharedSlotSpillsPastATable(t *testing.T) {
+	t.Parallel()
+	a, b := setup(t, outboxdriver.WriteRows), setup(t, outboxdriver.WriteRows)
+	ctx := context.Background()
+	slot := sharedSlot(a)
+	t.Cleanup(func() { dropSlot(t, a.pool, slot) })
+	release := holdLock(t, a)
+	se := startShared(t, a.pool, pgcdc.SharedConfig{Slot: slot, MaxPending: 20, ParkAfter: -1}, nil)
+	ba, bb := memory.New(0), memory.New(0)
+	ra := a.startRelay(t, se.add(t, a), ba, &relay.Config{LeaderRetry: 100 * time.Millisecond})
+	rb := b.startRelay(t, se.add(t, b), bb, nil)
+	testenv.WaitTell(t, ctx, "b's relay leading", func() bool { return rb.Stats().Leader }, func() string { return "standby" })
+
+	a.produce(t, 3, 40) // 120 events: six times the room, none of them done
+	b.produce(t, 2, 10)
+	checkDelivery(t, waitMessages(t, bb, 20), 2, 10) // read past a's, which wait
+	if n := len(ba.Messages()); n != 0 || ra.Stats().Leader {
+		t.Fatalf("a's relay published %d events without its lock", n)
+	}
+
+	release()
+	checkDelivery(t, waitMessages(t, ba, 120), 3, 40)
+	if n := len(a.settled(t, ra, ba)); n != 120 {
+		t.Fatalf("a's relay published %d events, want 120 once each", n)
+	}
+	if n := len(b.settled(t, rb, bb)); n != 20 {
+		t.Fatalf("b's relay published %d events, want 20 once each", n)
+	}
+}
+
+// TestSharedSlotSpilledDeadLetters: events held without their payloads keep them
+// on every path: sent again while the broker is down, moved to the dead letters
+// behind a refused event of their aggregate, and replayed from there.
+func TestSharedSlotSpilledDeadLetters(t *testing.T) {
+	t.Parallel()
+	a, b := setup(t, outboxdriver.WriteRows), setup(t, outboxdriver.WriteRows)
+	ctx := context.Background()
+	slot := sharedSlot(a)
+	t.Cleanup(func() { dropSlot(t, a.pool, slot) })
+	se := startShared(t, a.pool, pgcdc.SharedConfig{Slot: slot, MaxPending: 5, ParkAfter: -1}, nil)
+	ba, bb := memory.New(0), memory.New(0)
+	ba.SetDown(true)
+	ba.Refuse("agg-0", true)
+	ra := a.startRelay(t, se.add(t, a), ba, &relay.Config{MaxAttempts: 2, RetryMin: 10 * time.Millisecond, RetryMax: 20 * time.Millisecond})
+	rb := b.startRelay(t, se.add(t, b), bb, nil)
+	for _, r := range []*relay.Relay{ra, rb} {
+		testenv.WaitTell(t, ctx, "the relays leading", func() bool { return r.Stats().Leader }, func() string { return "standby" })
+	}
+	produced := a.produce(t, 3, 20)
+	b.produce(t, 1, 1)
+	waitMessages(t, bb, 1) // read past a's events, all but 5 of them spilled
+
+	ba.SetDown(false)
+	msgs := waitMessages(t, ba, 2*20)
+	for _, m := range msgs {
+		if m.AggregateID == "agg-0" {
+			t.Fatalf("a refused aggregate's event was published: %+v", m)
+		}
+	}
+	var dead []outboxdriver.DeadLetter
+	testenv.WaitTell(t, ctx, "the refused aggregate's 20 events in the dead letters", func() bool {
+		var err error
+		if dead, err = a.admin(t).ListDead(ctx, &outboxdriver.DeadFilter{AggregateID: "agg-0"}); err != nil {
+			t.Fatal(err)
+		}
+		return len(dead) == 20
+	}, func() string { return fmt.Sprintf("%d of 20", len(dead)) })
+	for _, d := range dead {
+		if !strings.HasPrefix(string(d.Payload), `{"i":`) {
+			t.Fatalf("dead letter %s of seq %d has payload %q", d.ID, d.Seq, d.Payload)
+		}
+	}
+	ba.RefuseNone("agg-0")
+	if n, err := a.admin(t).ReplayDead(ctx, &outboxdriver.DeadFilter{AggregateID: "agg-0"}); err != nil || n != 20 {
+		t.Fatalf("replay: %d, %v", n, err)
+	}
+	waitDelivered(t, a, ba, produced)
+	checkDelivery(t, ba.Messages(), 3, 20)
+}

@@ -48,7 +48,7 @@ func TestStreamNoticesASilentServer(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	l := newLedger(10, 0)
+	l := newLedger(10, 0, 0)
 	l.reached = uint64(start)
 	s := &stream{conn: conn, dec: NewDecoder(outboxdriver.Table{Schema: "public", Name: name}, ""), l: l,
 		route: func(*Change) (*queue, error) { return nil, nil }, statusEvery: 100 * time.Millisecond, silence: 2 * time.Second,

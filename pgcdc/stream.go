@@ -38,6 +38,10 @@ type stream struct {
 	behind  func(first bool)            // reading waits for acknowledgements, called as it starts (first) and on (nil: log it)
 
 	touched []*queue // the queues the transaction being read pushed into
+	// unqueued is an event read that could be neither held whole nor spilled: reading
+	// waits until there is room for it (its queue is unqueuedTo).
+	unqueued   *Change
+	unqueuedTo *queue
 
 	wmu      sync.Mutex // status updates come from the reader and from acknowledgements
 	lastSent uint64
@@ -94,7 +98,7 @@ func (s *stream) run(ctx context.Context) error {
 			}
 			nextStatus = now.Add(min(s.statusEvery, silence/4))
 		}
-		if !s.l.waitSpace(nextStatus) {
+		if !s.ready(nextStatus) {
 			heard = time.Now() // reading nothing, so hearing nothing is no sign
 			first := !waiting
 			waiting = true
@@ -178,11 +182,11 @@ func (s *stream) handle(data []byte, at uint64) error {
 		if q == nil {
 			return nil
 		}
-		q.push(&ch)
-		if ch.CommitLSN != 0 && !slices.Contains(s.touched, q) {
-			s.touched = append(s.touched, q)
+		if !q.push(&ch) {
+			s.unqueued, s.unqueuedTo = &ch, q // queued once there is room
+			return nil
 		}
-		failpoint.Hit(failpoint.WALAfterReceive)
+		s.pushed(q, &ch)
 	case ChangeCommit:
 		for _, q := range s.touched {
 			q.committed(ch.CommitLSN)
@@ -192,6 +196,37 @@ func (s *stream) handle(data []byte, at uint64) error {
 		s.l.mark(ch.EndLSN)
 	}
 	return nil
+}
+
+// pushed notes that q took ch's event.
+func (s *stream) pushed(q *queue, ch *Change) {
+	if ch.CommitLSN != 0 && !slices.Contains(s.touched, q) {
+		s.touched = append(s.touched, q)
+	}
+	failpoint.Hit(failpoint.WALAfterReceive)
+}
+
+// ready waits until the next message may be read, or deadline passes: the event
+// read last and not queued (no room, and it could not be spilled) is queued first,
+// whole, once there is room; then another event must fit, whole or spilled. It
+// reports whether reading may go on.
+func (s *stream) ready(deadline time.Time) bool {
+	if s.unqueued != nil && !s.unqueuedTo.takes() {
+		// Parked (or let go) while it waited: a parked table's events after it are
+		// read again once it caught up, and a table let go has none.
+		s.unqueued, s.unqueuedTo = nil, nil
+	}
+	if s.unqueued != nil {
+		if !s.l.waitSpace(deadline) {
+			return false
+		}
+		if !s.unqueuedTo.push(s.unqueued) {
+			return false // room went between the two (not while one reader pushes)
+		}
+		s.pushed(s.unqueuedTo, s.unqueued)
+		s.unqueued, s.unqueuedTo = nil, nil
+	}
+	return s.l.waitRead(deadline)
 }
 
 // sendStatus reports the confirmable position: write, flush and apply are all set to

@@ -45,6 +45,7 @@ type relayOptions struct {
 	tablesRescan time.Duration
 	maxConns     int
 	parkAfter    time.Duration // --tables --mode cdc: pgcdc.SharedConfig.ParkAfter
+	maxSpilled   int           // --tables --mode cdc: pgcdc.SharedConfig.MaxSpilled
 }
 
 // relayFlags are relay's flags, as declared (relayOptions is what they mean once
@@ -59,6 +60,7 @@ type relayFlags struct {
 	mode           string
 	allowNewer     bool
 	parkAfter      time.Duration
+	maxSpilled     int
 	batch          int
 	leaderTimeout  time.Duration
 	batchBytes     int
@@ -157,7 +159,8 @@ func parseRelayFlags(args []string, stderr io.Writer) (*relayOptions, error) {
 	return &relayOptions{dsn: *o.dsn, leaderDSN: o.leaderDSN, brokerURL: o.brokerURL, mode: o.mode, configPath: o.configPath, table: table, cfg: cfg,
 		cdc: o.cdcCfg, broker: *o.bo, format: wire, leaseTTL: o.leaseTTL, httpAddr: o.httpAddr, uiToken: o.uiToken,
 		ui: o.ui, uiHosts: o.uiHosts, allowNewerSchema: o.allowNewer, logger: logger,
-		tables: tables, trustOwners: trustedOwners(fs), tablesRescan: o.tablesRescan, maxConns: o.maxConns, parkAfter: zeroIsOff(o.parkAfter)}, nil
+		tables: tables, trustOwners: trustedOwners(fs), tablesRescan: o.tablesRescan, maxConns: o.maxConns, parkAfter: zeroIsOff(o.parkAfter),
+		maxSpilled: zeroIsOff(o.maxSpilled)}, nil
 }
 
 // checkModes checks the flags that depend on the mode, the database and the broker.
@@ -191,8 +194,8 @@ func (o *relayFlags) checkModes(fs *flag.FlagSet, scheme string, isPG bool) erro
 // with --table).
 func (o *relayFlags) tablePatterns(fs *flag.FlagSet, isPG bool) ([]outboxdriver.TablePattern, error) {
 	if !flagSet(fs, "tables") {
-		if flagSet(fs, "max-conns") || flagSet(fs, "tables-rescan") || flagSet(fs, "park-after") {
-			return nil, usageErr("--max-conns, --tables-rescan and --park-after go with --tables")
+		if flagSet(fs, "max-conns") || flagSet(fs, "tables-rescan") || flagSet(fs, "park-after") || flagSet(fs, "max-spilled") {
+			return nil, usageErr("--max-conns, --tables-rescan, --park-after and --max-spilled go with --tables")
 		}
 		return nil, nil
 	}
@@ -205,8 +208,10 @@ func (o *relayFlags) tablePatterns(fs *flag.FlagSet, isPG bool) ([]outboxdriver.
 		return nil, usageErr("--max-conns %d: want at least 3 (the leadership session, the wake-up session and one for claims)", o.maxConns)
 	case o.tablesRescan < time.Second:
 		return nil, usageErr("--tables-rescan %v: want at least 1s", o.tablesRescan)
-	case flagSet(fs, "park-after") && o.mode != "cdc":
-		return nil, usageErr("--park-after goes with --mode cdc")
+	case (flagSet(fs, "park-after") || flagSet(fs, "max-spilled")) && o.mode != "cdc":
+		return nil, usageErr("--park-after and --max-spilled go with --mode cdc")
+	case o.maxSpilled < 0:
+		return nil, usageErr("--max-spilled %d: want a count, or 0 for none", o.maxSpilled)
 	}
 	tables, err := outboxdriver.ParseTablePatterns(o.tablesList)
 	if err != nil {
@@ -333,6 +338,7 @@ func (o *relayFlags) register(fs *flag.FlagSet) {
 	fs.BoolVar(&o.cdcCfg.RecreateSlot, "recreate-slot", false, "cdc: replace a lost slot and publish every unpublished row still in the table again (docs/cdc.md)")
 	fs.IntVar(&o.cdcCfg.MaxPending, "max-pending", pgcdc.MaxPendingDefault, "cdc: most events read from the WAL and not yet acknowledged (bounds memory)")
 	fs.IntVar(&o.cdcCfg.MaxPendingBytes, "max-pending-bytes", pgcdc.MaxPendingBytesDefault, "cdc: most payload bytes of those events, past the first 100 (0: no bound)")
+	fs.IntVar(&o.maxSpilled, "max-spilled", pgcdc.MaxSpilledDefault, "cdc with --tables: once --max-pending events wait, read on up to this many more rows-mode events without their payloads (their relays read them from the table), so one table's large transaction does not hold back the others' later events (0: none)")
 	fs.DurationVar(&o.parkAfter, "park-after", pgcdc.ParkAfterDefault, "cdc with --tables: park a table that holds the shared stream's room this long without getting an event done (its relay cannot lead, its broker refuses), so the others read on; it is read again once caught up (0: never)")
 	fs.IntVar(&o.batch, "batch-size", relay.BatchSizeDefault, "most events claimed and published at once")
 	fs.DurationVar(&o.leaderTimeout, "leader-timeout", relay.LeaderTimeoutDefault, "how long the database keeps the leadership of an active relay that stopped proving it is alive (paused, cut off); a standby takes over after it")

@@ -11,13 +11,13 @@ import (
 // the library's default (which is what a zero means in a Go config).
 func TestZeroTurnsOff(t *testing.T) {
 	o, err := parseRelayFlags([]string{"--db", "postgres://u@127.0.0.1:1/x", "--broker", "stdout:", "--tables", "*.outbox", "--mode", "cdc",
-		"--max-batch-bytes", "0", "--max-pending-bytes", "0", "--park-after", "0", "--retention", "0", "--straggler-after", "0"}, io.Discard)
+		"--max-batch-bytes", "0", "--max-pending-bytes", "0", "--park-after", "0", "--max-spilled", "0", "--retention", "0", "--straggler-after", "0"}, io.Discard)
 	if err != nil {
 		t.Fatal(err)
 	}
 	for name, v := range map[string]int64{
 		"--max-batch-bytes": int64(o.cfg.MaxBatchBytes), "--max-pending-bytes": int64(o.cdc.MaxPendingBytes),
-		"--park-after": int64(o.parkAfter), "--retention": int64(o.cfg.Retention), "--straggler-after": int64(o.cfg.StragglerAfter),
+		"--park-after": int64(o.parkAfter), "--max-spilled": int64(o.maxSpilled), "--retention": int64(o.cfg.Retention), "--straggler-after": int64(o.cfg.StragglerAfter),
 	} {
 		if v >= 0 {
 			t.Errorf("%s 0 became %d for the library, want a negative value (off)", name, v)

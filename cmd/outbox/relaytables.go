@@ -164,7 +164,7 @@ func (s *tableRelays) sharedStream(direct *pgxpool.Pool) (func(context.Context, 
 	patterns := o.tables
 	var err error
 	s.cdc, err = pgcdc.NewShared(s.pool, &pgcdc.SharedConfig{Slot: o.cdc.Slot, Publication: o.cdc.Publication,
-		MaxPending: o.cdc.MaxPending, MaxPendingBytes: o.cdc.MaxPendingBytes, RecreateSlot: o.cdc.RecreateSlot, ParkAfter: o.parkAfter,
+		MaxPending: o.cdc.MaxPending, MaxPendingBytes: o.cdc.MaxPendingBytes, RecreateSlot: o.cdc.RecreateSlot, ParkAfter: o.parkAfter, MaxSpilled: o.maxSpilled,
 		Logger: o.logger, Timeout: o.cfg.LeaderTimeout, Direct: direct,
 		Match:  func(t outboxdriver.Table) bool { return outboxdriver.MatchAny(patterns, t) },
 		Rescan: func(ctx context.Context) error { return s.sup.Scan(ctx) }})
