@@ -208,8 +208,10 @@ func (o *relayFlags) tablePatterns(fs *flag.FlagSet, isPG bool) ([]outboxdriver.
 		return nil, usageErr("--max-conns %d: want at least 3 (the leadership session, the wake-up session and one for claims)", o.maxConns)
 	case o.tablesRescan < time.Second:
 		return nil, usageErr("--tables-rescan %v: want at least 1s", o.tablesRescan)
-	case (flagSet(fs, "park-after") || flagSet(fs, "max-spilled")) && o.mode != "cdc":
-		return nil, usageErr("--park-after and --max-spilled go with --mode cdc")
+	case flagSet(fs, "park-after") && o.mode != "cdc":
+		return nil, usageErr("--park-after goes with --mode cdc")
+	case flagSet(fs, "max-spilled") && o.mode != "cdc":
+		return nil, usageErr("--max-spilled goes with --mode cdc")
 	case o.maxSpilled < 0:
 		return nil, usageErr("--max-spilled %d: want a count, or 0 for none", o.maxSpilled)
 	}
