@@ -260,3 +260,48 @@ func TestLedgerSpills(t *testing.T) {
 		t.Fatalf("after parking the only open table: open %d, bytes %d, spilled %d; want all 0", l.open, l.openBytes, l.spilled)
 	}
 }
+
+// TestStreamWaitsForRoomForWhatCannotSpill: an event that can be neither held whole
+// nor spilled (a table-less one) waits, read, until there is room, and nothing more
+// is read meanwhile; if its table is parked while it waits, it is dropped (the
+// stream is read again for that table once it caught up).
+func TestStreamWaitsForRoomForWhatCannotSpill(t *testing.T) {
+	t.Parallel()
+	synctest.Test(t, func(t *testing.T) {
+		l := newLedger(1, 0, 5)
+		s := &stream{l: l}
+		rows, msgs := newTableQueue(l), newTableQueue(l)
+		if !rows.push(&Change{Row: row("r1"), Inserted: true}) {
+			t.Fatal("refused with room")
+		}
+		m1 := &Change{Row: row("m1")}
+		if msgs.push(m1) {
+			t.Fatal("a table-less event taken past a full room")
+		}
+		s.unqueued, s.unqueuedTo = m1, msgs
+		if s.ready(time.Now().Add(20 * time.Millisecond)) {
+			t.Fatal("read on while an event waits for room")
+		}
+		out, _ := rows.take(10, 0, time.Now(), nil)
+		go rows.done(out)
+		if !s.ready(time.Now().Add(5*time.Second)) || s.unqueued != nil {
+			t.Fatal("the waiting event was not queued once there was room")
+		}
+		if got, _ := msgs.take(10, 0, time.Now(), nil); len(got) != 1 || got[0].spilled {
+			t.Fatalf("took %+v, want the table-less event, whole", got)
+		}
+
+		m2 := &Change{Row: row("m2")}
+		if msgs.push(m2) {
+			t.Fatal("a table-less event taken past a full room")
+		}
+		s.unqueued, s.unqueuedTo = m2, msgs
+		msgs.park(func() {})
+		if !s.ready(time.Now()) || s.unqueued != nil {
+			t.Fatal("an event of a table parked while it waited still holds the stream")
+		}
+		if n := msgs.openEvents(); n != 1 || l.open != 0 {
+			t.Fatalf("the parked table has %d open events (want 1: m1, taken) and the room %d (want 0): m2 was queued into a parked table", n, l.open)
+		}
+	})
+}
