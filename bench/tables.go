@@ -217,8 +217,8 @@ func tablesBench(dbURL, natsURL string, args []string) error {
 	var took float64 // from the backlog's insert to its last row's mark, by the database's clock
 	_ = pool.QueryRow(ctx, "SELECT count(*) FILTER (WHERE published_at IS NULL), coalesce(extract(epoch FROM max(published_at) - max(created_at)), 0) FROM "+
 		pgx.Identifier{tables[0].Schema, "outbox"}.Sanitize()).Scan(&left, &took)
-	fmt.Printf("backlog of %d in one table: the quiet table's events p50 %s p99 %s max %s (%d of them); %d of the backlog left after %s (the last marked %.2fs after the insert)\n",
-		*backlog, q(qlat, 0.5), q(qlat, 0.99), qlat[len(qlat)-1].Round(time.Millisecond), sent, left, time.Since(drainStart).Round(time.Second), took)
+	fmt.Printf("backlog of %d in one table: the quiet table's events p50 %s p99 %s max %s (%d of them); %d of the backlog left after %s (the last marked %.2fs after the insert); relay peak RSS %d MiB\n",
+		*backlog, q(qlat, 0.5), q(qlat, 0.99), qlat[len(qlat)-1].Round(time.Millisecond), sent, left, time.Since(drainStart).Round(time.Second), took, hwm(cmd.Process.Pid)/1024)
 	stopProcess(cmd)
 
 	// The same rate through one table and a relay of its own.
