@@ -102,17 +102,20 @@ func (s *Source) Claim(ctx context.Context, p *outboxdriver.ClaimParams) (outbox
 	}
 }
 
-// hydrate reads from the table the payloads of es's spilled events (held without
-// them, ledger.maxSpilled), once their transactions are visible to other sessions.
+// hydrate reads from the table the payloads (and headers) of es's spilled events
+// (held without them, ledger.maxSpilled), once their transactions are visible to
+// other sessions.
 // An event whose row is no longer there unpublished (completed since, or deleted by
 // hand) is done and left out: the table is what a rows-mode event is. Nothing is
 // done when it fails.
 func (ss *session) hydrate(ctx context.Context, es []*entry) ([]*entry, error) {
 	var ids []string
 	var xids []uint32
+	headers := false // some had headers: the table has the column
 	for _, e := range es {
 		if e.spilled && e.row.Payload == nil {
 			ids, xids = append(ids, e.row.ID), append(xids, e.xid)
+			headers = headers || e.headers
 		}
 	}
 	if len(ids) == 0 {
@@ -121,16 +124,23 @@ func (ss *session) hydrate(ctx context.Context, es []*entry) ([]*entry, error) {
 	if err := ss.src.waitVisible(ctx, xids); err != nil {
 		return nil, err
 	}
-	rows, err := ss.src.pool.Query(ctx, `SELECT id::text, payload FROM `+ss.src.qTable+`
+	// The values as the stream carries them: the payload's and headers' bytes
+	// (JSON text for json and jsonb, raw for bytea), read by the same rules.
+	headersCol := "NULL::bytea"
+	if headers {
+		headersCol = "headers"
+	}
+	rows, err := ss.src.pool.Query(ctx, `SELECT id::text, payload, `+headersCol+` FROM `+ss.src.qTable+`
 WHERE id = ANY($1::text[]::uuid[]) AND published_at IS NULL AND payload IS NOT NULL`, ids)
 	if err != nil {
 		return nil, fmt.Errorf("pgcdc: reading spilled events' payloads: %w", interpret(err))
 	}
-	payloads := make(map[string][]byte, len(ids))
+	type stored struct{ payload, headers []byte }
+	read := make(map[string]stored, len(ids))
 	var id string
-	var payload []byte
-	if _, err := pgx.ForEachRow(rows, []any{&id, &payload}, func() error {
-		payloads[id] = append([]byte{}, payload...)
+	var payload, hdrs []byte
+	if _, err := pgx.ForEachRow(rows, []any{&id, &payload, &hdrs}, func() error {
+		read[id] = stored{append([]byte{}, payload...), append([]byte(nil), hdrs...)}
 		return nil
 	}); err != nil {
 		return nil, fmt.Errorf("pgcdc: reading spilled events' payloads: %w", interpret(err))
@@ -139,12 +149,15 @@ WHERE id = ANY($1::text[]::uuid[]) AND published_at IS NULL AND payload IS NOT N
 	var gone []*entry
 	for _, e := range es {
 		if e.spilled && e.row.Payload == nil {
-			p, ok := payloads[e.row.ID]
+			r, ok := read[e.row.ID]
 			if !ok {
 				gone = append(gone, e)
 				continue
 			}
-			e.row.Payload = p
+			e.row.Payload = r.payload
+			if e.headers {
+				e.row.Headers = outboxdriver.ParseHeaders(r.headers)
+			}
 		}
 		kept = append(kept, e)
 	}

@@ -112,6 +112,7 @@ type entry struct {
 	row         outboxdriver.Row
 	size        int  // the payload's bytes as read from the stream
 	spilled     bool // held without its payload (ledger.maxSpilled): the claim reads it from the table
+	headers     bool // spilled with headers, read from the table too (a map costs more than the rest of an entry)
 	availableAt time.Time
 	reject      error  // goes to the dead letters instead of the broker
 	xid         uint32 // the transaction that wrote it (0: none), see waitVisible
@@ -208,6 +209,7 @@ func (q *queue) push(ch *Change) bool {
 		xid: ch.Xid, commitLSN: ch.CommitLSN, inserted: ch.Inserted}
 	if spilled {
 		e.row.Payload = nil // the stream's buffer goes with it
+		e.headers, e.row.Headers = e.row.Headers != nil, nil
 	}
 	q.pmu.Lock()
 	e.own = q.own.next
@@ -421,7 +423,7 @@ func (q *queue) take(limit, maxBytes int, now time.Time, blocked func(key string
 
 // giveBack returns events to the queue (a released claim, or failed events with a
 // later availableAt), keeping index order. A spilled event's payload, read for its
-// claim, goes again: what waits stays within the room.
+// claim, goes again (and its headers): what waits stays within the room.
 func (q *queue) giveBack(es []*entry) {
 	if len(es) == 0 {
 		return
@@ -429,6 +431,9 @@ func (q *queue) giveBack(es []*entry) {
 	for _, e := range es {
 		if e.spilled {
 			e.row.Payload = nil
+			if e.headers {
+				e.row.Headers = nil
+			}
 		}
 	}
 	q.pmu.Lock()

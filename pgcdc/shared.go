@@ -47,7 +47,7 @@ type SharedConfig struct {
 	// MaxPending does not hold back the other tables' events committed after it,
 	// while its own relay works through it (docs/cdc.md, "Fairness"). A table-less or
 	// insert-delete event has no row to read again: it waits for room. Default
-	// MaxSpilledDefault (about 400 bytes of memory each, 800 with a header); negative: none.
+	// MaxSpilledDefault (about 400 bytes of memory each); negative: none.
 	MaxSpilled     int
 	StatusInterval time.Duration
 	ClaimLinger    time.Duration

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"slices"
 	"strings"
 	"sync"
@@ -660,5 +661,57 @@ func TestSharedSlotSpilledRowGone(t *testing.T) {
 	}
 	if next["agg-0"] != 10 || next["agg-2"] != 10 || next["agg-1"] > 5 {
 		t.Fatalf("published per aggregate %v: want agg-0 and agg-2 whole, of agg-1 at most the 5 held whole", next)
+	}
+}
+
+// TestSharedSlotSpilledHeaders: a spilled event's headers are held no more than its
+// payload, and come back from the table as they were written.
+func TestSharedSlotSpilledHeaders(t *testing.T) {
+	t.Parallel()
+	a, b := setup(t, outboxdriver.WriteRows), setup(t, outboxdriver.WriteRows)
+	ctx := context.Background()
+	slot := sharedSlot(a)
+	t.Cleanup(func() { dropSlot(t, a.pool, slot) })
+	se := startShared(t, a.pool, pgcdc.SharedConfig{Slot: slot, MaxPending: 2, ParkAfter: -1}, nil)
+	ba, bb := memory.New(0), memory.New(0)
+	ba.SetDown(true)
+	ra := a.startRelay(t, se.add(t, a), ba, nil)
+	rb := b.startRelay(t, se.add(t, b), bb, nil)
+	for _, r := range []*relay.Relay{ra, rb} {
+		testenv.WaitTell(t, ctx, "the relays leading", func() bool { return r.Stats().Leader }, func() string { return "standby" })
+	}
+	w, err := outbox.NewWriter(a.drv, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const n = 10
+	for i := range n {
+		ev := outbox.Event{AggregateType: "order", AggregateID: "agg-0", Type: "Step", Payload: []byte(fmt.Sprintf(`{"i":%d}`, i))}
+		if i%2 == 0 {
+			ev.Headers = map[string]string{"correlationId": fmt.Sprint("c-", i), "note": "ünïcode, \"quoted\""}
+		}
+		if err := w.Write(ctx, ev); err != nil {
+			t.Fatal(err)
+		}
+	}
+	b.produce(t, 1, 1)
+	waitMessages(t, bb, 1) // read past a's events, all but 2 of them spilled
+	ba.SetDown(false)
+	msgs := waitMessages(t, ba, n)
+	checkDelivery(t, msgs, 1, n)
+	for i, m := range msgs {
+		own := map[string]string{} // the event's own, without the wire format's
+		for _, k := range []string{"correlationId", "note"} {
+			if v, ok := m.Headers[k]; ok {
+				own[k] = v
+			}
+		}
+		want := map[string]string{}
+		if i%2 == 0 {
+			want = map[string]string{"correlationId": fmt.Sprint("c-", i), "note": "ünïcode, \"quoted\""}
+		}
+		if !maps.Equal(own, want) {
+			t.Fatalf("event %d: headers %v, want %v among them", i, m.Headers, want)
+		}
 	}
 }
