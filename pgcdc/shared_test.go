@@ -573,27 +573,49 @@ func TestSharedSlotSpillsPastATable(t *testing.T) {
 	}
 }
 
+// spillEnv is two rows-mode tables on one shared slot with both relays leading, and
+// a's broker down: a's events cannot get done, so past the room they are spilled.
+type spillEnv struct {
+	a, b   *cdcEnv
+	ba, bb *memory.Broker
+	ra     *relay.Relay
+}
+
+func startSpill(t *testing.T, maxPending int, cfgA *relay.Config) *spillEnv {
+	t.Helper()
+	se := &spillEnv{a: setup(t, outboxdriver.WriteRows), b: setup(t, outboxdriver.WriteRows), ba: memory.New(0), bb: memory.New(0)}
+	slot := sharedSlot(se.a)
+	t.Cleanup(func() { dropSlot(t, se.a.pool, slot) })
+	sh := startShared(t, se.a.pool, pgcdc.SharedConfig{Slot: slot, MaxPending: maxPending, ParkAfter: -1}, nil)
+	se.ba.SetDown(true)
+	se.ra = se.a.startRelay(t, sh.add(t, se.a), se.ba, cfgA)
+	rb := se.b.startRelay(t, sh.add(t, se.b), se.bb, nil)
+	for _, r := range []*relay.Relay{se.ra, rb} {
+		testenv.WaitTell(t, context.Background(), "the relays leading", func() bool { return r.Stats().Leader }, func() string { return "standby" })
+	}
+	return se
+}
+
+// readPast writes an event to b and waits until it is published: the stream has
+// read every event of a's committed before it.
+func (se *spillEnv) readPast(t *testing.T) {
+	t.Helper()
+	n := len(se.bb.Messages())
+	se.b.produceFrom(t, 1, n, 1)
+	waitMessages(t, se.bb, n+1)
+}
+
 // TestSharedSlotSpilledDeadLetters: events held without their payloads keep them
 // on every path: sent again while the broker is down, moved to the dead letters
 // behind a refused event of their aggregate, and replayed from there.
 func TestSharedSlotSpilledDeadLetters(t *testing.T) {
 	t.Parallel()
-	a, b := setup(t, outboxdriver.WriteRows), setup(t, outboxdriver.WriteRows)
+	se := startSpill(t, 5, &relay.Config{MaxAttempts: 2, RetryMin: 10 * time.Millisecond, RetryMax: 20 * time.Millisecond})
+	a, ba := se.a, se.ba
 	ctx := context.Background()
-	slot := sharedSlot(a)
-	t.Cleanup(func() { dropSlot(t, a.pool, slot) })
-	se := startShared(t, a.pool, pgcdc.SharedConfig{Slot: slot, MaxPending: 5, ParkAfter: -1}, nil)
-	ba, bb := memory.New(0), memory.New(0)
-	ba.SetDown(true)
 	ba.Refuse("agg-0", true)
-	ra := a.startRelay(t, se.add(t, a), ba, &relay.Config{MaxAttempts: 2, RetryMin: 10 * time.Millisecond, RetryMax: 20 * time.Millisecond})
-	rb := b.startRelay(t, se.add(t, b), bb, nil)
-	for _, r := range []*relay.Relay{ra, rb} {
-		testenv.WaitTell(t, ctx, "the relays leading", func() bool { return r.Stats().Leader }, func() string { return "standby" })
-	}
 	produced := a.produce(t, 3, 20)
-	b.produce(t, 1, 1)
-	waitMessages(t, bb, 1) // read past a's events, all but 5 of them spilled
+	se.readPast(t) // all but 5 of a's events spilled
 
 	ba.SetDown(false)
 	msgs := waitMessages(t, ba, 2*20)
@@ -629,21 +651,11 @@ func TestSharedSlotSpilledDeadLetters(t *testing.T) {
 // held whole), every other aggregate's arrive whole and in order.
 func TestSharedSlotSpilledRowGone(t *testing.T) {
 	t.Parallel()
-	a, b := setup(t, outboxdriver.WriteRows), setup(t, outboxdriver.WriteRows)
+	se := startSpill(t, 5, nil)
+	a, ba, ra := se.a, se.ba, se.ra
 	ctx := context.Background()
-	slot := sharedSlot(a)
-	t.Cleanup(func() { dropSlot(t, a.pool, slot) })
-	se := startShared(t, a.pool, pgcdc.SharedConfig{Slot: slot, MaxPending: 5, ParkAfter: -1}, nil)
-	ba, bb := memory.New(0), memory.New(0)
-	ba.SetDown(true)
-	ra := a.startRelay(t, se.add(t, a), ba, nil)
-	rb := b.startRelay(t, se.add(t, b), bb, nil)
-	for _, r := range []*relay.Relay{ra, rb} {
-		testenv.WaitTell(t, ctx, "the relays leading", func() bool { return r.Stats().Leader }, func() string { return "standby" })
-	}
 	a.produce(t, 3, 10)
-	b.produce(t, 1, 1)
-	waitMessages(t, bb, 1) // read past a's events, all but 5 of them spilled
+	se.readPast(t) // all but 5 of a's events spilled
 	if _, err := a.pool.Exec(ctx, `DELETE FROM `+pgx.Identifier{a.table.Schema, a.table.Name}.Sanitize()+` WHERE aggregateid = 'agg-1'`); err != nil {
 		t.Fatal(err)
 	}
@@ -668,18 +680,9 @@ func TestSharedSlotSpilledRowGone(t *testing.T) {
 // payload, and come back from the table as they were written.
 func TestSharedSlotSpilledHeaders(t *testing.T) {
 	t.Parallel()
-	a, b := setup(t, outboxdriver.WriteRows), setup(t, outboxdriver.WriteRows)
+	se := startSpill(t, 2, nil)
+	a, ba := se.a, se.ba
 	ctx := context.Background()
-	slot := sharedSlot(a)
-	t.Cleanup(func() { dropSlot(t, a.pool, slot) })
-	se := startShared(t, a.pool, pgcdc.SharedConfig{Slot: slot, MaxPending: 2, ParkAfter: -1}, nil)
-	ba, bb := memory.New(0), memory.New(0)
-	ba.SetDown(true)
-	ra := a.startRelay(t, se.add(t, a), ba, nil)
-	rb := b.startRelay(t, se.add(t, b), bb, nil)
-	for _, r := range []*relay.Relay{ra, rb} {
-		testenv.WaitTell(t, ctx, "the relays leading", func() bool { return r.Stats().Leader }, func() string { return "standby" })
-	}
 	w, err := outbox.NewWriter(a.drv, nil)
 	if err != nil {
 		t.Fatal(err)
@@ -694,8 +697,7 @@ func TestSharedSlotSpilledHeaders(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	b.produce(t, 1, 1)
-	waitMessages(t, bb, 1) // read past a's events, all but 2 of them spilled
+	se.readPast(t) // all but 2 of a's events spilled
 	ba.SetDown(false)
 	msgs := waitMessages(t, ba, n)
 	checkDelivery(t, msgs, 1, n)
