@@ -104,10 +104,9 @@ func (s *Source) Claim(ctx context.Context, p *outboxdriver.ClaimParams) (outbox
 
 // hydrate reads from the table the payloads (and headers) of es's spilled events
 // (held without them, ledger.maxSpilled), once their transactions are visible to
-// other sessions.
-// An event whose row is no longer there unpublished (completed since, or deleted by
-// hand) is done and left out: the table is what a rows-mode event is. Nothing is
-// done when it fails.
+// other sessions. An event whose row is no longer there unpublished (completed
+// since, or deleted by hand) is done and left out: the table is what a rows-mode
+// event is. Nothing is done when it fails.
 func (ss *session) hydrate(ctx context.Context, es []*entry) ([]*entry, error) {
 	var ids []string
 	var xids []uint32
