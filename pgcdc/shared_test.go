@@ -287,6 +287,36 @@ func TestSharedSlotFindsNewTables(t *testing.T) {
 	}
 }
 
+// TestSharedSlotBackfillDeadLetters: a table joins a running shared slot with rows
+// written before, one aggregate's refused by the broker: its backfill dead-letters
+// that aggregate's first event and the rows behind it, so a replay publishes them all
+// in order through the stream, with the events written after.
+func TestSharedSlotBackfillDeadLetters(t *testing.T) {
+	t.Parallel()
+	a := setup(t, outboxdriver.WriteRows)
+	slot := sharedSlot(a)
+	t.Cleanup(func() { dropSlot(t, a.pool, slot) })
+	se := startShared(t, a.pool, pgcdc.SharedConfig{Slot: slot}, nil)
+	a.startRelay(t, se.add(t, a), memory.New(0), nil)
+
+	n := setup(t, outboxdriver.WriteRows)
+	produced := n.produce(t, 2, 10) // before the table joins: its backfill's
+	b := memory.New(0)
+	b.Refuse("agg-0", true)
+	n.startRelay(t, se.add(t, n), b, &relay.Config{MaxAttempts: 2, RetryMin: 10 * time.Millisecond, RetryMax: 20 * time.Millisecond})
+	waitMessages(t, b, 10)
+	waitHeldDead(t, n, "agg-0", 10)
+	b.RefuseNone("agg-0")
+	if got, err := n.admin(t).ReplayDead(context.Background(), &outboxdriver.DeadFilter{AggregateID: "agg-0"}); err != nil || got != 10 {
+		t.Fatalf("replay: %d, %v", got, err)
+	}
+	for agg, ids := range n.produceFrom(t, 2, 10, 5) {
+		produced[agg] = append(produced[agg], ids...)
+	}
+	waitDelivered(t, n, b, produced)
+	checkDelivery(t, b.Messages(), 2, 15)
+}
+
 // TestSharedSlotStandby: a second process cannot take the slot while the first
 // streams; it stands by for every table, and takes over when the first stops.
 func TestSharedSlotStandby(t *testing.T) {
