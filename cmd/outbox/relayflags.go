@@ -183,9 +183,6 @@ func (o *relayFlags) checkModes(fs *flag.FlagSet, scheme string, isPG bool) erro
 		// A row the stream sends again is skipped when it is marked; deleted or
 		// archived, it could not be told from a row never published.
 		return usageErr("--kafka-transactional-id with --mode cdc needs --completion mark")
-	case o.mode == "cdc" && flagSet(fs, "tables"):
-		// Untested over a shared slot: refused until a test says it holds.
-		return usageErr("--kafka-transactional-id with --mode cdc runs one table (--table), not --tables yet")
 	}
 	return nil
 }
@@ -359,7 +356,7 @@ func (o *relayFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&o.ceMode, "cloudevents-mode", string(cloudevents.Binary), "with --format cloudevents: binary (attributes as headers, the payload as the body) or structured (the whole event as JSON)")
 	fs.StringVar(&o.ceSource, "cloudevents-source", "", "with --format cloudevents: the source attribute (default /outbox/<schema>.<table>)")
 	o.bo = brokerFlags(fs)
-	fs.StringVar(&o.bo.kafkaTransactionalID, "kafka-transactional-id", "", "Kafka, exactly-once: publish each batch in a Kafka transaction under this transactional.id, one per table (with --tables, a prefix: ID.schema.table; with --group, one per partition: ID.p<N>), with the relay's progress (poll mode, or --mode cdc on one table; docs/kafka.md)")
+	fs.StringVar(&o.bo.kafkaTransactionalID, "kafka-transactional-id", "", "Kafka, exactly-once: publish each batch in a Kafka transaction under this transactional.id, one per table (with --tables, a prefix: ID.schema.table; with --group, one per partition: ID.p<N>), with the relay's progress (poll or cdc mode; docs/kafka.md)")
 	fs.StringVar(&o.bo.kafkaProgressTopic, "kafka-progress-topic", kafka.ProgressTopicDefault, "with --kafka-transactional-id: the compacted topic of the relay's progress records (created if absent)")
 	fs.DurationVar(&o.leaseTTL, "lease-ttl", outboxsqlite.LeaseTTLDefault, "SQLite only: how long leadership lasts unrenewed; a standby takes over this long after the active relay dies")
 	fs.BoolVar(&o.group, "group", false, "PostgreSQL, poll mode: run as one of several active relays, each owning some of the table's partitions (every relay of the table needs it)")
