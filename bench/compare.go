@@ -24,7 +24,7 @@ func compare(dbURL, natsURL string, args []string) error {
 	fs := flag.NewFlagSet("compare", flag.ExitOnError)
 	events := fs.Int("events", 200_000, "backlog size for each relay (0: no backlog runs)")
 	plotPath := fs.String("plot", "", "write the throughput chart here (.svg or .png)")
-	only := fs.String("only", "", "run only the relays whose label contains this")
+	only := fs.String("only", "", "run only the relays whose label contains one of these, comma-separated")
 	withLimits := fs.Bool("limits", true, "measure the machine's ceilings first (bench limits) and print each relay's rate as a fraction of them")
 	live := liveOpts{conns: 8}
 	fs.IntVar(&live.rate, "live-rate", 5000, "the live load's events per second (0: no live load)")
@@ -38,13 +38,15 @@ func compare(dbURL, natsURL string, args []string) error {
 		mode       string
 		completion string
 		wm         *wmTuning // a Watermill run
+		peer       bool      // the thin CDC relay on pglogrepl (cdcpeer.go)
 	}{
-		{"outbox poll, mark (default)", "poll", "mark", nil},
-		{"outbox poll, archive", "poll", "archive", nil},
-		{"outbox poll, delete", "poll", "delete", nil},
-		{"outbox cdc", "cdc", "", nil},
-		{"Watermill SQL forwarder, defaults", "", "", &wmTuning{}},
-		{"Watermill SQL forwarder, tuned", "", "", &wmTuning{batch: 1000, deleteOnAck: true, ackAsync: true}},
+		{"outbox poll, mark (default)", "poll", "mark", nil, false},
+		{"outbox poll, archive", "poll", "archive", nil, false},
+		{"outbox poll, delete", "poll", "delete", nil, false},
+		{"outbox cdc", "cdc", "", nil, false},
+		{"CDC peer: a thin relay on pglogrepl", "cdc", "", nil, true},
+		{"Watermill SQL forwarder, defaults", "poll", "", &wmTuning{}, false},
+		{"Watermill SQL forwarder, tuned", "poll", "", &wmTuning{batch: 1000, deleteOnAck: true, ackAsync: true}, false},
 	}
 	machine := fmt.Sprintf("%d CPUs, %s", runtime.NumCPU(), time.Now().UTC().Format("2006-01-02"))
 
@@ -57,18 +59,21 @@ func compare(dbURL, natsURL string, args []string) error {
 	}
 	if *events > 0 {
 		base := drainOpts{events: *events, batch: 1000, perTx: 1000, mode: "poll", write: "rows", storage: "file"}
-		var labels []string
+		var labels, modes []string
 		var results []drainResult
 		for _, c := range relays {
-			if !strings.Contains(c.label, *only) {
+			if !picked(c.label, *only) {
 				continue
 			}
 			fmt.Printf("== backlog: %s\n", c.label)
 			var r drainResult
 			var err error
-			if c.wm != nil {
+			switch {
+			case c.wm != nil:
 				r, err = runWatermill(dbURL, natsURL, base, *c.wm)
-			} else {
+			case c.peer:
+				r, err = runCDCPeer(dbURL, natsURL, base)
+			default:
 				o := base
 				o.mode, o.completion = c.mode, c.completion
 				r, err = runDrain(dbURL, natsURL, o)
@@ -76,26 +81,37 @@ func compare(dbURL, natsURL string, args []string) error {
 			if err != nil {
 				return fmt.Errorf("%s: %w", c.label, err)
 			}
-			labels, results = append(labels, c.label), append(results, r)
+			labels, modes, results = append(labels, c.label), append(modes, c.mode), append(results, r)
 		}
-		vsWM := func(r drainResult) string { return "-" } // the tuned Watermill forwarder's, when it ran
+		vsWM := func(r drainResult) string { return "-" }   // the tuned Watermill forwarder's, when it ran
+		vsPeer := func(r drainResult) string { return "-" } // the CDC peer's, when it ran
 		for i, l := range labels {
 			if strings.Contains(l, "Watermill") && strings.Contains(l, "tuned") {
 				wm := results[i].rate()
 				vsWM = func(r drainResult) string { return fmt.Sprintf("%.1fx", r.rate()/wm) }
 			}
+			if strings.HasPrefix(l, "CDC peer") {
+				peer := results[i]
+				vsPeer = func(r drainResult) string {
+					return fmt.Sprintf("%.2fx (CPU/event %.2fx)", r.rate()/peer.rate(), r.cpuPerEvent()/peer.cpuPerEvent())
+				}
+			}
 		}
 		fmt.Printf("\nBacklog: %d events, ~%d-byte payloads, 1,000 aggregates; %s\n", *events, len(payload(0)), machine)
-		fmt.Printf("| relay | events/s | vs Watermill (tuned) | relay CPU µs/event | relay peak RSS |\n|---|---|---|---|---|\n")
+		fmt.Printf("| relay | events/s | vs Watermill (tuned) | vs the CDC peer | relay CPU µs/event | relay peak RSS |\n|---|---|---|---|---|---|\n")
 		for i, r := range results {
-			fmt.Printf("| %s | %.0f | %s | %.1f | %.0f MiB |\n", labels[i], r.rate(), vsWM(r), r.cpuPerEvent(), r.rssMiB())
+			peer := "-"
+			if modes[i] == "cdc" {
+				peer = vsPeer(r)
+			}
+			fmt.Printf("| %s | %.0f | %s | %s | %.1f | %.0f MiB |\n", labels[i], r.rate(), vsWM(r), peer, r.cpuPerEvent(), r.rssMiB())
 		}
 		if *withLimits {
 			printCeilings(c)
 			fmt.Printf("\n| relay | events/s | of its database ceiling | of the broker ceiling | vs Watermill (tuned) |\n|---|---|---|---|---|\n")
 			for i, r := range results {
 				db := c.poll // Watermill's forwarder polls too
-				if strings.Contains(labels[i], "cdc") {
+				if modes[i] == "cdc" {
 					db = c.cdc
 				}
 				fmt.Printf("| %s | %.0f | %.0f%% of %s | %.0f%% | %s |\n", labels[i], r.rate(), 100*r.rate()/db.rate(), db.name[:strings.IndexByte(db.name, ':')],
@@ -119,7 +135,7 @@ func compare(dbURL, natsURL string, args []string) error {
 	var labels []string
 	var results []liveResult
 	for _, c := range relays {
-		if !strings.Contains(c.label, *only) {
+		if !picked(c.label, *only) || c.peer { // the peer drains a backlog only
 			continue
 		}
 		fmt.Printf("== live load: %s\n", c.label)
@@ -171,6 +187,16 @@ func barChart(path, title string, labels []string, values plotter.Values) error 
 
 // latencyChart draws each relay's latency distribution: the share of events that
 // reached the broker within x ms (log scale), one line per relay.
+// picked reports whether label contains one of only's comma-separated parts.
+func picked(label, only string) bool {
+	for part := range strings.SplitSeq(only, ",") {
+		if strings.Contains(label, part) {
+			return true
+		}
+	}
+	return false
+}
+
 func latencyChart(path, title string, labels []string, results []liveResult) error {
 	p := plot.New()
 	p.Title.Text = title

@@ -17,7 +17,6 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
-	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/outboxd/outbox"
@@ -57,17 +56,12 @@ type writeFunc func(ctx context.Context, from, to int) ([]string, error)
 // runLive runs one live load against outbox's relay or Watermill's forwarder.
 func runLive(dbURL, natsURL string, o liveOpts) (liveResult, error) {
 	ctx := context.Background()
-	nc, err := nats.Connect(natsURL)
+	prefix := testenv.UniqueName("benchlive")
+	js, closeStream, err := openStream(ctx, natsURL, prefix, jetstream.FileStorage)
 	if err != nil {
 		return liveResult{}, err
 	}
-	defer nc.Close()
-	js, _ := jetstream.New(nc)
-	prefix := testenv.UniqueName("benchlive")
-	if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: prefix, Subjects: []string{prefix + ".>"}, Storage: jetstream.FileStorage}); err != nil {
-		return liveResult{}, err
-	}
-	defer func() { _ = js.DeleteStream(context.Background(), prefix) }()
+	defer closeStream()
 
 	var write writeFunc
 	var cmd *exec.Cmd

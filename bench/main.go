@@ -78,6 +78,8 @@ func main() {
 		err = tablesBench(dbURL, natsURL, os.Args[2:])
 	case "wm-forwarder":
 		err = wmForwarder(os.Args[2:])
+	case "cdc-peer":
+		err = cdcPeer(os.Args[2:])
 
 	default:
 		err = fmt.Errorf("unknown benchmark %q", os.Args[1])
@@ -183,21 +185,16 @@ func runDrain(dbURL, natsURL string, o drainOpts) (drainResult, error) {
 		return drainResult{}, err
 	}
 
-	nc, err := nats.Connect(natsURL)
-	if err != nil {
-		return drainResult{}, err
-	}
-	defer nc.Close()
-	js, _ := jetstream.New(nc)
 	prefix := testenv.UniqueName("bench")
 	st := jetstream.FileStorage
 	if o.storage == "memory" {
 		st = jetstream.MemoryStorage
 	}
-	if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: prefix, Subjects: []string{prefix + ".>"}, Storage: st}); err != nil {
+	js, closeStream, err := openStream(ctx, natsURL, prefix, st)
+	if err != nil {
 		return drainResult{}, err
 	}
-	defer func() { _ = js.DeleteStream(context.Background(), prefix) }()
+	defer closeStream()
 
 	// The relay builds in the library's module, the directory above.
 	bin := filepath.Join(os.TempDir(), "outbox-bench-relay")
@@ -620,4 +617,21 @@ func settle(ctx context.Context, pool *pgxpool.Pool) {
 	if _, err := pool.Exec(ctx, "CHECKPOINT"); err != nil {
 		fmt.Fprintln(os.Stderr, "bench: checkpoint (needs pg_checkpoint):", err)
 	}
+}
+
+// openStream connects to NATS and creates a stream named name over the subjects
+// name.>; closeStream deletes it and disconnects.
+func openStream(ctx context.Context, natsURL, name string, st jetstream.StorageType) (js jetstream.JetStream, closeStream func(), err error) {
+	nc, err := nats.Connect(natsURL)
+	if err != nil {
+		return nil, nil, err
+	}
+	if js, err = jetstream.New(nc); err == nil {
+		_, err = js.CreateStream(ctx, jetstream.StreamConfig{Name: name, Subjects: []string{name + ".>"}, Storage: st})
+	}
+	if err != nil {
+		nc.Close()
+		return nil, nil, err
+	}
+	return js, func() { _ = js.DeleteStream(context.Background(), name); nc.Close() }, nil
 }

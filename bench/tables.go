@@ -15,7 +15,6 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
-	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/outboxd/outbox"
@@ -71,16 +70,11 @@ func tablesBench(dbURL, natsURL string, args []string) error {
 	}()
 	fmt.Printf("%d tables migrated in %s\n", *n, time.Since(start).Round(time.Second))
 
-	nc, err := nats.Connect(natsURL)
+	js, closeStream, err := openStream(ctx, natsURL, prefix, jetstream.FileStorage)
 	if err != nil {
 		return err
 	}
-	defer nc.Close()
-	js, _ := jetstream.New(nc)
-	if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: prefix, Subjects: []string{prefix + ".>"}, Storage: jetstream.FileStorage}); err != nil {
-		return err
-	}
-	defer func() { _ = js.DeleteStream(context.Background(), prefix) }()
+	defer closeStream()
 	arrivals := newArrivals()
 	cons, err := js.OrderedConsumer(ctx, prefix, jetstream.OrderedConsumerConfig{})
 	if err != nil {

@@ -18,7 +18,6 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
-	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/outboxd/outbox/internal/testenv"
@@ -171,16 +170,11 @@ func runWatermill(dbURL, natsURL string, o drainOpts, t wmTuning) (drainResult, 
 		return drainResult{}, err
 	}
 	defer drop()
-	nc, err := nats.Connect(natsURL)
+	js, closeStream, err := openStream(ctx, natsURL, prefix, jetstream.FileStorage)
 	if err != nil {
 		return drainResult{}, err
 	}
-	defer nc.Close()
-	js, _ := jetstream.New(nc)
-	if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: prefix, Subjects: []string{prefix + ".>"}, Storage: jetstream.FileStorage}); err != nil {
-		return drainResult{}, err
-	}
-	defer func() { _ = js.DeleteStream(context.Background(), prefix) }()
+	defer closeStream()
 	start := time.Now()
 	cmd, err := startWatermill(dbURL, natsURL, schema, t)
 	if err != nil {

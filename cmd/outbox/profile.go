@@ -14,6 +14,7 @@ import (
 //	OUTBOX_CPUPROFILE=FILE    a CPU profile of the run
 //	OUTBOX_BLOCKPROFILE=FILE  where goroutines waited on channels, selects and locks
 //	OUTBOX_MUTEXPROFILE=FILE  where goroutines waited for a mutex another one held
+//	OUTBOX_ALLOCPROFILE=FILE  where the run allocated (go tool pprof -sample_index=alloc_space)
 //	OUTBOX_TRACE=FILE         an execution trace (go tool trace FILE)
 //
 // A file that cannot be created is skipped: profiling never stops the program.
@@ -35,6 +36,8 @@ func startProfiles() (stop func()) {
 	}{
 		{"OUTBOX_BLOCKPROFILE", "block", func() { runtime.SetBlockProfileRate(1) }, func() { runtime.SetBlockProfileRate(0) }},
 		{"OUTBOX_MUTEXPROFILE", "mutex", func() { runtime.SetMutexProfileFraction(1) }, func() { runtime.SetMutexProfileFraction(0) }},
+		// The default sampling (one sample per 512 KiB) already shows where a drain allocates.
+		{"OUTBOX_ALLOCPROFILE", "allocs", func() {}, func() {}},
 	} {
 		if f := create(p.env); f != nil {
 			p.on()
