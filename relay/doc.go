@@ -69,7 +69,9 @@
 //
 //  1. Heartbeat: upsert this relay's registry row; read the live relays (heartbeat
 //     younger than LeaseTTL), sorted by id.
-//  2. Share: partition p belongs to the (p mod n)-th live relay.
+//  2. Share: each partition goes to the live relay it ranks first (rendezvous hashing)
+//     among those with fewer than ceil(partitions/n): a join or leave moves about the
+//     partitions the relay takes or held.
 //  3. Leases: free this relay's leases outside its share; renew those it holds; take
 //     those of its share that are free or expired, each with epoch+1. A partition held
 //     by a relay that is alive is never taken: the new owner waits until the old one

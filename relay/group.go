@@ -63,8 +63,8 @@ func (g *groupTerm) publishable(rows []outboxdriver.Row) bool {
 	return true
 }
 
-// check heartbeats, works out this relay's share of the partitions (partition p goes
-// to the (p mod n)-th live relay in id order), gives up the rest and leases its share.
+// check heartbeats, works out this relay's share of the partitions (share), gives up
+// the rest and leases its share.
 // A partition that changed hands waits up to half a lease for the previous owner's
 // claims to end (the barrier), so their marks land before it is claimed again. Order
 // does not rest on the barrier: the head rule never lets a claim take a row behind a
@@ -83,13 +83,7 @@ func (g *groupTerm) check(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	me := slices.Index(m.Relays, g.id)
-	var want []int
-	if me >= 0 {
-		for p := me; p < m.Partitions; p += len(m.Relays) {
-			want = append(want, p)
-		}
-	}
+	want := share(m.Relays, slices.Index(m.Relays, g.id), m.Partitions)
 	renewed := time.Now()
 	var leases []outboxdriver.Lease
 	err = bounded(ctx, g.r.cfg.LeaderTimeout, func(ctx context.Context) (err error) {
