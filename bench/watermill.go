@@ -185,9 +185,12 @@ func runWatermill(dbURL, natsURL string, o drainOpts, t wmTuning) (drainResult, 
 }
 
 // watchStream waits for the stream to hold n messages, sampling the processes' peak
-// RSS, and returns the drain's measures.
+// RSS, and returns the drain's measures; it prints PostgreSQL's and NATS's CPU
+// meanwhile, as runDrain does.
 func watchStream(ctx context.Context, js jetstream.JetStream, stream string, n int, start time.Time, cmds []*exec.Cmd) (drainResult, error) {
 	var r drainResult
+	natsPID := pidOf("nats-server")
+	natsCPU, pg0 := cpuSeconds(natsPID), postgresCPU()
 	for r.stored < uint64(n) {
 		info, err := js.Stream(ctx, stream)
 		if err != nil {
@@ -207,5 +210,7 @@ func watchStream(ctx context.Context, js jetstream.JetStream, stream string, n i
 		r.rss = max(r.rss, hwm(cmd.Process.Pid))
 		r.cpu += cpuSeconds(cmd.Process.Pid)
 	}
+	pgCPU := postgresCPU().since(pg0)
+	fmt.Printf("CPU during the drain: PostgreSQL %.1fs (%s), nats-server %.1fs\n", pgCPU.total(), pgCPU, cpuSeconds(natsPID)-natsCPU)
 	return r, nil
 }
