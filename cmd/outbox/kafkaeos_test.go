@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"os"
-	"slices"
 	"strings"
 	"syscall"
 	"testing"
@@ -177,74 +176,34 @@ func TestKafkaExactlyOnceCrash(t *testing.T) {
 // duplicates.
 func TestKafkaExactlyOnceCDC(t *testing.T) {
 	t.Parallel()
-	url := testenv.DatabaseURL(t)
-	pool := testenv.Pool(t, url)
-	for _, tc := range []struct {
-		point string
-		plain bool
-	}{
-		{point: "wal.after-receive-before-publish:300"},
-		{point: "kafka.before-commit:3"},
-		{point: "relay.after-publish-before-mark:3"},
-		{point: "wal.after-mark-before-confirm:3"},
-		{point: "relay.after-publish-before-mark:3", plain: true},
-	} {
-		name := strings.Split(tc.point, ":")[0]
-		if tc.plain {
-			name += "/without-transactions"
-		}
-		t.Run(name, func(t *testing.T) {
-			t.Parallel()
-			table, _ := cdcTable(t, url, pool)
-			k := newKafkaScope(t)
-			const aggs, n = 7, 600
-			txnID := testenv.UniqueName("orders")
-			args := eosArgs(url, table.Schema+"."+table.Name, k.url, txnID, "--mode", "cdc")
-			if tc.plain {
-				args = slices.DeleteFunc(args, func(a string) bool { return a == "--kafka-transactional-id" || a == txnID })
-			}
-			first := startRelayProc(t, []string{"OUTBOX_FAILPOINT=" + tc.point}, args...)
-			want := writeEvents(t, pool, table, aggs, n)
-			first.killedByFailpoint(t)
-			second := startRelayProc(t, nil, args...)
-			waitUnpublished(t, pool, table, 0, time.Minute)
-			got := k.read(t, n, kgo.ReadCommitted())
-			_ = second.cmd.Process.Signal(syscall.SIGTERM)
-			<-second.done
-			if tc.plain {
-				if dups := k.extra(n); dups == 0 {
-					t.Fatal("killed after the publish, the plain publisher sent nothing twice: the check below could not fail")
-				} else {
-					t.Logf("without transactions: %d duplicates", dups)
-				}
-				return
-			}
-			checkOrder(t, want, got)
-			if dups := k.extra(n); dups > 0 {
-				t.Fatalf("read_committed consumer saw %d duplicates", dups)
-			}
-			if !strings.Contains(second.output(), "resumed the transactional publisher") {
-				t.Fatalf("the second relay never said it resumed:\n%s", second.output())
-			}
-		})
-	}
+	eosCDCKills(t, 600, func(t *testing.T, url string, pool *pgxpool.Pool) ([]outboxdriver.Table, []string) {
+		table, _ := cdcTable(t, url, pool)
+		return []outboxdriver.Table{table}, []string{"--table", table.Schema + "." + table.Name}
+	})
 }
 
-// TestKafkaExactlyOnceSharedSlot is TestKafkaExactlyOnceCDC over one slot for many
-// tables (--tables --mode cdc), each table under a transactional id of its own:
-// killed at each point of an event's way, the next process finishes every table,
-// and a read_committed consumer sees each event once, in order per table and
-// aggregate. The shared slot's position waits for the slowest table, so the stream
-// sends a faster table's events again from further back than a table alone would:
-// the skip of marked rows is what keeps them from Kafka. Without transactions the
-// same kill does duplicate: the check can fail.
+// TestKafkaExactlyOnceSharedSlot is TestKafkaExactlyOnceCDC over one slot for two
+// tables (--tables --mode cdc), each under a transactional id of its own. The shared
+// slot's position waits for the slowest table, so the stream sends a faster table's
+// events again from further back than a table alone would: the skip of marked rows
+// is what keeps them from Kafka.
 func TestKafkaExactlyOnceSharedSlot(t *testing.T) {
 	t.Parallel()
+	eosCDCKills(t, 300, func(t *testing.T, url string, pool *pgxpool.Pool) ([]outboxdriver.Table, []string) {
+		prefix := testenv.UniqueName("ek")
+		tables, slot := cdcTables(t, url, pool, prefix, 2)
+		return tables, []string{"--tables", prefix + "_*.outbox", "--slot", slot}
+	})
+}
+
+// eosCDCKills runs the kills of TestKafkaExactlyOnceCDC on the tables layout makes
+// (and the relay flags that name them), n events written to each.
+func eosCDCKills(t *testing.T, n int, layout func(t *testing.T, url string, pool *pgxpool.Pool) ([]outboxdriver.Table, []string)) {
 	url := testenv.DatabaseURL(t)
 	pool := testenv.Pool(t, url)
 	for _, tc := range []struct {
 		point string
-		plain bool
+		plain bool // the control: the idempotent publisher, no transactions
 	}{
 		{point: "wal.after-receive-before-publish:300"},
 		{point: "kafka.before-commit:3"},
@@ -258,18 +217,16 @@ func TestKafkaExactlyOnceSharedSlot(t *testing.T) {
 		}
 		t.Run(name, func(t *testing.T) {
 			t.Parallel()
-			prefix := testenv.UniqueName("ek")
-			tables, slot := cdcTables(t, url, pool, prefix, 2)
+			tables, where := layout(t, url, pool)
 			k := newKafkaScope(t)
-			const aggs, n = 7, 300
-			args := []string{"--db", url, "--tables", prefix + "_*.outbox", "--mode", "cdc", "--slot", slot, "--broker", k.url, "--batch-size", "50"}
+			args := append([]string{"--db", url, "--broker", k.url, "--batch-size", "50", "--mode", "cdc"}, where...)
 			if !tc.plain {
 				args = append(args, "--kafka-transactional-id", testenv.UniqueName("orders"))
 			}
 			first := startRelayProc(t, []string{"OUTBOX_FAILPOINT=" + tc.point}, args...)
 			want := map[string][]string{}
 			for _, table := range tables {
-				for agg, ids := range writeEvents(t, pool, table, aggs, n) {
+				for agg, ids := range writeEvents(t, pool, table, 7, n) {
 					want[table.String()+"/"+agg] = ids
 				}
 			}
@@ -278,11 +235,12 @@ func TestKafkaExactlyOnceSharedSlot(t *testing.T) {
 			for _, table := range tables {
 				waitUnpublished(t, pool, table, 0, time.Minute)
 			}
-			got := k.read(t, 2*n, kgo.ReadCommitted())
+			total := n * len(tables)
+			got := k.read(t, total, kgo.ReadCommitted())
 			_ = second.cmd.Process.Signal(syscall.SIGTERM)
 			<-second.done
 			if tc.plain {
-				if dups := k.extra(2 * n); dups == 0 {
+				if dups := k.extra(total); dups == 0 {
 					t.Fatal("killed after the publish, the plain publisher sent nothing twice: the check below could not fail")
 				} else {
 					t.Logf("without transactions: %d duplicates", dups)
@@ -293,8 +251,11 @@ func TestKafkaExactlyOnceSharedSlot(t *testing.T) {
 				got[i].Key = tableOf(t, pool, tables, got[i].ID) + "/" + got[i].Key
 			}
 			checkOrder(t, want, got)
-			if dups := k.extra(2 * n); dups > 0 {
+			if dups := k.extra(total); dups > 0 {
 				t.Fatalf("read_committed consumer saw %d duplicates", dups)
+			}
+			if !strings.Contains(second.output(), "resumed the transactional publisher") {
+				t.Fatalf("the second relay never said it resumed:\n%s", second.output())
 			}
 		})
 	}
