@@ -177,6 +177,7 @@ func TestKafkaExactlyOnceCrash(t *testing.T) {
 func TestKafkaExactlyOnceCDC(t *testing.T) {
 	t.Parallel()
 	eosCDCKills(t, 600, func(t *testing.T, url string, pool *pgxpool.Pool) ([]outboxdriver.Table, []string) {
+		t.Helper()
 		table, _ := cdcTable(t, url, pool)
 		return []outboxdriver.Table{table}, []string{"--table", table.Schema + "." + table.Name}
 	})
@@ -190,6 +191,7 @@ func TestKafkaExactlyOnceCDC(t *testing.T) {
 func TestKafkaExactlyOnceSharedSlot(t *testing.T) {
 	t.Parallel()
 	eosCDCKills(t, 300, func(t *testing.T, url string, pool *pgxpool.Pool) ([]outboxdriver.Table, []string) {
+		t.Helper()
 		prefix := testenv.UniqueName("ek")
 		tables, slot := cdcTables(t, url, pool, prefix, 2)
 		return tables, []string{"--tables", prefix + "_*.outbox", "--slot", slot}
@@ -199,6 +201,7 @@ func TestKafkaExactlyOnceSharedSlot(t *testing.T) {
 // eosCDCKills runs the kills of TestKafkaExactlyOnceCDC on the tables layout makes
 // (and the relay flags that name them), n events written to each.
 func eosCDCKills(t *testing.T, n int, layout func(t *testing.T, url string, pool *pgxpool.Pool) ([]outboxdriver.Table, []string)) {
+	t.Helper()
 	url := testenv.DatabaseURL(t)
 	pool := testenv.Pool(t, url)
 	for _, tc := range []struct {
