@@ -12,7 +12,6 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/outboxd/outbox"
@@ -232,19 +231,9 @@ func TestLargeTransactionBoundedMemory(t *testing.T) {
 	}
 	e := setup(t, outboxdriver.WriteMessage)
 	url := natstest.URL(t)
-	nc, err := nats.Connect(url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer nc.Close()
-	js, _ := jetstream.New(nc)
 	ctx := context.Background()
 	stream := testenv.UniqueName("cdcbig")
-	s, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: stream, Subjects: []string{stream + ".>"}, Storage: jetstream.MemoryStorage})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer func() { _ = js.DeleteStream(context.Background(), stream) }()
+	js, s := natstest.CreateStream(t, url, jetstream.StreamConfig{Name: stream, Subjects: []string{stream + ".>"}, Storage: jetstream.MemoryStorage})
 	pub, err := natspub.New(js, nil)
 	if err != nil {
 		t.Fatal(err)

@@ -115,16 +115,7 @@ func TestNoStream(t *testing.T) {
 	// own schedule, never dead), not the connection's: a covered subject in the same
 	// batch is published.
 	covered := testenv.UniqueName("covered")
-	nc, err := natsgo.Connect(url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer nc.Close()
-	js, _ := jetstream.New(nc)
-	if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: covered, Subjects: []string{covered + ".>"}}); err != nil {
-		t.Fatal(err)
-	}
-	defer js.DeleteStream(context.Background(), covered)
+	natstest.Stream(t, url, covered)
 	res := pub.Publish(ctx, []broker.Message{
 		{ID: "a", Topic: testenv.UniqueName("nostream."), Key: "k", Payload: []byte("{}")},
 		{ID: "b", Topic: covered + ".x", Key: "k2", Payload: []byte("{}")},
@@ -145,16 +136,7 @@ func TestCreateStreamLeavesExistingStream(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	name := testenv.UniqueName("EXISTING")
-	nc, err := natsgo.Connect(url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer nc.Close()
-	js, _ := jetstream.New(nc)
-	if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: name, Subjects: []string{name + ".own.>"}, MaxAge: time.Hour}); err != nil {
-		t.Fatal(err)
-	}
-	defer js.DeleteStream(context.Background(), name)
+	js, _ := natstest.CreateStream(t, url, jetstream.StreamConfig{Name: name, Subjects: []string{name + ".own.>"}, MaxAge: time.Hour})
 	pub, err := nats.Dial(ctx, url, &nats.Config{CreateStream: true, StreamName: name, StreamSubjects: []string{name + ".other.>"}})
 	if err != nil {
 		t.Fatal(err)
@@ -209,16 +191,7 @@ func TestStreamMaxMsgSize(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	prefix := testenv.UniqueName("maxsize")
-	nc, err := natsgo.Connect(url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer nc.Close()
-	js, _ := jetstream.New(nc)
-	if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: prefix, Subjects: []string{prefix + ".>"}, MaxMsgSize: 100}); err != nil {
-		t.Fatal(err)
-	}
-	defer js.DeleteStream(context.Background(), prefix)
+	natstest.CreateStream(t, url, jetstream.StreamConfig{Name: prefix, Subjects: []string{prefix + ".>"}, MaxMsgSize: 100})
 	pub, err := nats.Dial(ctx, url, nil)
 	if err != nil {
 		t.Fatal(err)

@@ -327,23 +327,8 @@ func newNATSScope(t *testing.T) *natsScope {
 	url := natstest.URL(t)
 	s := &natsScope{url: url, prefix: testenv.UniqueName("clitest"), raw: map[string]int{}}
 	s.stream = s.prefix
-	nc, err := natsgo.Connect(url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(nc.Close)
-	js, _ := jetstream.New(nc)
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: s.stream, Subjects: []string{s.prefix + ".>"}}); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		defer cancel()
-		_ = js.DeleteStream(ctx, s.stream)
-	})
-	if _, err := nc.Subscribe(s.prefix+".>", func(m *natsgo.Msg) {
+	js, _ := natstest.CreateStream(t, url, jetstream.StreamConfig{Name: s.stream, Subjects: []string{s.prefix + ".>"}})
+	if _, err := js.Conn().Subscribe(s.prefix+".>", func(m *natsgo.Msg) {
 		s.mu.Lock()
 		s.raw[m.Header.Get("Nats-Msg-Id")]++
 		s.mu.Unlock()

@@ -104,6 +104,15 @@ func DeleteStream(url, name string) {
 // NATS server at url, deleted when the test ends.
 func Stream(t testing.TB, url, name string) jetstream.Stream {
 	t.Helper()
+	_, stream := CreateStream(t, url, jetstream.StreamConfig{Name: name, Subjects: []string{name + ".>"}})
+	return stream
+}
+
+// CreateStream creates the stream cfg describes on the NATS server at url, deleted
+// when the test ends, and returns it with the JetStream client that made it (its
+// connection closed when the test ends).
+func CreateStream(t testing.TB, url string, cfg jetstream.StreamConfig) (jetstream.JetStream, jetstream.Stream) {
+	t.Helper()
 	nc, err := nats.Connect(url)
 	if err != nil {
 		t.Fatal(err)
@@ -115,10 +124,10 @@ func Stream(t testing.TB, url, name string) jetstream.Stream {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	stream, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: name, Subjects: []string{name + ".>"}})
+	stream, err := js.CreateStream(ctx, cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { DeleteStream(url, name) })
-	return stream
+	t.Cleanup(func() { DeleteStream(url, cfg.Name) })
+	return js, stream
 }
