@@ -31,8 +31,13 @@ type sharedEnv struct {
 }
 
 // sharedSlot names a test's shared slot after its first table's schema, so that
-// .ci/run's clean-up of left-over test slots finds it.
-func sharedSlot(e *cdcEnv) string { return "outbox_" + e.table.Schema + "_shared" }
+// .ci/run's clean-up of left-over test slots finds it, and drops it when the test ends.
+func sharedSlot(t *testing.T, e *cdcEnv) string {
+	t.Helper()
+	slot := "outbox_" + e.table.Schema + "_shared"
+	t.Cleanup(func() { dropSlot(t, e.pool, slot) })
+	return slot
+}
 
 func startShared(t *testing.T, pool *pgxpool.Pool, cfg pgcdc.SharedConfig, add func(sh *pgcdc.Shared)) *sharedEnv {
 	t.Helper()
@@ -132,8 +137,7 @@ func TestSharedSlot(t *testing.T) {
 	// Rows written before the slot: published by a's backfill.
 	before := a.produce(t, aggs, 10)
 
-	slot := sharedSlot(a)
-	t.Cleanup(func() { dropSlot(t, a.pool, slot) })
+	slot := sharedSlot(t, a)
 	se := startShared(t, a.pool, pgcdc.SharedConfig{Slot: slot}, nil)
 	srcA, srcB := se.add(t, a), se.add(t, b)
 	ba, bb := memory.New(0), memory.New(0)
@@ -235,8 +239,7 @@ func TestSharedSlotFindsNewTables(t *testing.T) {
 	t.Parallel()
 	a := setup(t, outboxdriver.WriteRows)
 	ctx := context.Background()
-	slot := sharedSlot(a)
-	t.Cleanup(func() { dropSlot(t, a.pool, slot) })
+	slot := sharedSlot(t, a)
 	var mu sync.Mutex
 	candidates := map[string]*cdcEnv{} // the tables a rescan would find
 	brokers := map[string]*memory.Broker{}
@@ -294,8 +297,7 @@ func TestSharedSlotFindsNewTables(t *testing.T) {
 func TestSharedSlotBackfillDeadLetters(t *testing.T) {
 	t.Parallel()
 	a := setup(t, outboxdriver.WriteRows)
-	slot := sharedSlot(a)
-	t.Cleanup(func() { dropSlot(t, a.pool, slot) })
+	slot := sharedSlot(t, a)
 	se := startShared(t, a.pool, pgcdc.SharedConfig{Slot: slot}, nil)
 	a.startRelay(t, se.add(t, a), memory.New(0), nil)
 
@@ -323,8 +325,7 @@ func TestSharedSlotStandby(t *testing.T) {
 	t.Parallel()
 	a := setup(t, outboxdriver.WriteRows)
 	ctx := context.Background()
-	slot := sharedSlot(a)
-	t.Cleanup(func() { dropSlot(t, a.pool, slot) })
+	slot := sharedSlot(t, a)
 	se1 := startShared(t, a.pool, pgcdc.SharedConfig{Slot: slot}, nil)
 	b1 := memory.New(0)
 	r1 := a.startRelay(t, se1.add(t, a), b1, nil)
@@ -363,8 +364,7 @@ func TestSharedSlotStuckTable(t *testing.T) {
 	t.Parallel()
 	a, b := setup(t, outboxdriver.WriteRows), setup(t, outboxdriver.WriteMessage)
 	ctx := context.Background()
-	slot := sharedSlot(a)
-	t.Cleanup(func() { dropSlot(t, a.pool, slot) })
+	slot := sharedSlot(t, a)
 	release := holdLock(t, b)
 	se := startShared(t, a.pool, pgcdc.SharedConfig{Slot: slot}, nil)
 	ba, bb := memory.New(0), memory.New(0)
@@ -429,8 +429,7 @@ func TestSharedSlotWaitsForItsTables(t *testing.T) {
 	t.Parallel()
 	a, b := setup(t, outboxdriver.WriteRows), setup(t, outboxdriver.WriteMessage)
 	ctx := context.Background()
-	slot := sharedSlot(a)
-	t.Cleanup(func() { dropSlot(t, a.pool, slot) })
+	slot := sharedSlot(t, a)
 	se := startShared(t, a.pool, pgcdc.SharedConfig{Slot: slot}, func(sh *pgcdc.Shared) {
 		for _, e := range []*cdcEnv{a, b} {
 			if _, err := sh.Add(ctx, e.admin(t), e.table); err != nil {
@@ -480,8 +479,7 @@ func TestSharedSlotLost(t *testing.T) {
 	t.Parallel()
 	a := setup(t, outboxdriver.WriteRows)
 	ctx := context.Background()
-	slot := sharedSlot(a)
-	t.Cleanup(func() { dropSlot(t, a.pool, slot) })
+	slot := sharedSlot(t, a)
 	se := startShared(t, a.pool, pgcdc.SharedConfig{Slot: slot}, nil)
 	b1 := memory.New(0)
 	r := a.startRelay(t, se.add(t, a), b1, nil)
@@ -539,8 +537,7 @@ func TestSharedSlotParksAStuckTable(t *testing.T) {
 	t.Parallel()
 	a, b, c := setup(t, outboxdriver.WriteRows), setup(t, outboxdriver.WriteMessage), setup(t, outboxdriver.WriteRows)
 	ctx := context.Background()
-	slot := sharedSlot(a)
-	t.Cleanup(func() { dropSlot(t, a.pool, slot) })
+	slot := sharedSlot(t, a)
 	releaseB, releaseC := holdLock(t, b), holdLock(t, c)
 	se := startShared(t, a.pool, pgcdc.SharedConfig{Slot: slot, MaxPending: 20, ParkAfter: 300 * time.Millisecond}, nil)
 	ba, bb, bc := memory.New(0), memory.New(0), memory.New(0)
@@ -577,8 +574,7 @@ func TestSharedSlotSpillsPastATable(t *testing.T) {
 	t.Parallel()
 	a, b := setup(t, outboxdriver.WriteRows), setup(t, outboxdriver.WriteRows)
 	ctx := context.Background()
-	slot := sharedSlot(a)
-	t.Cleanup(func() { dropSlot(t, a.pool, slot) })
+	slot := sharedSlot(t, a)
 	release := holdLock(t, a)
 	se := startShared(t, a.pool, pgcdc.SharedConfig{Slot: slot, MaxPending: 20, ParkAfter: -1}, nil)
 	ba, bb := memory.New(0), memory.New(0)
@@ -614,8 +610,7 @@ type spillEnv struct {
 func startSpill(t *testing.T, maxPending int, cfgA *relay.Config) *spillEnv {
 	t.Helper()
 	se := &spillEnv{a: setup(t, outboxdriver.WriteRows), b: setup(t, outboxdriver.WriteRows), ba: memory.New(0), bb: memory.New(0)}
-	slot := sharedSlot(se.a)
-	t.Cleanup(func() { dropSlot(t, se.a.pool, slot) })
+	slot := sharedSlot(t, se.a)
 	sh := startShared(t, se.a.pool, pgcdc.SharedConfig{Slot: slot, MaxPending: maxPending, ParkAfter: -1}, nil)
 	se.ba.SetDown(true)
 	se.ra = se.a.startRelay(t, sh.add(t, se.a), se.ba, cfgA)
