@@ -3,7 +3,6 @@ package relay
 import (
 	"encoding/binary"
 	"hash/fnv"
-	"slices"
 )
 
 // share is the partitions the group member relays[me] owns, out of partitions, when
@@ -21,30 +20,17 @@ func share(relays []string, me, partitions int) []int {
 	}
 	limit := (partitions + n - 1) / n
 	load := make([]int, n)
-	rank := make([]int, n)
-	weights := make([]uint64, n)
 	var mine []int
 	for p := range partitions {
+		best, bestWeight := -1, uint64(0)
 		for i, id := range relays {
-			rank[i], weights[i] = i, shareWeight(p, id)
+			if w := shareWeight(p, id); load[i] < limit && (best < 0 || w > bestWeight) {
+				best, bestWeight = i, w
+			}
 		}
-		slices.SortFunc(rank, func(a, b int) int {
-			if weights[a] != weights[b] {
-				if weights[a] > weights[b] {
-					return -1
-				}
-				return 1
-			}
-			return a - b
-		})
-		for _, i := range rank {
-			if load[i] < limit {
-				load[i]++
-				if i == me {
-					mine = append(mine, p)
-				}
-				break
-			}
+		load[best]++
+		if best == me {
+			mine = append(mine, p)
 		}
 	}
 	return mine
