@@ -173,8 +173,7 @@ func cdcPeer(args []string) error {
 					}
 					tx.acks = append(tx.acks, f)
 				case *pglogrepl.CommitMessage:
-					tx.end = m.TransactionEndLSN
-					waiting = append(waiting, &tx)
+					waiting = append(waiting, &peerTx{end: m.TransactionEndLSN, acks: tx.acks})
 					tx = peerTx{}
 				}
 			case pglogrepl.PrimaryKeepaliveMessageByteID:
