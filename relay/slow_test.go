@@ -3,65 +3,16 @@ package relay_test
 import (
 	"context"
 	"fmt"
-	"io"
-	"net/http"
 	"net/http/httptest"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/outboxd/outbox"
 	"github.com/outboxd/outbox/broker/webhook"
+	"github.com/outboxd/outbox/broker/webhook/webhooktest"
 	"github.com/outboxd/outbox/internal/testenv"
 	"github.com/outboxd/outbox/relay"
 )
-
-// receiver is a webhook endpoint that records each delivery by webhook-id, in
-// arrival order, and holds the answers for one key as long as told.
-type receiver struct {
-	hold    time.Duration
-	holdKey string
-
-	mu    sync.Mutex
-	count map[string]int
-	order map[string][]string // key -> ids, first delivery of each
-}
-
-func (rc *receiver) ServeHTTP(w http.ResponseWriter, r *http.Request) {
-	if rc.record(r) == rc.holdKey {
-		select {
-		case <-time.After(rc.hold):
-		case <-r.Context().Done():
-		}
-	}
-	w.WriteHeader(http.StatusNoContent)
-}
-
-// record notes a delivery and returns its key.
-func (rc *receiver) record(r *http.Request) string {
-	_, _ = io.Copy(io.Discard, r.Body)
-	key, id := r.Header.Get(webhook.HeaderKey), r.Header.Get(webhook.HeaderID)
-	rc.mu.Lock()
-	defer rc.mu.Unlock()
-	rc.count[id]++
-	if rc.count[id] == 1 {
-		rc.order[key] = append(rc.order[key], id)
-	}
-	return key
-}
-
-func (rc *receiver) snapshot() (count map[string]int, order map[string][]string) {
-	rc.mu.Lock()
-	defer rc.mu.Unlock()
-	count, order = map[string]int{}, map[string][]string{}
-	for k, v := range rc.count {
-		count[k] = v
-	}
-	for k, v := range rc.order {
-		order[k] = append([]string(nil), v...)
-	}
-	return count, order
-}
 
 // TestSlowEndpointOutlivesTheClaimHold: a receiver that holds one key's answers longer
 // than the claim's hold (the leadership bound, which is also the claim transaction's
@@ -73,7 +24,7 @@ func (rc *receiver) snapshot() (count map[string]int, order map[string][]string)
 func TestSlowEndpointOutlivesTheClaimHold(t *testing.T) {
 	t.Parallel()
 	e := setup(t)
-	rc := &receiver{hold: 2500 * time.Millisecond, holdKey: "slow", count: map[string]int{}, order: map[string][]string{}}
+	rc := &webhooktest.Receiver{HoldKey: "slow", Hold: 2500 * time.Millisecond}
 	srv := httptest.NewServer(rc)
 	defer srv.Close()
 	pub, err := webhook.Dial(context.Background(), srv.URL, &webhook.Config{Secret: "s3cret", Timeout: 5 * time.Second})
@@ -106,7 +57,7 @@ func TestSlowEndpointOutlivesTheClaimHold(t *testing.T) {
 	if p := r.Stats().Published; p != int64(len(evs)) {
 		t.Errorf("the broker acknowledged %d messages, want %d (one per event)", p, len(evs))
 	}
-	count, order := rc.snapshot()
+	count, order := rc.Snapshot()
 	for id, n := range count {
 		if n != 1 {
 			t.Errorf("event %s delivered %d times, want once", id, n)
@@ -132,11 +83,10 @@ func TestSlowEndpointOutlivesTheClaimHold(t *testing.T) {
 func TestSlowKeyHoldsOnlyItself(t *testing.T) {
 	t.Parallel()
 	e := setup(t)
-	release := make(chan struct{})
-	rc := &gate{release: release, holdKey: "slow", receiver: receiver{count: map[string]int{}, order: map[string][]string{}}}
+	rc := &webhooktest.Receiver{HoldKey: "slow"}
 	srv := httptest.NewServer(rc)
 	defer srv.Close()
-	defer rc.open()
+	defer rc.Open()
 	pub, err := webhook.Dial(context.Background(), srv.URL, &webhook.Config{Secret: "s3cret", Timeout: time.Minute})
 	if err != nil {
 		t.Fatal(err)
@@ -172,7 +122,7 @@ func TestSlowKeyHoldsOnlyItself(t *testing.T) {
 	testenv.Wait(t, ctx, "later events of other aggregates published while the slow one is held", func() bool {
 		return published([]outbox.Event{second[0], second[2], second[3]})
 	})
-	count, _ := rc.snapshot()
+	count, _ := rc.Snapshot()
 	if n := count[first[0].ID]; n != 1 {
 		t.Fatalf("the held event was sent %d times while held, want once", n)
 	}
@@ -180,9 +130,9 @@ func TestSlowKeyHoldsOnlyItself(t *testing.T) {
 		t.Fatalf("the slow aggregate's next event went out before the held one was answered (%d times)", n)
 	}
 
-	rc.open()
+	rc.Open()
 	testenv.Wait(t, ctx, "the slow aggregate published once answered", func() bool { return published([]outbox.Event{first[0], second[1]}) })
-	count, order := rc.snapshot()
+	count, order := rc.Snapshot()
 	for id, n := range count {
 		if n != 1 {
 			t.Errorf("event %s delivered %d times, want once", id, n)
@@ -195,23 +145,3 @@ func TestSlowKeyHoldsOnlyItself(t *testing.T) {
 		t.Errorf("the broker acknowledged %d messages, want 8", p)
 	}
 }
-
-// gate is a receiver that holds one key's answers until opened.
-type gate struct {
-	receiver
-	holdKey string
-	release chan struct{}
-	once    sync.Once
-}
-
-func (g *gate) ServeHTTP(w http.ResponseWriter, r *http.Request) {
-	if g.record(r) == g.holdKey {
-		select {
-		case <-g.release:
-		case <-r.Context().Done():
-		}
-	}
-	w.WriteHeader(http.StatusNoContent)
-}
-
-func (g *gate) open() { g.once.Do(func() { close(g.release) }) }
