@@ -12,10 +12,12 @@ import (
 )
 
 // Capabilities implements outboxdriver.Source: the table store's completions (its
-// backfill completes rows; streamed events have no row to complete), custom columns
-// and wake-ups from the stream; never several active relays.
+// backfill completes rows; streamed events have no row to complete), custom columns,
+// wake-ups from the stream, and claims completed in parts as the table store's are
+// (a slow key holds only itself); never several active relays.
 func (s *Source) Capabilities() outboxdriver.Capabilities {
-	return outboxdriver.Capabilities{Completions: s.inner.Capabilities().Completions, Columns: true, Listen: true,
+	inner := s.inner.Capabilities()
+	return outboxdriver.Capabilities{Completions: inner.Completions, Columns: true, Listen: true, Split: inner.Split,
 		CompletesLater: s.completer != nil}
 }
 
@@ -32,7 +34,7 @@ func (s *Source) CompletePublished(ctx context.Context, ids []string, c outboxdr
 // being published it claims them from the table; then it hands out events from the
 // WAL in commit order, holding back an aggregate behind its waiting event.
 func (s *Source) Claim(ctx context.Context, p *outboxdriver.ClaimParams) (outboxdriver.Claim, error) {
-	if len(p.Skip) > 0 {
+	if len(p.Skip) > 0 && !s.inner.Capabilities().Split {
 		return nil, fmt.Errorf("claim skipping aggregates: %w", outboxdriver.ErrNotSupported)
 	}
 	ss := s.current()
@@ -56,8 +58,15 @@ func (s *Source) Claim(ctx context.Context, p *outboxdriver.ClaimParams) (outbox
 			return c, nil // rows still wait for a retry
 		}
 	}
+	var skip map[string]bool
+	if len(p.Skip) > 0 {
+		skip = make(map[string]bool, len(p.Skip))
+		for _, a := range p.Skip {
+			skip[outboxdriver.AggregateKey(a.Type, a.ID)] = true
+		}
+	}
 	for lingered := false; ; {
-		out, held := ss.q.take(p.Limit, p.MaxBytes, time.Now(), ss.holds)
+		out, held := ss.q.take(p.Limit, p.MaxBytes, time.Now(), skip, ss.holds)
 		if len(held) == 0 && len(out) > 0 && len(out) < p.Limit && !p.Enough(payloadBytes(out)) && !lingered && s.cfg.ClaimLinger > 0 {
 			// A trickle: wait a moment for the rest of the transaction and its
 			// neighbours, so a batch is not one event (per-event batches cost a
@@ -330,6 +339,10 @@ type claim struct {
 	es   []*entry
 	rows []outboxdriver.Row
 	once bool
+	// left are the events Complete did not name (a slow key's, still in flight at
+	// the broker; or held back by the relay behind one): given back to the queue,
+	// where claims skip their aggregates until Settle writes their outcome.
+	left map[*entry]bool
 }
 
 func (c *claim) Rows() []outboxdriver.Row {
@@ -344,27 +357,73 @@ func (c *claim) Rows() []outboxdriver.Row {
 
 // Complete implements outboxdriver.Claim: acknowledged events are done (their
 // position becomes confirmable), dead ones go to the dead letters first, and failed
-// ones wait in the queue, in order, for their retry time.
+// ones wait in the queue, in order, for their retry time. Events p does not name go
+// back to the queue unchanged (Capabilities.Split): Settle writes their outcome
+// later, unless another claim took them since.
 func (c *claim) Complete(ctx context.Context, p *outboxdriver.CompleteParams) error {
 	if c.once {
 		return nil
 	}
 	c.once = true
+	left, err := c.ss.apply(ctx, c.es, p)
+	if len(left) > 0 {
+		c.left = make(map[*entry]bool, len(left))
+		for _, e := range left {
+			c.left[e] = true
+		}
+		c.ss.q.giveBack(left)
+	}
+	return err
+}
+
+// Settle implements outboxdriver.Settler: p's outcome for events Complete left out,
+// applied to those still waiting in the queue as Complete left them. An event another
+// claim holds now is left alone (at worst it is sent again), and so is one settled
+// before.
+func (c *claim) Settle(ctx context.Context, p *outboxdriver.CompleteParams) error {
+	named := make(map[string]bool, len(p.Published)+len(p.Failed))
+	for _, id := range p.Published {
+		named[id] = true
+	}
+	for _, f := range p.Failed {
+		named[f.ID] = true
+	}
+	var want []*entry
+	for e := range c.left {
+		if named[e.row.ID] {
+			want = append(want, e)
+			delete(c.left, e)
+		}
+	}
+	es := c.ss.q.takeBack(want)
+	if len(es) == 0 {
+		return nil
+	}
+	_, err := c.ss.apply(ctx, es, p)
+	return err
+}
+
+// apply writes p's outcome for es: acknowledged events are done (their rows
+// completed first), dead ones go to the dead letters, failed ones back to the queue
+// for their retry time. It returns the events p does not name, untouched. When the
+// dead letters refuse, the dead go back to the queue with the failed (tried again,
+// never confirmed unsent), and the error is returned.
+func (ss *session) apply(ctx context.Context, es []*entry, p *outboxdriver.CompleteParams) (left []*entry, err error) {
 	// An id may be here twice (a replayed event whose first copy the stream sent
 	// again after a restart): an outcome applies to every copy.
-	byID := make(map[string][]*entry, len(c.es))
-	for _, e := range c.es {
+	byID := make(map[string][]*entry, len(es))
+	for _, e := range es {
 		byID[e.row.ID] = append(byID[e.row.ID], e)
 	}
 	var dead []deadEntry
 	var back []*entry
-	failed := map[*entry]bool{}
+	decided := make(map[*entry]bool, len(es))
 	for _, f := range p.Failed {
 		for _, e := range byID[f.ID] {
-			if failed[e] {
+			if decided[e] {
 				continue
 			}
-			failed[e] = true
+			decided[e] = true
 			if f.CountAttempt {
 				e.row.Attempts++
 			}
@@ -376,51 +435,50 @@ func (c *claim) Complete(ctx context.Context, p *outboxdriver.CompleteParams) er
 			back = append(back, e)
 		}
 	}
-	if err := c.ss.src.insertDead(ctx, dead); err != nil {
-		// The dead ones are not in the dead letters: they go back to the queue with
-		// the failed ones (tried again, never confirmed unsent); the acknowledged
-		// ones are done.
-		for _, d := range dead {
-			back = append(back, d.e)
-		}
-		acked := make([]*entry, 0, len(c.es))
-		for _, e := range c.es {
-			if !failed[e] {
+	var acked []*entry
+	for _, id := range p.Published {
+		for _, e := range byID[id] {
+			if !decided[e] {
+				decided[e] = true
 				acked = append(acked, e)
 			}
 		}
-		c.ss.q.giveBack(back)
-		c.ss.published(acked, p)
-		return err
+	}
+	for _, e := range es {
+		if !decided[e] {
+			left = append(left, e)
+		}
+	}
+	if err := ss.src.insertDead(ctx, dead); err != nil {
+		for _, d := range dead {
+			back = append(back, d.e)
+		}
+		ss.q.giveBack(back)
+		ss.published(acked, p)
+		return left, err
 	}
 	if len(dead) > 0 {
-		c.ss.heldMu.Lock()
+		ss.heldMu.Lock()
 		for _, d := range dead {
 			if d.hold {
-				c.ss.held[aggregateKey(&d.e.row)] = true
+				ss.held[aggregateKey(&d.e.row)] = true
 			}
 		}
-		c.ss.heldMu.Unlock()
-	}
-	acked := make([]*entry, 0, len(c.es))
-	for _, e := range c.es {
-		if !failed[e] {
-			acked = append(acked, e) // published (an id the broker acked)
-		}
+		ss.heldMu.Unlock()
 	}
 	done := make([]*entry, 0, len(dead))
 	for _, d := range dead {
 		done = append(done, d.e)
 	}
-	c.ss.q.giveBack(back)
-	c.ss.q.done(done)
-	c.ss.published(acked, p)
+	ss.q.giveBack(back)
+	ss.q.done(done)
+	ss.published(acked, p)
 	// Report now, before the relay sends its next batch. A failed write ends the
 	// stream, and the relay steps down.
-	if err := c.ss.t.st.sendStatus(false); err != nil {
-		c.ss.src.log.Warn("pgcdc: could not report the confirmed position", "err", err)
+	if err := ss.t.st.sendStatus(false); err != nil {
+		ss.src.log.Warn("pgcdc: could not report the confirmed position", "err", err)
 	}
-	return nil
+	return left, nil
 }
 
 // Listen implements outboxdriver.Source: the relay wakes up as soon as the stream
@@ -488,6 +546,22 @@ type backfillClaim struct{ outboxdriver.Claim }
 
 func (c backfillClaim) Complete(ctx context.Context, p *outboxdriver.CompleteParams) error {
 	if err := c.Claim.Complete(ctx, p); err != nil {
+		return err
+	}
+	if p.Completed != nil {
+		p.Completed(p.Published)
+	}
+	return nil
+}
+
+// Settle implements outboxdriver.Settler with the table store's claim's, and tells
+// Completed as Complete does.
+func (c backfillClaim) Settle(ctx context.Context, p *outboxdriver.CompleteParams) error {
+	s, ok := c.Claim.(outboxdriver.Settler)
+	if !ok {
+		return fmt.Errorf("pgcdc: the table store's claims cannot be completed in parts: %w", outboxdriver.ErrNotSupported)
+	}
+	if err := s.Settle(ctx, p); err != nil {
 		return err
 	}
 	if p.Completed != nil {

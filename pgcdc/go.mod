@@ -15,6 +15,7 @@ require (
 	github.com/jackc/pglogrepl v0.0.0-20251213150135-2e8d0df862c1
 	github.com/jackc/pgx/v5 v5.12.0
 	github.com/nats-io/nats.go v1.55.0
+	github.com/outboxd/outbox/broker/webhook v0.1.0
 	go.uber.org/goleak v1.3.0
 )
 

@@ -383,10 +383,11 @@ func (q *queue) hint() {
 
 // take removes up to limit claimable events, ending once their payloads reach
 // maxBytes (0: no bound; the first is always taken): due, of no aggregate with an
-// earlier event still waiting, in order. blocked reports aggregates the caller holds
-// (dead letters); their events are returned apart, in held, for the caller to
+// earlier event still waiting, in order. Events of the aggregates in skip (a slow
+// key's, in flight at the broker) all stay. blocked reports aggregates the caller
+// holds (dead letters); their events are returned apart, in held, for the caller to
 // deadLetter.
-func (q *queue) take(limit, maxBytes int, now time.Time, blocked func(key string) bool) (out, held []*entry) {
+func (q *queue) take(limit, maxBytes int, now time.Time, skip map[string]bool, blocked func(key string) bool) (out, held []*entry) {
 	q.pmu.Lock()
 	defer q.pmu.Unlock()
 	var waiting map[string]bool // aggregates with an earlier event left waiting
@@ -399,6 +400,8 @@ func (q *queue) take(limit, maxBytes int, now time.Time, blocked func(key string
 		}
 		key := aggregateKey(&e.row)
 		switch {
+		case skip[key]:
+			keep = append(keep, e)
 		case e.reject != nil:
 			held = append(held, e) // never sent; dead letters at once
 		case waiting[key] || e.failed && e.availableAt.After(now):
@@ -454,6 +457,32 @@ func (q *queue) giveBack(es []*entry) {
 	})
 	q.pmu.Unlock()
 	q.hint()
+}
+
+// takeBack removes from the queue those of es still waiting in it (given back
+// by a claim completed in parts, not taken since) and returns them.
+func (q *queue) takeBack(es []*entry) []*entry {
+	if len(es) == 0 {
+		return nil
+	}
+	want := make(map[*entry]bool, len(es))
+	for _, e := range es {
+		want[e] = true
+	}
+	q.pmu.Lock()
+	defer q.pmu.Unlock()
+	var out []*entry
+	keep := q.pending[:0]
+	for _, e := range q.pending {
+		if want[e] {
+			out = append(out, e)
+		} else {
+			keep = append(keep, e)
+		}
+	}
+	clear(q.pending[len(keep):])
+	q.pending = keep
+	return out
 }
 
 // finishAll records events as finished (acknowledged, or in the dead letters);

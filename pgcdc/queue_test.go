@@ -26,7 +26,7 @@ func TestQueueConfirmsOnlyAfterEverythingBefore(t *testing.T) {
 	q.mark(30)
 	q.mark(35) // a keepalive between transactions: same checkpoint, later position
 	now := time.Now()
-	out, _ := q.take(10, 0, now, nil)
+	out, _ := q.take(10, 0, now, nil, nil)
 	if len(out) != 3 {
 		t.Fatalf("took %d", len(out))
 	}
@@ -44,6 +44,36 @@ func TestQueueConfirmsOnlyAfterEverythingBefore(t *testing.T) {
 	}
 }
 
+// A claim skipping an aggregate (a slow key's, in flight) takes none of its events;
+// takeBack returns only the events still waiting, and what the position waits for
+// stays open until they are done.
+func TestQueueSkipsAggregatesInFlight(t *testing.T) {
+	t.Parallel()
+	q := newQueue(100, 0)
+	for _, a := range []string{"slow", "x", "slow", "y"} {
+		q.push(&Change{Row: row(a)})
+	}
+	q.mark(40)
+	now := time.Now()
+	all, _ := q.take(10, 0, now, nil, nil)
+	q.done([]*entry{all[1], all[3]})
+	q.giveBack([]*entry{all[0], all[2]}) // left out of a claim completed in parts
+	skip := map[string]bool{outboxdriver.AggregateKey("t", "slow"): true}
+	if got, _ := q.take(10, 0, now, skip, nil); len(got) != 0 {
+		t.Fatalf("took %v skipping the slow aggregate, want nothing", idxs(got))
+	}
+	if got := q.takeBack([]*entry{all[0], all[1]}); len(got) != 1 || got[0] != all[0] {
+		t.Fatalf("takeBack returned %v, want only the slow aggregate's first event, still waiting", idxs(got))
+	}
+	q.done([]*entry{all[0]})
+	if got := q.confirmedLSN(); got != 0 {
+		t.Fatalf("confirmed %d with the slow aggregate's second event waiting", got)
+	}
+	if got, _ := q.take(10, 0, now, nil, nil); len(got) != 1 || got[0] != all[2] {
+		t.Fatalf("took %v, want the slow aggregate's second event", idxs(got))
+	}
+}
+
 // A waiting (failed, retrying) event holds back the later events of its aggregate
 // only; given-back events keep their order.
 func TestQueueHoldsAggregateBehindWaitingEvent(t *testing.T) {
@@ -54,16 +84,16 @@ func TestQueueHoldsAggregateBehindWaitingEvent(t *testing.T) {
 		q.push(&Change{Row: r})
 	}
 	now := time.Now()
-	out, _ := q.take(10, 0, now, nil)
+	out, _ := q.take(10, 0, now, nil, nil)
 	out[0].availableAt, out[0].failed = now.Add(time.Hour), true // x's first event failed: retry later
 	q.giveBack(out[:1])
 	q.done([]*entry{out[1]})
 	q.giveBack(out[2:]) // the rest was a released prefetch
-	got, _ := q.take(10, 0, now, nil)
+	got, _ := q.take(10, 0, now, nil, nil)
 	if len(got) != 1 || got[0].idx != 3 {
 		t.Fatalf("took %v, want only y's second event", idxs(got))
 	}
-	got, _ = q.take(10, 0, now.Add(2*time.Hour), nil)
+	got, _ = q.take(10, 0, now.Add(2*time.Hour), nil, nil)
 	if len(got) != 2 || got[0].idx != 0 || got[1].idx != 2 {
 		t.Fatalf("after the retry time took %v, want x's two events in order", idxs(got))
 	}
@@ -78,7 +108,7 @@ func TestQueueBoundsPending(t *testing.T) {
 		if q.waitSpace(time.Now().Add(20 * time.Millisecond)) {
 			t.Fatal("space reported in a full queue")
 		}
-		out, _ := q.take(1, 0, time.Now(), nil)
+		out, _ := q.take(1, 0, time.Now(), nil, nil)
 		go q.done(out)
 		if !q.waitSpace(time.Now().Add(5 * time.Second)) {
 			t.Fatal("no space after an event was done")
@@ -116,7 +146,7 @@ func TestQueueBoundsPendingBytes(t *testing.T) {
 		if q.waitSpace(time.Now().Add(20 * time.Millisecond)) {
 			t.Fatal("space reported with 100 events and 50,990 of 1,000 bytes open")
 		}
-		out, held := q.take(10, 0, time.Now(), func(key string) bool { return key == outboxdriver.AggregateKey("t", "huge") })
+		out, held := q.take(10, 0, time.Now(), nil, func(key string) bool { return key == outboxdriver.AggregateKey("t", "huge") })
 		if len(held) != 1 || len(out) != 9 {
 			t.Fatalf("took %d and held %d; want the huge event held and 9 others", len(out), len(held))
 		}
@@ -128,7 +158,7 @@ func TestQueueBoundsPendingBytes(t *testing.T) {
 		q2 := newQueue(10_000, 500)
 		q2.push(&Change{Row: big("a", 600)})
 		q2.push(&Change{Row: big("b", 600)})
-		if got, _ := q2.take(10, 500, time.Now(), nil); len(got) != 1 {
+		if got, _ := q2.take(10, 500, time.Now(), nil, nil); len(got) != 1 {
 			t.Fatalf("a take bounded to 500 bytes took %d events of 600, want the first alone", len(got))
 		}
 	})
@@ -142,12 +172,12 @@ func TestQueueDelayedEventHoldsNothing(t *testing.T) {
 	now := time.Now()
 	q.push(&Change{Row: row("x"), AvailableAt: now.Add(time.Hour)})
 	q.push(&Change{Row: row("x")})
-	got, _ := q.take(10, 0, now, nil)
+	got, _ := q.take(10, 0, now, nil, nil)
 	if len(got) != 1 || got[0].idx != 1 {
 		t.Fatalf("took %v, want x's second event past the delayed first", idxs(got))
 	}
 	q.done(got)
-	if got, _ = q.take(10, 0, now.Add(2*time.Hour), nil); len(got) != 1 || got[0].idx != 0 {
+	if got, _ = q.take(10, 0, now.Add(2*time.Hour), nil, nil); len(got) != 1 || got[0].idx != 0 {
 		t.Fatalf("once due took %v, want the delayed event", idxs(got))
 	}
 }
@@ -169,7 +199,7 @@ func TestSharedLedgerAndOwnProgress(t *testing.T) {
 	fast.committed(30)
 	l.mark(31)
 	now := time.Now()
-	out, _ := fast.take(10, 0, now, nil)
+	out, _ := fast.take(10, 0, now, nil, nil)
 	if len(out) != 3 {
 		t.Fatalf("the fast table took %d of its 3 events", len(out))
 	}
@@ -188,7 +218,7 @@ func TestSharedLedgerAndOwnProgress(t *testing.T) {
 	if n := fast.openEvents() + slow.openEvents(); n != 1 {
 		t.Fatalf("%d events open, want the slow table's one", n)
 	}
-	s, _ := slow.take(10, 0, now, nil)
+	s, _ := slow.take(10, 0, now, nil, nil)
 	slow.done(s)
 	if got, conf := slow.ownDone(), l.confirmedLSN(); got != 10 || conf != 31 {
 		t.Fatalf("slow table's progress %d (want 10), stream confirmed %d (want 31)", got, conf)
@@ -198,7 +228,7 @@ func TestSharedLedgerAndOwnProgress(t *testing.T) {
 	slow.push(&Change{Row: row("s3"), Xid: 4, Inserted: true})
 	slow.committed(40)
 	l.mark(41)
-	claimed, _ := slow.take(1, 0, now, nil)
+	claimed, _ := slow.take(1, 0, now, nil, nil)
 	slow.drop()
 	if conf := l.confirmedLSN(); conf != 31 {
 		t.Fatalf("confirmed %d with a claimed event out", conf)
@@ -241,13 +271,13 @@ func TestLedgerSpills(t *testing.T) {
 	if l.canRead() || big.push(withPayload("b4")) {
 		t.Fatal("read on past maxSpilled")
 	}
-	got, _ := quiet.take(10, 0, time.Now(), nil)
+	got, _ := quiet.take(10, 0, time.Now(), nil, nil)
 	if len(got) != 1 || !got[0].spilled || got[0].row.Payload != nil || got[0].size != len(`{"agg":"q1"}`) {
 		t.Fatalf("the quiet table's event: %+v, want it spilled without its payload, its size kept", got)
 	}
 	got[0].row.Payload = []byte("read again")
 	quiet.giveBack(got)
-	got, _ = quiet.take(10, 0, time.Now(), nil)
+	got, _ = quiet.take(10, 0, time.Now(), nil, nil)
 	if got[0].row.Payload != nil {
 		t.Fatal("a spilled event given back kept the payload its claim read")
 	}
@@ -282,12 +312,12 @@ func TestStreamWaitsForRoomForWhatCannotSpill(t *testing.T) {
 		if s.ready(time.Now().Add(20 * time.Millisecond)) {
 			t.Fatal("read on while an event waits for room")
 		}
-		out, _ := rows.take(10, 0, time.Now(), nil)
+		out, _ := rows.take(10, 0, time.Now(), nil, nil)
 		go rows.done(out)
 		if !s.ready(time.Now().Add(5*time.Second)) || s.unqueued != nil {
 			t.Fatal("the waiting event was not queued once there was room")
 		}
-		if got, _ := msgs.take(10, 0, time.Now(), nil); len(got) != 1 || got[0].spilled {
+		if got, _ := msgs.take(10, 0, time.Now(), nil, nil); len(got) != 1 || got[0].spilled {
 			t.Fatalf("took %+v, want the table-less event, whole", got)
 		}
 

@@ -13,7 +13,8 @@ import (
 // writes the aggregates the broker answered and leaves a slow one's rows in flight,
 // unlocked; a claim that skips that aggregate takes none of its events, the earlier
 // nor the later; Settle then writes the slow one's outcome, and only on rows nothing
-// touched since. A source without Split refuses Skip with ErrNotSupported.
+// touched since (on a stream: still waiting in its queue as Complete left it). A
+// source without Split refuses Skip with ErrNotSupported.
 func testSplitComplete[TTx any](t *testing.T, h *Harness[TTx]) {
 	ctx := ctxT(t)
 	s := source(t, h)
@@ -52,6 +53,12 @@ func testSplitComplete[TTx any](t *testing.T, h *Harness[TTx]) {
 	// A second settle finds the refused row changed since the claim: untouched.
 	if err := settler.Settle(ctx, &outboxdriver.CompleteParams{Published: slow[1:]}); err != nil {
 		t.Fatalf("settle again: %v", err)
+	}
+	if s.stream {
+		// A stream keeps a refusal in memory, not on the row: the refused event and
+		// what follows it wait (for its retry time), the acknowledged one is done.
+		quiet(t, s)
+		return
 	}
 	ev, err := s.admin.Event(ctx, slow[1])
 	if err != nil || ev.State != outboxdriver.EventWaiting || ev.Attempts != 1 || ev.Error != "refused" {
