@@ -124,7 +124,8 @@ type Config struct {
 	// it writes back what was answered and leaves those keys in flight: a slow key
 	// holds only itself, and its aggregate's later events wait for it (see
 	// docs/architecture.md). It needs a store that completes claims in parts
-	// (outboxdriver.Capabilities.Split) and one active relay. Zero means
+	// (outboxdriver.Capabilities.Split) and no ledger; a group member keeps a slow
+	// key's partition until its answers came. Zero means
 	// StragglerAfterDefault; negative: every batch waits for all of its answers.
 	StragglerAfter time.Duration
 	// MaxAttempts is how many times the broker may refuse an event before it moves to

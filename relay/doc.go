@@ -102,9 +102,11 @@
 //     order per aggregate holds because only one relay at a time claims a partition
 //     and no claim passes a held row of its aggregate.
 //
-// A batch whose publishing outlasts LeaseTTL loses its claim (the server ends the idle
-// transaction) and is published again later: keep LeaseTTL well above the broker's
-// slowest answer.
+// A batch whose publishing outlasts LeaseTTL (leases are renewed between batches) loses
+// its leases, and its rows are published again by their new owner: keep LeaseTTL well
+// above the broker's slowest answer for a whole batch. One slow aggregate does not
+// count: after StragglerAfter the batch is split around it, and the member keeps that
+// partition's lease until its answers came (docs/architecture.md).
 //
 // Group members hold the table's lock shared; a relay outside the group (and the CDC
 // relay) holds it exclusively. So the two kinds never run at once on a table: members

@@ -129,11 +129,12 @@ type straggler struct {
 	marks <-chan struct{}          // the split batch's write-back ended
 }
 
-// flying is a pipeline's stragglers: whose aggregates claims skip, and how many rows
-// are out. Only the pipeline's goroutine touches it.
+// flying is a pipeline's stragglers: whose aggregates claims skip, how many rows
+// are out, and in which lease partitions. Only the pipeline's goroutine touches it.
 type flying struct {
 	keys   map[outboxdriver.Aggregate]bool
 	rows   int
+	parts  map[int]int     // a group's partitions: rows out in each
 	n      int             // stragglers not yet landed
 	landed chan *straggler // stragglers whose answers all came
 }
@@ -145,6 +146,19 @@ func (fl *flying) skip() []outboxdriver.Aggregate {
 	out := make([]outboxdriver.Aggregate, 0, len(fl.keys))
 	for k := range fl.keys {
 		out = append(out, k)
+	}
+	return out
+}
+
+// partitions returns the lease partitions with rows out as stragglers: a group member
+// keeps them until those rows are settled (groupTerm.check).
+func (fl *flying) partitions() []int {
+	if len(fl.parts) == 0 {
+		return nil
+	}
+	out := make([]int, 0, len(fl.parts))
+	for part := range fl.parts {
+		out = append(out, part)
 	}
 	return out
 }
@@ -166,10 +180,11 @@ func (fl *flying) held(rows []outboxdriver.Row) ([]outboxdriver.Row, int) {
 }
 
 // splits reports whether a batch may be split: the store can complete a claim in
-// parts, StragglerAfter is on, and one relay is active (a group member's handover
-// drains in-flight work at every lease check).
+// parts, StragglerAfter is on, and no ledger (a broker transaction commits whole). A
+// group member keeps the partitions of its stragglers' rows until they are settled
+// (groupTerm.check), so no other member claims them while they are out.
 func (r *Relay) splits() bool {
-	return r.cfg.StragglerAfter > 0 && r.cfg.Group == nil && r.ledger == nil && r.store.Capabilities().Split
+	return r.cfg.StragglerAfter > 0 && r.ledger == nil && r.store.Capabilities().Split
 }
 
 // await waits for a batch's answers. It returns nil once all came; or, when they
@@ -227,6 +242,9 @@ func (p *pipeline) cut(f *flight, c outboxdriver.Claim) *straggler {
 	}
 	p.fly.rows += len(s.idx)
 	p.fly.n++
+	for _, i := range s.idx {
+		p.fly.parts[f.rows[i].Partition]++
+	}
 	go func() {
 		<-f.done
 		p.fly.landed <- s // never blocks: at most BatchSize stragglers
@@ -309,6 +327,12 @@ func (p *pipeline) settle(s *straggler) {
 	}
 	for _, k := range s.keys {
 		delete(p.fly.keys, k)
+	}
+	for i := range rows {
+		part := rows[i].Partition
+		if p.fly.parts[part]--; p.fly.parts[part] == 0 {
+			delete(p.fly.parts, part)
+		}
 	}
 	p.fly.rows -= len(s.idx)
 	p.fly.n--

@@ -15,8 +15,10 @@ import (
 // term is one stretch of a relay's work: the single active relay's leadership, or a
 // group member's partition leases. The pipeline in lead is the same for both.
 type term interface {
-	// check runs between batches, every interval; an error ends the term.
-	check(ctx context.Context) error
+	// check runs between batches, every interval; an error ends the term. out are
+	// the lease partitions of rows still out at the broker (a slow key's), which a
+	// group member keeps.
+	check(ctx context.Context, out []int) error
 	interval() time.Duration
 	// drainsBeforeCheck says check may change what the relay owns: lead then drops its prefetched
 	// claim and waits for the marks first (a handover drains in-flight work).
@@ -64,14 +66,19 @@ func (g *groupTerm) publishable(rows []outboxdriver.Row) bool {
 }
 
 // check heartbeats, works out this relay's share of the partitions (share), gives up
-// the rest and leases its share.
+// the rest and leases its share. A partition of out that it holds stays its own past
+// its share until those rows are settled: another member would claim them (unlocked,
+// unpublished) and send them again while their first copies are still out, and this
+// member's settle, fenced by the old epoch, would write nothing. (Order would hold
+// without it: the other member sends the held event before its aggregate's later
+// ones, and the inbox drops the late copy. The simulation checks order either way.)
 // A partition that changed hands waits up to half a lease for the previous owner's
 // claims to end (the barrier), so their marks land before it is claimed again. Order
 // does not rest on the barrier: the head rule never lets a claim take a row behind a
 // held one, whoever holds it, so a barrier still blocked after that (a paused owner,
 // or any session's row lock) lets the partitions go on; only the held rows'
 // aggregates wait for their locks. Each call is bounded by LeaderTimeout.
-func (g *groupTerm) check(ctx context.Context) error {
+func (g *groupTerm) check(ctx context.Context, out []int) error {
 	if err := bounded(ctx, g.r.cfg.LeaderTimeout, g.member.Check); err != nil {
 		return err
 	}
@@ -84,6 +91,11 @@ func (g *groupTerm) check(ctx context.Context) error {
 		return err
 	}
 	want := share(m.Relays, slices.Index(m.Relays, g.id), m.Partitions)
+	for _, part := range out {
+		if _, ok := g.ready[part]; ok && !slices.Contains(want, part) {
+			want = append(want, part)
+		}
+	}
 	renewed := time.Now()
 	var leases []outboxdriver.Lease
 	err = bounded(ctx, g.r.cfg.LeaderTimeout, func(ctx context.Context) (err error) {
@@ -179,7 +191,7 @@ func (r *Relay) runGroup(ctx context.Context) error {
 		if r.units != nil {
 			r.units.newTerm()
 		}
-		if err := g.check(ctx); err != nil {
+		if err := g.check(ctx, nil); err != nil {
 			r.releaseLock(ctx, member)
 			if errStop(err) && ctx.Err() == nil {
 				r.log.Error("relay: stopping", "err", err)

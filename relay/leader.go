@@ -88,7 +88,7 @@ func earliest(a, b time.Time) time.Time {
 	return a
 }
 
-func (t *singleTerm) check(context.Context) error {
+func (t *singleTerm) check(context.Context, []int) error {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	return t.err

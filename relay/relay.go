@@ -264,7 +264,7 @@ func (r *Relay) Run(ctx context.Context) error {
 		endTerm()
 		<-hbDone
 		if err == nil && ctx.Err() == nil {
-			err = t.check(ctx) // the heartbeat ended the term
+			err = t.check(ctx, nil) // the heartbeat ended the term
 		}
 		r.notLeader()
 		r.releaseLock(ctx, lead)
@@ -396,7 +396,7 @@ type pipeline struct {
 
 func (r *Relay) newPipeline(ctx context.Context, t term) *pipeline {
 	p := &pipeline{r: r, t: t, ctx: ctx, wake: make(chan struct{}, 1), bo: r.newBackoff("pipeline"), lastCheck: time.Now(),
-		fly: flying{keys: map[outboxdriver.Aggregate]bool{}, landed: make(chan *straggler, r.cfg.BatchSize)}}
+		fly: flying{keys: map[outboxdriver.Aggregate]bool{}, parts: map[int]int{}, landed: make(chan *straggler, r.cfg.BatchSize)}}
 	p.work, p.endWork = r.drainContext(ctx)
 	p.stopBg = r.background(ctx, p.wake)
 	return p
@@ -422,7 +422,7 @@ func (p *pipeline) checkTerm() error {
 		p.dropPrefetched()
 		p.marks.Wait()
 	}
-	if err := p.t.check(p.work); err != nil {
+	if err := p.t.check(p.work, p.fly.partitions()); err != nil {
 		return err
 	}
 	p.lastCheck = time.Now()
