@@ -3,7 +3,6 @@ package relay_test
 import (
 	"context"
 	"fmt"
-	"net/http/httptest"
 	"testing"
 	"time"
 
@@ -12,9 +11,9 @@ import (
 	"github.com/outboxd/outbox"
 	"github.com/outboxd/outbox/broker"
 	"github.com/outboxd/outbox/broker/memory"
-	"github.com/outboxd/outbox/broker/webhook"
 	"github.com/outboxd/outbox/broker/webhook/webhooktest"
 	"github.com/outboxd/outbox/internal/testenv"
+	"github.com/outboxd/outbox/outboxdriver"
 	"github.com/outboxd/outbox/relay"
 )
 
@@ -29,12 +28,7 @@ func TestSlowEndpointOutlivesTheClaimHold(t *testing.T) {
 	t.Parallel()
 	e := setup(t)
 	rc := &webhooktest.Receiver{HoldKey: "slow", Hold: 2500 * time.Millisecond}
-	srv := httptest.NewServer(rc)
-	defer srv.Close()
-	pub, err := webhook.Dial(context.Background(), srv.URL, &webhook.Config{Secret: "s3cret", Timeout: 5 * time.Second})
-	if err != nil {
-		t.Fatal(err)
-	}
+	pub := rc.Publisher(t, 5*time.Second)
 	r := startRelay(t, e, pub, &relay.Config{BatchSize: 4, LeaderTimeout: time.Second, PollInterval: 20 * time.Millisecond})
 	ctx := waitCtx(t)
 
@@ -88,43 +82,12 @@ func TestSlowKeyHoldsOnlyItself(t *testing.T) {
 	t.Parallel()
 	e := setup(t)
 	rc := &webhooktest.Receiver{HoldKey: "slow"}
-	srv := httptest.NewServer(rc)
-	defer srv.Close()
 	defer rc.Open()
-	pub, err := webhook.Dial(context.Background(), srv.URL, &webhook.Config{Secret: "s3cret", Timeout: time.Minute})
-	if err != nil {
-		t.Fatal(err)
-	}
+	pub := rc.Publisher(t, time.Minute)
 	r := startRelay(t, e, pub, &relay.Config{BatchSize: 10, PollInterval: 20 * time.Millisecond, StragglerAfter: relay.StragglerAfterDefault})
 	ctx := waitCtx(t)
 
-	write := func(keys ...string) []outbox.Event { return writeKeys(t, ctx, e, keys...) }
-	published := func(evs []outbox.Event) bool { return allPublished(t, ctx, e, evs) }
-	first := write("slow", "a", "b", "c")
-	testenv.Wait(t, ctx, "the batch's other aggregates marked while the slow one is held", func() bool { return published(first[1:]) })
-	second := write("a", "slow", "d", "b")
-	testenv.Wait(t, ctx, "later events of other aggregates published while the slow one is held", func() bool {
-		return published([]outbox.Event{second[0], second[2], second[3]})
-	})
-	count, _ := rc.Snapshot()
-	if n := count[first[0].ID]; n != 1 {
-		t.Fatalf("the held event was sent %d times while held, want once", n)
-	}
-	if n := count[second[1].ID]; n != 0 {
-		t.Fatalf("the slow aggregate's next event went out before the held one was answered (%d times)", n)
-	}
-
-	rc.Open()
-	testenv.Wait(t, ctx, "the slow aggregate published once answered", func() bool { return published([]outbox.Event{first[0], second[1]}) })
-	count, order := rc.Snapshot()
-	for id, n := range count {
-		if n != 1 {
-			t.Errorf("event %s delivered %d times, want once", id, n)
-		}
-	}
-	if got, want := order["slow"], []string{first[0].ID, second[1].ID}; fmt.Sprint(got) != fmt.Sprint(want) {
-		t.Errorf("the slow aggregate delivered as %v, want %v", got, want)
-	}
+	slowKey(t, ctx, e, "slow", nil).Run(t, ctx, rc)
 	if p := r.Stats().Published; p != 8 {
 		t.Errorf("the broker acknowledged %d messages, want 8", p)
 	}
@@ -160,51 +123,19 @@ func TestSlowKeyInAGroupKeepsItsPartition(t *testing.T) {
 	}
 
 	rc := &webhooktest.Receiver{HoldKey: slow}
-	srv := httptest.NewServer(rc)
-	defer srv.Close()
 	defer rc.Open()
-	pub, err := webhook.Dial(context.Background(), srv.URL, &webhook.Config{Secret: "s3cret", Timeout: time.Minute})
-	if err != nil {
-		t.Fatal(err)
-	}
+	pub := rc.Publisher(t, time.Minute)
 	a = member("a", pub)
 	testenv.Wait(t, ctx, "the first member owning every partition", func() bool { return a.Stats().Partitions == parts })
-	first := writeKeys(t, ctx, e, slow, "a", "b", "c")
-	testenv.Wait(t, ctx, "the batch's other aggregates marked while the slow one is held", func() bool {
-		return allPublished(t, ctx, e, first[1:])
-	})
-	b = member("b", pub)
-	testenv.Wait(t, ctx, "the second member owning its share but the slow key's partition", func() bool {
-		return b.Stats().Partitions == parts/2-1 && a.Stats().Partitions == parts/2+1
-	})
-	second := writeKeys(t, ctx, e, "a", slow, "d", "b")
-	testenv.Wait(t, ctx, "later events of other aggregates published while the slow one is held", func() bool {
-		return allPublished(t, ctx, e, []outbox.Event{second[0], second[2], second[3]})
-	})
-	count, _ := rc.Snapshot()
-	if n := count[first[0].ID]; n != 1 {
-		t.Fatalf("the held event was sent %d times while held, want once", n)
-	}
-	if n := count[second[1].ID]; n != 0 {
-		t.Fatalf("the slow aggregate's next event went out before the held one was answered (%d times)", n)
-	}
-
-	rc.Open()
-	testenv.Wait(t, ctx, "the slow aggregate published once answered", func() bool {
-		return allPublished(t, ctx, e, []outbox.Event{first[0], second[1]})
-	})
+	slowKey(t, ctx, e, slow, func() {
+		b = member("b", pub)
+		testenv.Wait(t, ctx, "the second member owning its share but the slow key's partition", func() bool {
+			return b.Stats().Partitions == parts/2-1 && a.Stats().Partitions == parts/2+1
+		})
+	}).Run(t, ctx, rc)
 	testenv.Wait(t, ctx, "the slow key's partition handed over once settled", func() bool {
 		return a.Stats().Partitions == parts/2 && b.Stats().Partitions == parts/2
 	})
-	count, order := rc.Snapshot()
-	for id, n := range count {
-		if n != 1 {
-			t.Errorf("event %s delivered %d times, want once", id, n)
-		}
-	}
-	if got, want := order[slow], []string{first[0].ID, second[1].ID}; fmt.Sprint(got) != fmt.Sprint(want) {
-		t.Errorf("the slow aggregate delivered as %v, want %v", got, want)
-	}
 }
 
 // keyInShareOf returns an aggregate id (of type "order") whose partition the group
@@ -231,31 +162,19 @@ ORDER BY seq LIMIT 1`, id).Scan(&key)
 	return key
 }
 
-// writeKeys writes one event for each key, of aggregate type "order", in one
-// transaction.
-func writeKeys(t *testing.T, ctx context.Context, e *env, keys ...string) []outbox.Event {
+// slowKey is the slow-key scenario on e's table: done is marked published.
+func slowKey(t *testing.T, ctx context.Context, e *env, key string, held func()) *webhooktest.SlowKey {
 	t.Helper()
-	var evs []outbox.Event
-	for _, key := range keys {
-		evs = append(evs, outbox.Event{AggregateType: "order", AggregateID: key, Type: "T", Payload: []byte(`{}`)})
-	}
-	if err := e.w.Write(ctx, evs...); err != nil {
-		t.Fatal(err)
-	}
-	return evs
-}
-
-// allPublished reports whether every one of evs is marked published.
-func allPublished(t *testing.T, ctx context.Context, e *env, evs []outbox.Event) bool {
-	t.Helper()
-	for _, ev := range evs {
-		info, err := e.store.Event(ctx, ev.ID)
-		if err != nil {
-			t.Fatal(err)
+	return &webhooktest.SlowKey{Key: key, Writer: e.w, Held: held, Done: func(ids ...string) bool {
+		for _, id := range ids {
+			info, err := e.store.Event(ctx, id)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if info.State != outboxdriver.EventPublished {
+				return false
+			}
 		}
-		if info.State != "published" {
-			return false
-		}
-	}
-	return true
+		return true
+	}}
 }
