@@ -213,7 +213,7 @@ func runCDCPeer(dbURL, natsURL string, o drainOpts) (drainResult, error) {
 		return drainResult{}, err
 	}
 	defer drop()
-	table.Write = outboxdriver.WriteRows
+	table.Write = outboxdriver.WriteMode(o.write) // rows, or insert-delete: the peer reads the inserts either way
 	src, dropCDC, err := initCDC(ctx, pool, table)
 	if err != nil {
 		return drainResult{}, err

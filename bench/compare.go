@@ -12,6 +12,8 @@ import (
 	"gonum.org/v1/plot/plotter"
 	"gonum.org/v1/plot/plotutil"
 	"gonum.org/v1/plot/vg"
+
+	"github.com/outboxd/outbox/outboxdriver"
 )
 
 // compare runs, on the same PostgreSQL and NATS in one run, each outbox relay mode and
@@ -26,12 +28,16 @@ func compare(dbURL, natsURL string, args []string) error {
 	plotPath := fs.String("plot", "", "write the throughput chart here (.svg or .png)")
 	only := fs.String("only", "", "run only the relays whose label contains one of these, comma-separated")
 	withLimits := fs.Bool("limits", true, "measure the machine's ceilings first (bench limits) and print each relay's rate as a fraction of them")
+	cdcWrite := fs.String("cdc-write", "rows", "the CDC runs' write mode (the relay's, the peer's and the CDC ceiling's backlog): rows, or insert-delete (no rows left to mark, as the peer marks none)")
 	live := liveOpts{conns: 8}
 	fs.IntVar(&live.rate, "live-rate", 5000, "the live load's events per second (0: no live load)")
 	fs.IntVar(&live.seconds, "live-seconds", 15, "how long the live load writes")
 	fs.IntVar(&live.perTx, "live-per-tx", 5, "the live load's events per transaction")
 	latencyPlot := fs.String("latency-plot", "", "write the live load's latency chart here (.svg or .png)")
 	_ = fs.Parse(args)
+	if *cdcWrite != string(outboxdriver.WriteRows) && *cdcWrite != string(outboxdriver.WriteInsertDelete) {
+		return fmt.Errorf("compare: -cdc-write %q: want rows or insert-delete (the peer reads inserted rows)", *cdcWrite)
+	}
 
 	relays := []struct {
 		label      string
@@ -53,7 +59,7 @@ func compare(dbURL, natsURL string, args []string) error {
 	var c ceilings
 	if *events > 0 && *withLimits {
 		var err error
-		if c, err = measureCeilings(dbURL, natsURL, *events); err != nil {
+		if c, err = measureCeilings(dbURL, natsURL, *events, outboxdriver.WriteMode(*cdcWrite)); err != nil {
 			return err
 		}
 	}
@@ -72,10 +78,15 @@ func compare(dbURL, natsURL string, args []string) error {
 			case c.wm != nil:
 				r, err = runWatermill(dbURL, natsURL, base, *c.wm)
 			case c.peer:
-				r, err = runCDCPeer(dbURL, natsURL, base)
+				o := base
+				o.write = *cdcWrite
+				r, err = runCDCPeer(dbURL, natsURL, o)
 			default:
 				o := base
 				o.mode, o.completion = c.mode, c.completion
+				if c.mode == "cdc" {
+					o.write = *cdcWrite
+				}
 				r, err = runDrain(dbURL, natsURL, o)
 			}
 			if err != nil {
@@ -97,7 +108,7 @@ func compare(dbURL, natsURL string, args []string) error {
 				}
 			}
 		}
-		fmt.Printf("\nBacklog: %d events, ~%d-byte payloads, 1,000 aggregates; %s\n", *events, len(payload(0)), machine)
+		fmt.Printf("\nBacklog: %d events, ~%d-byte payloads, 1,000 aggregates, written %s for the CDC runs; %s\n", *events, len(payload(0)), *cdcWrite, machine)
 		fmt.Printf("| relay | events/s | vs Watermill (tuned) | vs the CDC peer | relay CPU µs/event | relay peak RSS |\n|---|---|---|---|---|---|\n")
 		for i, r := range results {
 			peer := "-"
@@ -105,6 +116,11 @@ func compare(dbURL, natsURL string, args []string) error {
 				peer = vsPeer(r)
 			}
 			fmt.Printf("| %s | %.0f | %s | %s | %.1f | %.0f MiB |\n", labels[i], r.rate(), vsWM(r), peer, r.cpuPerEvent(), r.rssMiB())
+		}
+		fmt.Printf("\n| relay | CPU µs/event: relay | PostgreSQL | nats-server | all three | %d CPUs busy |\n|---|---|---|---|---|---|\n", runtime.NumCPU())
+		for i, r := range results {
+			n := float64(r.events) / 1e6
+			fmt.Printf("| %s | %.1f | %.1f | %.1f | %.1f | %.0f%% |\n", labels[i], r.cpuPerEvent(), r.pgCPU/n, r.natsCPU/n, r.allPerEvent(), 100*r.busy())
 		}
 		if *withLimits {
 			printCeilings(c)

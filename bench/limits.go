@@ -51,7 +51,7 @@ func limits(dbURL, natsURL string, args []string) error {
 	fs := flag.NewFlagSet("limits", flag.ExitOnError)
 	events := fs.Int("events", 200_000, "events in each measurement")
 	_ = fs.Parse(args)
-	c, err := measureCeilings(dbURL, natsURL, *events)
+	c, err := measureCeilings(dbURL, natsURL, *events, outboxdriver.WriteRows)
 	if err != nil {
 		return err
 	}
@@ -59,7 +59,9 @@ func limits(dbURL, natsURL string, args []string) error {
 	return nil
 }
 
-func measureCeilings(dbURL, natsURL string, events int) (ceilings, error) {
+// measureCeilings measures the three ceilings; the CDC one reads a backlog written
+// in cdcWrite mode.
+func measureCeilings(dbURL, natsURL string, events int, cdcWrite outboxdriver.WriteMode) (ceilings, error) {
 	var c ceilings
 	var err error
 	ctx := context.Background()
@@ -68,7 +70,7 @@ func measureCeilings(dbURL, natsURL string, events int) (ceilings, error) {
 		return c, fmt.Errorf("poll ceiling: %w", err)
 	}
 	fmt.Printf("== ceiling: a discarding replication reader (cdc)\n")
-	if c.cdc, err = cdcCeiling(ctx, dbURL, events); err != nil {
+	if c.cdc, err = cdcCeiling(ctx, dbURL, events, cdcWrite); err != nil {
 		return c, fmt.Errorf("cdc ceiling: %w", err)
 	}
 	fmt.Printf("== ceiling: JetStream asynchronous publishes (broker)\n")
@@ -169,14 +171,17 @@ WHERE published_at IS NULL ORDER BY seq LIMIT 1000 FOR UPDATE SKIP LOCKED`
 // applicationName tells the ceiling's walsender in pg_stat_replication.
 const applicationName = "outbox bench limits"
 
-func cdcCeiling(ctx context.Context, dbURL string, events int) (ceiling, error) {
+func cdcCeiling(ctx context.Context, dbURL string, events int, write outboxdriver.WriteMode) (ceiling, error) {
 	c := ceiling{name: "cdc: a discarding pgoutput reader on the slot", events: events, server: "PostgreSQL walsender"}
+	if write != outboxdriver.WriteRows {
+		c.name += " (" + string(write) + ")"
+	}
 	pool, table, drop, err := scratch(ctx, dbURL, 2)
 	if err != nil {
 		return c, err
 	}
 	defer drop()
-	table.Write = outboxdriver.WriteRows
+	table.Write = write
 	src, dropCDC, err := initCDC(ctx, pool, table)
 	if err != nil {
 		return c, err

@@ -22,6 +22,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"slices"
 	"sort"
 	"strconv"
@@ -164,6 +165,7 @@ type drainResult struct {
 	events             int
 	elapsed, completed time.Duration
 	cpu                float64 // the relay processes' CPU seconds
+	pgCPU, natsCPU     float64 // PostgreSQL's and nats-server's CPU seconds meanwhile
 	rss                int64   // peak RSS, KiB
 	stored             uint64
 }
@@ -171,6 +173,17 @@ type drainResult struct {
 func (r drainResult) rate() float64        { return float64(r.events) / r.elapsed.Seconds() }
 func (r drainResult) rssMiB() float64      { return float64(r.rss) / 1024 }
 func (r drainResult) cpuPerEvent() float64 { return r.cpu / float64(r.events) * 1e6 }
+
+// allPerEvent is the CPU the relay, PostgreSQL and nats-server spent per event, µs.
+func (r drainResult) allPerEvent() float64 {
+	return (r.cpu + r.pgCPU + r.natsCPU) / float64(r.events) * 1e6
+}
+
+// busy is the share of the machine's CPUs the three kept busy during the drain: near
+// 1, the drain is bound by the CPU, and only less work per event makes it faster.
+func (r drainResult) busy() float64 {
+	return (r.cpu + r.pgCPU + r.natsCPU) / r.elapsed.Seconds() / float64(runtime.NumCPU())
+}
 
 // runDrain writes a backlog, starts the relay binary and times it to the broker.
 func runDrain(dbURL, natsURL string, o drainOpts) (drainResult, error) {
@@ -262,7 +275,8 @@ func runDrain(dbURL, natsURL string, o drainOpts) (drainResult, error) {
 	natsCPU = cpuSeconds(natsPID) - natsCPU
 	pgCPU := postgresCPU().since(pg0)
 	fmt.Printf("CPU during the drain: PostgreSQL %.1fs (%s), nats-server %.1fs\n", pgCPU.total(), pgCPU, natsCPU)
-	return drainResult{events: o.events, elapsed: elapsed, completed: marked, cpu: cpu, rss: peakRSS, stored: stored}, nil
+	return drainResult{events: o.events, elapsed: elapsed, completed: marked, cpu: cpu, pgCPU: pgCPU.total(), natsCPU: natsCPU,
+		rss: peakRSS, stored: stored}, nil
 }
 
 // scratchFor is scratch for a relay mode and a write mode: in CDC mode the slot is

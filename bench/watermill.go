@@ -211,6 +211,7 @@ func watchStream(ctx context.Context, js jetstream.JetStream, stream string, n i
 		r.cpu += cpuSeconds(cmd.Process.Pid)
 	}
 	pgCPU := postgresCPU().since(pg0)
-	fmt.Printf("CPU during the drain: PostgreSQL %.1fs (%s), nats-server %.1fs\n", pgCPU.total(), pgCPU, cpuSeconds(natsPID)-natsCPU)
+	r.pgCPU, r.natsCPU = pgCPU.total(), cpuSeconds(natsPID)-natsCPU
+	fmt.Printf("CPU during the drain: PostgreSQL %.1fs (%s), nats-server %.1fs\n", r.pgCPU, pgCPU, r.natsCPU)
 	return r, nil
 }
