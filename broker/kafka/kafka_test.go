@@ -79,7 +79,15 @@ func harness(t *testing.T, addrs func() []string, restart func(*testing.T)) *bro
 	}
 }
 
-func TestConformance(t *testing.T) {
+func TestConformance(t *testing.T) { conformance(t, harness) }
+
+// TestConformanceRestart restarts kfake on the same port and data folder.
+func TestConformanceRestart(t *testing.T) { conformanceRestart(t, harness) }
+
+// conformance runs the broker suite on a fresh kfake cluster for each test, through
+// the publisher harness makes.
+func conformance(t *testing.T, harness func(*testing.T, func() []string, func(*testing.T)) *brokertest.Harness) {
+	t.Helper()
 	brokertest.Run(t, func(t *testing.T) *brokertest.Harness {
 		t.Helper()
 		c := newCluster(t)
@@ -88,8 +96,10 @@ func TestConformance(t *testing.T) {
 	})
 }
 
-// TestConformanceRestart restarts kfake on the same port and data folder.
-func TestConformanceRestart(t *testing.T) {
+// conformanceRestart is conformance on a cluster the suite can restart, on the same
+// port and data folder.
+func conformanceRestart(t *testing.T, harness func(*testing.T, func() []string, func(*testing.T)) *brokertest.Harness) {
+	t.Helper()
 	brokertest.Run(t, func(t *testing.T) *brokertest.Harness {
 		t.Helper()
 		port, dir := testenv.FreePort(t), t.TempDir()

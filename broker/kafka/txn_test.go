@@ -110,28 +110,9 @@ func txHarness(t *testing.T, addrs func() []string, restart func(*testing.T)) *b
 	}
 }
 
-func TestTxConformance(t *testing.T) {
-	brokertest.Run(t, func(t *testing.T) *brokertest.Harness {
-		t.Helper()
-		c := newCluster(t)
-		t.Cleanup(c.Close)
-		return txHarness(t, c.ListenAddrs, nil)
-	})
-}
+func TestTxConformance(t *testing.T) { conformance(t, txHarness) }
 
-func TestTxConformanceRestart(t *testing.T) {
-	brokertest.Run(t, func(t *testing.T) *brokertest.Harness {
-		t.Helper()
-		port, dir := testenv.FreePort(t), t.TempDir()
-		c := newCluster(t, kfake.Ports(port), kfake.DataDir(dir), kfake.SyncWrites())
-		t.Cleanup(func() { c.Close() })
-		return txHarness(t, func() []string { return c.ListenAddrs() }, func(t *testing.T) {
-			t.Helper()
-			c.Close()
-			c = newCluster(t, kfake.Ports(port), kfake.DataDir(dir), kfake.SyncWrites())
-		})
-	})
-}
+func TestTxConformanceRestart(t *testing.T) { conformanceRestart(t, txHarness) }
 
 func events(topic string, n int) []broker.Message {
 	out := make([]broker.Message, n)
