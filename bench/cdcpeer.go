@@ -234,7 +234,7 @@ func runCDCPeer(dbURL, natsURL string, o drainOpts) (drainResult, error) {
 		return drainResult{}, err
 	}
 	defer stopProcess(cmd)
-	r, err := watchStream(ctx, js, prefix, o.events, start, []*exec.Cmd{cmd})
+	r, err := watchStream(ctx, js, prefix, o.events, start, []*exec.Cmd{cmd}, nil)
 	if err != nil {
 		return r, err
 	}

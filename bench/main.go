@@ -227,8 +227,6 @@ func runDrain(dbURL, natsURL string, o drainOpts) (drainResult, error) {
 		cmd.Stderr = os.Stderr
 		cmds = append(cmds, cmd)
 	}
-	natsPID := pidOf("nats-server")
-	natsCPU, pg0 := cpuSeconds(natsPID), postgresCPU()
 	start := time.Now()
 	for _, cmd := range cmds {
 		if err := cmd.Start(); err != nil {
@@ -236,47 +234,61 @@ func runDrain(dbURL, natsURL string, o drainOpts) (drainResult, error) {
 		}
 		defer stopProcess(cmd)
 	}
+	var marked func() error
+	if o.mode == "poll" {
+		// A poll drain is done once every row is marked too.
+		q := "SELECT count(*) FROM " + pgx.Identifier{table.Schema, table.Name}.Sanitize() + " WHERE published_at IS NULL"
+		marked = func() error {
+			for {
+				var left int64
+				if err := pool.QueryRow(ctx, q).Scan(&left); err != nil || left == 0 {
+					return err
+				}
+				time.Sleep(50 * time.Millisecond)
+			}
+		}
+	}
+	return watchStream(ctx, js, prefix, o.events, start, cmds, marked)
+}
+
+// watchStream waits for the stream to hold n messages (and then for done, if set: the
+// rows marked), sampling the processes' peak RSS, and returns the drain's measures,
+// with PostgreSQL's and NATS's CPU meanwhile, which it prints.
+func watchStream(ctx context.Context, js jetstream.JetStream, stream string, n int, start time.Time, cmds []*exec.Cmd, done func() error) (drainResult, error) {
+	var r drainResult
+	natsPID := pidOf("nats-server")
+	natsCPU, pg0 := cpuSeconds(natsPID), postgresCPU()
 	// Watch the stream, not the table: counting a 200,000-row backlog every few
 	// milliseconds would steal the CPU the relay is being measured on.
-	var peakRSS int64
-	var stored uint64
-	for stored < uint64(o.events) {
-		info, err := js.Stream(ctx, prefix)
+	for r.stored < uint64(n) {
+		info, err := js.Stream(ctx, stream)
 		if err != nil {
-			return drainResult{}, err
+			return r, err
 		}
-		stored = info.CachedInfo().State.Msgs
+		r.stored = info.CachedInfo().State.Msgs
 		for _, cmd := range cmds {
-			peakRSS = max(peakRSS, hwm(cmd.Process.Pid))
+			r.rss = max(r.rss, hwm(cmd.Process.Pid))
 		}
 		if time.Since(start) > 10*time.Minute {
-			return drainResult{}, fmt.Errorf("stream holds %d of %d after 10 minutes", stored, o.events)
+			return r, fmt.Errorf("stream holds %d of %d after 10 minutes", r.stored, n)
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
-	elapsed := time.Since(start)
-	q := "SELECT count(*) FROM " + pgx.Identifier{table.Schema, table.Name}.Sanitize() + " WHERE published_at IS NULL"
-	for o.mode == "poll" {
-		var left int64
-		if err := pool.QueryRow(ctx, q).Scan(&left); err != nil {
-			return drainResult{}, err
+	r.events, r.elapsed = n, time.Since(start)
+	if done != nil {
+		if err := done(); err != nil {
+			return r, err
 		}
-		if left == 0 {
-			break
-		}
-		time.Sleep(50 * time.Millisecond)
 	}
-	marked := time.Since(start)
-	var cpu float64
+	r.completed = time.Since(start)
 	for _, cmd := range cmds {
-		peakRSS = max(peakRSS, hwm(cmd.Process.Pid))
-		cpu += cpuSeconds(cmd.Process.Pid)
+		r.rss = max(r.rss, hwm(cmd.Process.Pid))
+		r.cpu += cpuSeconds(cmd.Process.Pid)
 	}
-	natsCPU = cpuSeconds(natsPID) - natsCPU
 	pgCPU := postgresCPU().since(pg0)
-	fmt.Printf("CPU during the drain: PostgreSQL %.1fs (%s), nats-server %.1fs\n", pgCPU.total(), pgCPU, natsCPU)
-	return drainResult{events: o.events, elapsed: elapsed, completed: marked, cpu: cpu, pgCPU: pgCPU.total(), natsCPU: natsCPU,
-		rss: peakRSS, stored: stored}, nil
+	r.pgCPU, r.natsCPU = pgCPU.total(), cpuSeconds(natsPID)-natsCPU
+	fmt.Printf("CPU during the drain: PostgreSQL %.1fs (%s), nats-server %.1fs\n", r.pgCPU, pgCPU, r.natsCPU)
+	return r, nil
 }
 
 // scratchFor is scratch for a relay mode and a write mode: in CDC mode the slot is

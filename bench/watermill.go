@@ -181,37 +181,5 @@ func runWatermill(dbURL, natsURL string, o drainOpts, t wmTuning) (drainResult, 
 		return drainResult{}, err
 	}
 	defer stopProcess(cmd)
-	return watchStream(ctx, js, prefix, o.events, start, []*exec.Cmd{cmd})
-}
-
-// watchStream waits for the stream to hold n messages, sampling the processes' peak
-// RSS, and returns the drain's measures; it prints PostgreSQL's and NATS's CPU
-// meanwhile, as runDrain does.
-func watchStream(ctx context.Context, js jetstream.JetStream, stream string, n int, start time.Time, cmds []*exec.Cmd) (drainResult, error) {
-	var r drainResult
-	natsPID := pidOf("nats-server")
-	natsCPU, pg0 := cpuSeconds(natsPID), postgresCPU()
-	for r.stored < uint64(n) {
-		info, err := js.Stream(ctx, stream)
-		if err != nil {
-			return r, err
-		}
-		r.stored = info.CachedInfo().State.Msgs
-		for _, cmd := range cmds {
-			r.rss = max(r.rss, hwm(cmd.Process.Pid))
-		}
-		if time.Since(start) > 10*time.Minute {
-			return r, fmt.Errorf("stream holds %d of %d after 10 minutes", r.stored, n)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-	r.events, r.elapsed, r.completed = n, time.Since(start), time.Since(start)
-	for _, cmd := range cmds {
-		r.rss = max(r.rss, hwm(cmd.Process.Pid))
-		r.cpu += cpuSeconds(cmd.Process.Pid)
-	}
-	pgCPU := postgresCPU().since(pg0)
-	r.pgCPU, r.natsCPU = pgCPU.total(), cpuSeconds(natsPID)-natsCPU
-	fmt.Printf("CPU during the drain: PostgreSQL %.1fs (%s), nats-server %.1fs\n", r.pgCPU, pgCPU, r.natsCPU)
-	return r, nil
+	return watchStream(ctx, js, prefix, o.events, start, []*exec.Cmd{cmd}, nil)
 }
