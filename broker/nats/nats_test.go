@@ -3,6 +3,7 @@ package nats_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -71,7 +72,11 @@ func TestConformanceEmbedded(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(srv.Stop)
-	keepStreamsDir(t, srv.URL())
+	kctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := natstest.KeepStreamsDir(kctx, srv.URL()); err != nil {
+		t.Fatal(err)
+	}
 	brokertest.Run(t, func(t *testing.T) *brokertest.Harness {
 		t.Helper()
 		return harness(t, srv.URL(), func(t *testing.T) {
@@ -83,22 +88,44 @@ func TestConformanceEmbedded(t *testing.T) {
 	})
 }
 
-// keepStreamsDir creates a stream that outlives the suite's. The server removes an
-// account's streams folder, in a goroutine, when its last stream is deleted; a stream
-// created meanwhile (the next case's, right after the last one's cleanup) fails with
-// "could not create storage directory". A server with a stream left never does that.
-func keepStreamsDir(t *testing.T, url string) {
-	t.Helper()
-	nc, err := natsgo.Connect(url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer nc.Close()
-	js, _ := jetstream.New(nc)
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+// TestStreamsDirKept: tests across the packages create and delete file streams on the
+// machine's one server at once. Once natstest.URL has run, none of those creations
+// fails for the server removing its streams folder (natstest.KeepStreamsDir; two
+// writers creating and deleting their own streams hit that in about one creation of
+// sixteen without the kept stream, on the 2.9 server).
+func TestStreamsDirKept(t *testing.T) {
+	url := natstest.URL(t)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: "keep", Subjects: []string{"keep.>"}}); err != nil {
-		t.Fatal(err)
+	prefix := testenv.UniqueName("kept")
+	errs := make(chan error, 2)
+	for w := range 2 {
+		go func() {
+			nc, err := natsgo.Connect(url)
+			if err != nil {
+				errs <- err
+				return
+			}
+			defer nc.Close()
+			js, _ := jetstream.New(nc)
+			for i := range 300 {
+				name := fmt.Sprintf("%s_%d_%d", prefix, w, i)
+				if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: name, Subjects: []string{name + ".>"}}); err != nil {
+					errs <- fmt.Errorf("stream %d of writer %d: %w", i, w, err)
+					return
+				}
+				if err := js.DeleteStream(ctx, name); err != nil {
+					errs <- err
+					return
+				}
+			}
+			errs <- nil
+		}()
+	}
+	for range 2 { // both writers end before the test does: none leaves a stream behind
+		if err := <-errs; err != nil {
+			t.Error(err)
+		}
 	}
 }
 

@@ -6,6 +6,7 @@ package natstest
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"testing"
@@ -21,7 +22,9 @@ import (
 // URLDefault is the machine's NATS server, overridden by TEST_NATS_URL.
 const URLDefault = "nats://127.0.0.1:4222"
 
-// URL returns the machine's NATS URL after checking it answers with JetStream.
+// URL returns the machine's NATS URL after checking it answers with JetStream, and
+// keeps its streams folder (KeepStreamsDir): the packages' tests run at once against
+// the one server, each creating and deleting streams of its own.
 func URL(t testing.TB) string {
 	t.Helper()
 	url := os.Getenv("TEST_NATS_URL")
@@ -33,7 +36,54 @@ func URL(t testing.TB) string {
 		testenv.Missing(t, "NATS at %s: %v", url, err)
 	}
 	nc.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := KeepStreamsDir(ctx, url); err != nil {
+		t.Fatal(err)
+	}
 	return url
+}
+
+// KeepName is the stream KeepStreamsDir leaves on a server.
+const KeepName = "OUTBOX_TEST_KEEP"
+
+// errStoreFailed is JetStream's "error creating store for stream".
+const errStoreFailed jetstream.ErrorCode = 10049
+
+// KeepStreamsDir makes sure the server at url holds a stream no test deletes. A 2.9
+// server removes an account's streams folder, in a goroutine, when its last stream is
+// deleted; a file stream created meanwhile (another test's, as one's cleanup deletes
+// the last) fails with "error creating store for stream". A server with a stream left
+// never does that. The keep stream's own creation can meet that race once: it is
+// tried again.
+func KeepStreamsDir(ctx context.Context, url string) error {
+	nc, err := nats.Connect(url)
+	if err != nil {
+		return err
+	}
+	defer nc.Close()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		return err
+	}
+	cfg := jetstream.StreamConfig{Name: KeepName, Subjects: []string{"outbox_test_keep.>"}, MaxMsgs: 1}
+	for {
+		_, err := js.CreateStream(ctx, cfg)
+		var apiErr *jetstream.APIError
+		if !errors.As(err, &apiErr) || apiErr.ErrorCode != errStoreFailed {
+			if err != nil {
+				return fmt.Errorf("natstest: the stream that keeps the streams folder: %w", err)
+			}
+			return nil
+		}
+		pause := time.NewTimer(20 * time.Millisecond)
+		select {
+		case <-ctx.Done():
+			pause.Stop()
+			return fmt.Errorf("natstest: the stream that keeps the streams folder: %w", err)
+		case <-pause.C:
+		}
+	}
 }
 
 // Read returns the first n messages stored in stream on subject (">" for all),
