@@ -72,6 +72,15 @@ type GroupHooks interface {
 	PartitionsOwned(n int)
 }
 
+// ClaimHooks, implemented by a Hooks value as well, is told of each claim that
+// succeeded: how many rows it took and how long the store took to claim them (on
+// PostgreSQL, the claim's reads and locks; in CDC mode, taking events from the stream).
+// A polling claim's time grows with the rows published since the table's last
+// vacuum (docs/operations.md, "Vacuum and the polling claim").
+type ClaimHooks interface {
+	Claimed(rows int, took time.Duration)
+}
+
 // PublishTracer traces publishing. StartPublish is called just before a batch goes to
 // the broker; it may rewrite each message's trace headers (traceparent, tracestate) so
 // consumers continue from the publish span. The returned func is called with the

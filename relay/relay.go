@@ -329,9 +329,16 @@ func (r *Relay) startClaim(termCtx, ctx context.Context, t term, skip []outboxdr
 	go func() {
 		cctx, cancel := r.dbCtx(ctx)
 		defer cancel()
+		start := time.Now()
 		c, err := r.store.Claim(cctx, p)
 		if err == nil {
+			took := time.Since(start)
 			r.stats.claims.Add(1)
+			r.hook("Claimed", func(h Hooks) {
+				if clh, ok := h.(ClaimHooks); ok {
+					clh.Claimed(len(c.Rows()), took)
+				}
+			})
 			c = r.keepClaim(termCtx, c, p.HoldTimeout)
 		}
 		ch <- claimResult{c, err}

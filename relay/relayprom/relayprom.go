@@ -9,6 +9,7 @@
 //	outbox_relay_commit_to_ack_seconds             write (created_at) to broker acknowledgement
 //	outbox_relay_batch_size                        rows per published batch
 //	outbox_relay_publish_seconds                   time the broker took for a batch
+//	outbox_relay_claim_seconds                     time the store took to claim a batch (grows until vacuum, docs/operations.md)
 //	outbox_relay_leader                            1 while this relay is the active one (or an active group member)
 //	outbox_relay_partitions_owned                  partitions this group member owns
 //	outbox_unpublished_events                      backlog (from the table, at scrape)
@@ -56,6 +57,7 @@ type Metrics struct {
 	latency     prometheus.Histogram
 	batchSize   prometheus.Histogram
 	publishTime prometheus.Histogram
+	claimTime   prometheus.Histogram
 	leader      prometheus.Gauge
 	partitions  prometheus.Gauge
 	store       StatusReader
@@ -70,6 +72,7 @@ type Metrics struct {
 var (
 	_ relay.Hooks      = (*Metrics)(nil)
 	_ relay.GroupHooks = (*Metrics)(nil)
+	_ relay.ClaimHooks = (*Metrics)(nil)
 )
 
 // New registers the metrics on reg. store, when not nil, is read at every scrape for
@@ -87,6 +90,8 @@ func New(reg prometheus.Registerer, store StatusReader) (*Metrics, error) {
 			Help: "Rows per published batch.", Buckets: prometheus.ExponentialBuckets(1, 4, 8)}),
 		publishTime: prometheus.NewHistogram(prometheus.HistogramOpts{Name: "outbox_relay_publish_seconds",
 			Help: "Time the broker took to answer for a batch.", Buckets: prometheus.ExponentialBuckets(0.0005, 2, 14)}),
+		claimTime: prometheus.NewHistogram(prometheus.HistogramOpts{Name: "outbox_relay_claim_seconds",
+			Help: "Time the store took to claim a batch (on PostgreSQL its reads and row locks).", Buckets: prometheus.ExponentialBuckets(0.0001, 2, 16)}),
 		leader: prometheus.NewGauge(prometheus.GaugeOpts{Name: "outbox_relay_leader", Help: "1 while this relay is the active one (in a group: an active member)."}),
 		partitions: prometheus.NewGauge(prometheus.GaugeOpts{Name: "outbox_relay_partitions_owned",
 			Help: "Partitions this relay owns (group mode; 0 otherwise)."}),
@@ -121,7 +126,7 @@ func New(reg prometheus.Registerer, store StatusReader) (*Metrics, error) {
 }
 
 func (m *Metrics) collectors() []prometheus.Collector {
-	return []prometheus.Collector{m.published, m.failed, m.latency, m.batchSize, m.publishTime, m.leader, m.partitions, m.scrapeErrors, m}
+	return []prometheus.Collector{m.published, m.failed, m.latency, m.batchSize, m.publishTime, m.claimTime, m.leader, m.partitions, m.scrapeErrors, m}
 }
 
 // Unregister removes the metrics from reg, the registerer New was given: for a relay
@@ -131,6 +136,9 @@ func (m *Metrics) Unregister(reg prometheus.Registerer) {
 		reg.Unregister(c)
 	}
 }
+
+// Claimed implements relay.ClaimHooks.
+func (m *Metrics) Claimed(_ int, took time.Duration) { m.claimTime.Observe(took.Seconds()) }
 
 // BatchPublished implements relay.Hooks. Counts are summed per topic first: the
 // label lookup is the costly part, and a batch is mostly one or a few topics.

@@ -87,4 +87,18 @@ outbox_unpublished_events 1
 	if got := testutil.ToFloat64(metrics.LeaderGauge()); got != 0 {
 		t.Errorf("leader after stop = %v, want 0", got)
 	}
+	// Every claim the store answered, empty ones too, is timed once.
+	families, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var timed uint64
+	for _, f := range families {
+		if f.GetName() == "outbox_relay_claim_seconds" {
+			timed = f.GetMetric()[0].GetHistogram().GetSampleCount()
+		}
+	}
+	if claims := r.Stats().Claims; claims < 2 || timed != uint64(claims) {
+		t.Errorf("claim_seconds counted %d claims, the relay %d", timed, claims)
+	}
 }
