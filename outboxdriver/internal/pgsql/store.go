@@ -1,10 +1,12 @@
 package pgsql
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
 	"hash/fnv"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -352,6 +354,7 @@ func (e Executor) Notify(ctx context.Context) error {
 type Store struct {
 	Statements *Statements
 	DB         DB
+	floor      floor // where claims may start reading (floor.go)
 	// Sessions, when set, is where the leadership lock is taken: a direct
 	// connection to PostgreSQL when DB goes through a transaction-pooling proxy
 	// (PgBouncer), where a session-level lock would stay behind on a pooled server
@@ -375,6 +378,7 @@ func (s *Store) Capabilities() outboxdriver.Capabilities {
 
 // Claim implements outboxdriver.Store.
 func (s *Store) Claim(ctx context.Context, p *outboxdriver.ClaimParams) (outboxdriver.Claim, error) {
+	below := s.claimFloor(ctx) - 1 // every row below the floor is published or gone
 	tx, err := s.DB.Begin(ctx)
 	if err != nil {
 		return nil, InterpretError(err)
@@ -408,7 +412,7 @@ func (s *Store) Claim(ctx context.Context, p *outboxdriver.ClaimParams) (outboxd
 	c := &claim{s: s, tx: tx, group: p.Group}
 	c.rows, err = outboxdriver.ClaimHeads(ctx, p, outboxdriver.ClaimQueries{
 		Candidates: func(ctx context.Context, q *outboxdriver.ClaimParams, after int64, ahead []int64) ([]outboxdriver.Candidate, error) {
-			stmt, args := s.Statements.candidates, []any{q.Limit, p.MaxSeq, parts, after, ahead}
+			stmt, args := s.Statements.candidates, []any{q.Limit, p.MaxSeq, parts, max(after, below), ahead}
 			if len(q.Skip) > 0 {
 				stmt, args = skipping(stmt, len(args)+1), append(args, skipArgs(q.Skip)...)
 			}
@@ -443,6 +447,9 @@ func (s *Store) Claim(ctx context.Context, p *outboxdriver.ClaimParams) (outboxd
 	if err != nil {
 		_ = tx.Rollback(context.WithoutCancel(ctx))
 		return nil, InterpretError(err)
+	}
+	if len(c.rows) > 0 {
+		s.claimedUpTo(slices.MaxFunc(c.rows, func(a, b outboxdriver.Row) int { return cmp.Compare(a.Seq, b.Seq) }).Seq)
 	}
 	if len(c.rows) == 0 {
 		// Nothing to hold: end the transaction now.

@@ -1,0 +1,163 @@
+package pgsql
+
+import (
+	"context"
+	"sync"
+	"time"
+)
+
+// floor lets a claim start its candidates read past the published prefix of the
+// unpublished rows' index. A published row leaves its entry in that index until
+// VACUUM, and a read from the oldest entry steps over all of them on every claim
+// (docs/operations.md, "Vacuum and the polling claim"). The active value is a seq
+// below which every row is published or gone and no row can come in later:
+//
+//   - A row comes in below a floor when its transaction took its seq before the floor
+//     was read and commits after. Every such transaction holds the table's
+//     RowExclusiveLock from before it took the seq (an INSERT locks the table before
+//     it evaluates the identity) until it ends. So a probe reads the lowest
+//     unpublished seq, then the transactions holding that lock, then the lowest
+//     unpublished seq again (a writer that committed between the first read and the
+//     lock's), and the candidate is the lower of the two; it becomes active only once
+//     every transaction the probe saw holding the lock has ended, and then no lower
+//     than the lowest unpublished seq read after that (what those writers committed).
+//   - A dead letter goes back into the table with its own seq when it is replayed: the
+//     floor is never above the lowest seq in the dead letters. (A row dead-lettered
+//     later had an unpublished seq at or above the floor.)
+//   - An identity that caches values (CACHE above 1) hands seqs out of order between
+//     sessions: the store then keeps no floor.
+//
+// A relay with nothing unpublished takes the seq after the highest it claimed as the
+// probe's candidate: that row committed before the claim that took it.
+type floor struct {
+	mu      sync.Mutex
+	checked bool  // the identity's cache was looked at
+	off     bool  // it caches values: no floor
+	active  int64 // the floor claims start from (0: none)
+	claimed int64 // the highest seq this store claimed
+	probe   *floorProbe
+	next    time.Time // no new probe before
+}
+
+// floorProbe is a candidate floor waiting for the writers seen with it to end.
+type floorProbe struct {
+	at      int64
+	writers []string // virtual transaction ids holding the table's RowExclusiveLock
+}
+
+// floorEvery is how often a probe starts: each costs reads from the oldest entry.
+const floorEvery = time.Second
+
+// claimFloor returns the floor a claim may start from (0: the oldest entry), moving
+// it on when a probe is due or done. Its reads failing leaves the floor as it was,
+// which is always safe.
+func (s *Store) claimFloor(ctx context.Context) int64 {
+	f := &s.floor
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if !f.checked {
+		var cache int64
+		err := QueryRow(ctx, s.DB, `SELECT coalesce((SELECT seqcache FROM pg_sequence
+  WHERE seqrelid = pg_get_serial_sequence($1, 'seq')::regclass), 0)`, []any{s.Statements.qualified}, &cache)
+		if err != nil {
+			return 0
+		}
+		f.checked, f.off = true, cache != 1
+	}
+	if f.off {
+		return 0
+	}
+	if f.probe != nil {
+		at, ok := s.settleFloorProbe(ctx, f.probe)
+		if ok {
+			f.active, f.probe, f.next = at, nil, time.Now().Add(floorEvery)
+		}
+		return f.active
+	}
+	if time.Now().Before(f.next) {
+		return f.active
+	}
+	f.next = time.Now().Add(floorEvery)
+	if p := s.startFloorProbe(ctx, f.claimed); p != nil && p.at > f.active {
+		f.probe = p
+	}
+	return f.active
+}
+
+// claimedUpTo records the highest seq a claim took.
+func (s *Store) claimedUpTo(seq int64) {
+	s.floor.mu.Lock()
+	s.floor.claimed = max(s.floor.claimed, seq)
+	s.floor.mu.Unlock()
+}
+
+// ClaimFloor is the floor claims start from now (0: the oldest entry), for tests.
+func (s *Store) ClaimFloor() int64 {
+	s.floor.mu.Lock()
+	defer s.floor.mu.Unlock()
+	return s.floor.active
+}
+
+// startFloorProbe reads a candidate floor and the writers that could still commit a
+// row below it; nil when there is none to read.
+func (s *Store) startFloorProbe(ctx context.Context, claimed int64) *floorProbe {
+	first, err := s.lowestUnpublished(ctx)
+	if err != nil {
+		return nil
+	}
+	var writers []string
+	if err := QueryRow(ctx, s.DB, `SELECT coalesce(array_agg(DISTINCT virtualtransaction), '{}') FROM pg_locks
+WHERE locktype = 'relation' AND relation = $1::regclass AND mode = 'RowExclusiveLock'`, []any{s.Statements.qualified}, &writers); err != nil {
+		return nil
+	}
+	second, err := s.lowestUnpublished(ctx)
+	if err != nil {
+		return nil
+	}
+	var at int64
+	switch {
+	case first > 0 && second > 0:
+		at = min(first, second)
+	case first > 0 || second > 0:
+		at = max(first, second) // the one read that found a row
+	case claimed > 0:
+		at = claimed + 1
+	default:
+		return nil // nothing written yet
+	}
+	return &floorProbe{at: at, writers: writers}
+}
+
+// settleFloorProbe makes p's candidate the floor once its writers have ended: no lower
+// than what is unpublished now (their rows) nor than the dead letters' lowest seq.
+func (s *Store) settleFloorProbe(ctx context.Context, p *floorProbe) (int64, bool) {
+	if len(p.writers) > 0 {
+		var running bool
+		if err := QueryRow(ctx, s.DB, `SELECT EXISTS (SELECT 1 FROM pg_locks WHERE virtualtransaction = ANY($1::text[]))`,
+			[]any{p.writers}, &running); err != nil || running {
+			return 0, false
+		}
+	}
+	low, err := s.lowestUnpublished(ctx)
+	if err != nil {
+		return 0, false
+	}
+	var dead int64
+	if err := QueryRow(ctx, s.DB, `SELECT coalesce(min(seq), 0) FROM `+s.Statements.dead, nil, &dead); err != nil {
+		return 0, false
+	}
+	at := p.at
+	for _, l := range []int64{low, dead} {
+		if l > 0 {
+			at = min(at, l)
+		}
+	}
+	return at, true
+}
+
+// lowestUnpublished is the lowest seq of an unpublished row (0: none).
+func (s *Store) lowestUnpublished(ctx context.Context) (int64, error) {
+	var low int64
+	err := QueryRow(ctx, s.DB, `SELECT coalesce(min(seq), 0) FROM `+s.Statements.qualified+` WHERE published_at IS NULL`, nil, &low)
+	return low, err
+}
