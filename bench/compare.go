@@ -33,6 +33,7 @@ func compare(dbURL, natsURL string, args []string) error {
 	fs.IntVar(&live.rate, "live-rate", 5000, "the live load's events per second (0: no live load)")
 	fs.IntVar(&live.seconds, "live-seconds", 15, "how long the live load writes")
 	fs.IntVar(&live.perTx, "live-per-tx", 5, "the live load's events per transaction")
+	fs.IntVar(&live.published, "live-published", 0, "rows written and published before the live load and not vacuumed since, as in a table between two autovacuums")
 	latencyPlot := fs.String("latency-plot", "", "write the live load's latency chart here (.svg or .png)")
 	_ = fs.Parse(args)
 	if *cdcWrite != string(outboxdriver.WriteRows) && *cdcWrite != string(outboxdriver.WriteInsertDelete) {
@@ -165,6 +166,9 @@ func compare(dbURL, natsURL string, args []string) error {
 		labels, results = append(labels, c.label), append(results, r)
 	}
 	fmt.Printf("\nLive load: %d events/s for %d s, %d per transaction, 8 producer connections; %s\n", live.rate, live.seconds, live.perTx, machine)
+	if live.published > 0 {
+		fmt.Printf("(poll modes: on a table holding %d rows published and not vacuumed since)\n", live.published)
+	}
 	fmt.Printf("| relay | committed events/s | p50 | p99 | max | most waiting | relay CPU µs/event |\n|---|---|---|---|---|---|---|\n")
 	for i, r := range results {
 		fmt.Printf("| %s | %.0f | %v | %v | %v | %d | %.1f |\n", labels[i], r.achieved, r.q(0.5), r.q(0.99), r.lat[len(r.lat)-1].Round(10*time.Microsecond), r.backlog, r.cpuPerEvent())

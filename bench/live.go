@@ -30,6 +30,7 @@ import (
 
 type liveOpts struct {
 	rate, seconds, conns, perTx int
+	published                   int    // rows written and published before the load, not vacuumed since
 	mode, write, completion     string // outbox relay (mode "" with wm set: Watermill)
 	inProcess                   bool
 	wm                          *wmTuning // the Watermill forwarder instead of outbox's relay
@@ -91,6 +92,18 @@ func runLive(dbURL, natsURL string, o liveOpts) (liveResult, error) {
 			return liveResult{}, err
 		}
 		defer drop()
+		if o.published > 0 {
+			// A table between two vacuums: the published rows' entries are still in
+			// the unpublished rows' index.
+			q := pgx.Identifier{table.Schema, table.Name}.Sanitize()
+			if _, err := pool.Exec(ctx, `INSERT INTO `+q+` (aggregatetype, aggregateid, type, payload)
+SELECT 'order', 'old-' || (i % 1000), 'OrderPlaced', '{}' FROM generate_series(1, $1::int) AS i`, o.published); err != nil {
+				return liveResult{}, err
+			}
+			if _, err := pool.Exec(ctx, `UPDATE `+q+` SET published_at = now()`); err != nil {
+				return liveResult{}, err
+			}
+		}
 		if o.inProcess {
 			stop, err := inProcessRelay(ctx, pool, table, js, o.mode, prefix)
 			if err != nil {
