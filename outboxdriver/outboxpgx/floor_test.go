@@ -172,3 +172,36 @@ func TestClaimFloorOffWhenTheIdentityCaches(t *testing.T) {
 		t.Fatalf("floor %d with a caching identity, want none", f)
 	}
 }
+
+// TestClaimFloorDropsForARowBelowIt: a row inserted with a seq of its own below the
+// floor (outside the contract: rows take their seq from the identity) is found by the
+// next probe, which drops the floor, instead of waiting for a restart.
+func TestClaimFloorDropsForARowBelowIt(t *testing.T) {
+	t.Parallel()
+	ctx, pool, drv, w, table := floorStore(t)
+	q := pgx.Identifier{table.Schema, "outbox"}.Sanitize()
+	if _, err := pool.Exec(ctx, `ALTER TABLE `+q+` ALTER COLUMN seq RESTART WITH 100`); err != nil {
+		t.Fatal(err)
+	}
+	if err := w.Write(ctx, events("a", 5)...); err != nil {
+		t.Fatal(err)
+	}
+	st := newStore(t, drv)
+	publish(t, ctx, st) // probes
+	publish(t, ctx, st) // settles
+	if st.ClaimFloor() == 0 {
+		t.Fatal("no floor")
+	}
+	id := "00000000-0000-7000-8000-000000000001"
+	if _, err := pool.Exec(ctx, `INSERT INTO `+q+
+		` (id, aggregatetype, aggregateid, type, payload, seq) OVERRIDING SYSTEM VALUE VALUES ($1, 'order', 'x', 'T', '{}', 50)`, id); err != nil {
+		t.Fatal(err)
+	}
+	if got := publish(t, ctx, st); len(got) != 0 {
+		t.Fatalf("claimed %v below the floor before a probe", got)
+	}
+	st.ProbeFloorNow()
+	if got := publish(t, ctx, st); len(got) != 1 || got[0] != id {
+		t.Fatalf("after the probe the claim took %v, want the row below the floor", got)
+	}
+}

@@ -81,7 +81,15 @@ func (s *Store) claimFloor(ctx context.Context) int64 {
 		return f.active
 	}
 	f.next = time.Now().Add(floorEvery)
-	if p := s.startFloorProbe(ctx, f.claimed); p != nil && p.at > f.active {
+	p := s.startFloorProbe(ctx, f.claimed)
+	switch {
+	case p == nil || p.at == f.active:
+	case p.at < f.active:
+		// A row came in below the floor: a producer that set its seq itself, outside
+		// what the floor accounts for. Start from the oldest entry until the probe
+		// settles again.
+		f.active, f.probe = 0, p
+	default:
 		f.probe = p
 	}
 	return f.active
@@ -99,6 +107,14 @@ func (s *Store) ClaimFloor() int64 {
 	s.floor.mu.Lock()
 	defer s.floor.mu.Unlock()
 	return s.floor.active
+}
+
+// ProbeFloorNow lets the next claim probe for a floor without waiting floorEvery,
+// for tests.
+func (s *Store) ProbeFloorNow() {
+	s.floor.mu.Lock()
+	s.floor.next = time.Time{}
+	s.floor.mu.Unlock()
 }
 
 // startFloorProbe reads a candidate floor and the writers that could still commit a
