@@ -97,6 +97,7 @@ func TestClaimFloorWaitsForALateWriter(t *testing.T) {
 	if err := tx.Commit(ctx); err != nil {
 		t.Fatal(err)
 	}
+	st.ProbeFloorNow() // a probe whose writers ran looks again a second later
 	got := publish(t, ctx, st)
 	if len(got) != 1 || got[0] != late[0].ID {
 		t.Fatalf("after the late commit the claim took %v, want the late row %s", got, late[0].ID)

@@ -29,13 +29,14 @@ import (
 // A relay with nothing unpublished takes the seq after the highest it claimed as the
 // probe's candidate: that row committed before the claim that took it.
 type floor struct {
-	mu      sync.Mutex
-	checked bool  // the identity's cache was looked at
-	off     bool  // it caches values: no floor
-	active  int64 // the floor claims start from (0: none)
-	claimed int64 // the highest seq this store claimed
-	probe   *floorProbe
-	next    time.Time // no new probe before
+	mu       sync.Mutex
+	checked  bool  // the identity's cache was looked at
+	off      bool  // it caches values: no floor
+	active   int64 // the floor claims start from (0: none)
+	claimed  int64 // the highest seq this store claimed
+	probe    *floorProbe
+	next     time.Time // no new probe before
+	settleAt time.Time // the probe's writers are not looked at again before
 }
 
 // floorProbe is a candidate floor waiting for the writers seen with it to end.
@@ -51,6 +52,10 @@ type floorProbe struct {
 // 50,000 entries at most to step over, about 0.2 ms a claim.
 const floorEvery = 10 * time.Second
 
+// floorRetry is how soon a probe whose writers were still running looks again: a
+// long transaction must not cost every claim a read of the locks.
+const floorRetry = time.Second
+
 // claimFloor returns the floor a claim may start from (0: the oldest entry), moving
 // it on when a probe is due or done. Its reads failing leaves the floor as it was,
 // which is always safe.
@@ -58,29 +63,37 @@ func (s *Store) claimFloor(ctx context.Context) int64 {
 	f := &s.floor
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	if !f.checked {
-		var cache int64
-		err := QueryRow(ctx, s.DB, `SELECT coalesce((SELECT seqcache FROM pg_sequence
-  WHERE seqrelid = pg_get_serial_sequence($1, 'seq')::regclass), 0)`, []any{s.Statements.qualified}, &cache)
-		if err != nil {
-			return 0
-		}
-		f.checked, f.off = true, cache != 1
-	}
+	now := time.Now()
 	if f.off {
 		return 0
 	}
 	if f.probe != nil {
-		at, ok := s.settleFloorProbe(ctx, f.probe)
-		if ok {
-			f.active, f.probe, f.next = at, nil, time.Now().Add(floorEvery)
+		if now.Before(f.settleAt) {
+			return f.active
 		}
+		at, ok := s.settleFloorProbe(ctx, f.probe)
+		if !ok {
+			f.settleAt = now.Add(floorRetry)
+			return f.active
+		}
+		f.active, f.probe, f.next = at, nil, now.Add(floorEvery)
 		return f.active
 	}
-	if time.Now().Before(f.next) {
+	if now.Before(f.next) {
 		return f.active
 	}
-	f.next = time.Now().Add(floorEvery)
+	f.next = now.Add(floorEvery)
+	if !f.checked {
+		var cache int64
+		if err := QueryRow(ctx, s.DB, `SELECT coalesce((SELECT seqcache FROM pg_sequence
+  WHERE seqrelid = pg_get_serial_sequence($1, 'seq')::regclass), 0)`, []any{s.Statements.qualified}, &cache); err != nil {
+			return f.active
+		}
+		f.checked, f.off = true, cache != 1
+		if f.off {
+			return 0
+		}
+	}
 	p := s.startFloorProbe(ctx, f.claimed)
 	switch {
 	case p == nil || p.at == f.active:
@@ -88,9 +101,9 @@ func (s *Store) claimFloor(ctx context.Context) int64 {
 		// A row came in below the floor: a producer that set its seq itself, outside
 		// what the floor accounts for. Start from the oldest entry until the probe
 		// settles again.
-		f.active, f.probe = 0, p
+		f.active, f.probe, f.settleAt = 0, p, now
 	default:
-		f.probe = p
+		f.probe, f.settleAt = p, now
 	}
 	return f.active
 }
@@ -109,11 +122,11 @@ func (s *Store) ClaimFloor() int64 {
 	return s.floor.active
 }
 
-// ProbeFloorNow lets the next claim probe for a floor without waiting floorEvery,
-// for tests.
+// ProbeFloorNow lets the next claim probe for a floor, or look at a probe's writers
+// again, without waiting floorEvery or floorRetry, for tests.
 func (s *Store) ProbeFloorNow() {
 	s.floor.mu.Lock()
-	s.floor.next = time.Time{}
+	s.floor.next, s.floor.settleAt = time.Time{}, time.Time{}
 	s.floor.mu.Unlock()
 }
 
