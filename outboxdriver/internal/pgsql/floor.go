@@ -47,9 +47,8 @@ type floorProbe struct {
 
 // floorEvery is how often a probe starts. Its reads (one statement, then two when it
 // settles) delay the claims that make them, and a claim steps over at most what was
-// published since the last floor: at a rate of 5,000 events/s one probe a second
-// moved the p99 from commit to broker by a few milliseconds; every 10 s it leaves
-// 50,000 entries at most to step over, about 0.2 ms a claim.
+// published since the last floor: at 5,000 events/s, 50,000 entries, about 0.2 ms a
+// claim (docs/benchmarks.md: probing every second measured no better).
 const floorEvery = 10 * time.Second
 
 // floorRetry is how soon a probe whose writers were still running looks again: a

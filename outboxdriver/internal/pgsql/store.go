@@ -1,12 +1,10 @@
 package pgsql
 
 import (
-	"cmp"
 	"context"
 	"errors"
 	"fmt"
 	"hash/fnv"
-	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -449,7 +447,11 @@ func (s *Store) Claim(ctx context.Context, p *outboxdriver.ClaimParams) (outboxd
 		return nil, InterpretError(err)
 	}
 	if len(c.rows) > 0 {
-		s.claimedUpTo(slices.MaxFunc(c.rows, func(a, b outboxdriver.Row) int { return cmp.Compare(a.Seq, b.Seq) }).Seq)
+		var top int64
+		for i := range c.rows {
+			top = max(top, c.rows[i].Seq)
+		}
+		s.claimedUpTo(top)
 	}
 	if len(c.rows) == 0 {
 		// Nothing to hold: end the transaction now.
