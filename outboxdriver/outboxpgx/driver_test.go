@@ -474,20 +474,11 @@ func TestAdoptRefusesUnusableColumns(t *testing.T) {
 // out again at once, for ever.
 func TestDeadLetterRefusedStaysWithItsRow(t *testing.T) {
 	t.Parallel()
-	url := testenv.DatabaseURL(t)
-	pool := testenv.Pool(t, url)
-	ctx := context.Background()
-	table := outboxdriver.Table{Schema: testenv.Schema(t, url)}
-	drv := outboxpgx.New(pool, &table)
-	m, _ := drv.Migrator()
-	if _, err := m.Migrate(ctx); err != nil {
-		t.Fatal(err)
-	}
+	ctx, pool, drv, w, table := migratedTable(t)
 	if _, err := pool.Exec(ctx, "ALTER TABLE "+pgx.Identifier{table.Schema, "outbox_dead"}.Sanitize()+
 		" ADD CONSTRAINT no_bad CHECK (aggregateid <> 'bad')"); err != nil {
 		t.Fatal(err)
 	}
-	w, _ := outbox.NewWriter(drv, nil)
 	evs := []outbox.Event{{AggregateType: "order", AggregateID: "good", Type: "T", Payload: []byte(`{}`)},
 		{AggregateType: "order", AggregateID: "bad", Type: "T", Payload: []byte(`{}`)}}
 	if err := w.Write(ctx, evs...); err != nil {
@@ -513,4 +504,21 @@ func TestDeadLetterRefusedStaysWithItsRow(t *testing.T) {
 		ev.AvailableAt.Before(start.Add(outboxdriver.DeadLetterRefusedRetry-time.Second)) {
 		t.Fatalf("the refused event: %+v, %v; want it waiting a minute, one attempt, both errors", ev, err)
 	}
+}
+
+// migratedTable migrates a table of the test's own and returns its pool, driver and
+// writer.
+func migratedTable(t *testing.T) (context.Context, *pgxpool.Pool, *outboxpgx.Driver, *outbox.Writer[pgx.Tx], outboxdriver.Table) {
+	t.Helper()
+	url := testenv.DatabaseURL(t)
+	pool := testenv.Pool(t, url)
+	ctx := context.Background()
+	table := outboxdriver.Table{Schema: testenv.Schema(t, url)}
+	drv := outboxpgx.New(pool, &table)
+	m, _ := drv.Migrator()
+	if _, err := m.Migrate(ctx); err != nil {
+		t.Fatal(err)
+	}
+	w, _ := outbox.NewWriter(drv, nil)
+	return ctx, pool, drv, w, table
 }

@@ -5,31 +5,12 @@ import (
 	"testing"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/outboxd/outbox"
-	"github.com/outboxd/outbox/internal/testenv"
 	"github.com/outboxd/outbox/outboxdriver"
 	"github.com/outboxd/outbox/outboxdriver/internal/pgsql"
 	"github.com/outboxd/outbox/outboxdriver/outboxpgx"
 )
-
-// floorStore migrates a table of the test's own and returns its pool, driver and
-// writer.
-func floorStore(t *testing.T) (context.Context, *pgxpool.Pool, *outboxpgx.Driver, *outbox.Writer[pgx.Tx], outboxdriver.Table) {
-	t.Helper()
-	url := testenv.DatabaseURL(t)
-	pool := testenv.Pool(t, url)
-	ctx := context.Background()
-	table := outboxdriver.Table{Schema: testenv.Schema(t, url)}
-	drv := outboxpgx.New(pool, &table)
-	m, _ := drv.Migrator()
-	if _, err := m.Migrate(ctx); err != nil {
-		t.Fatal(err)
-	}
-	w, _ := outbox.NewWriter(drv, nil)
-	return ctx, pool, drv, w, table
-}
 
 // newStore is a store with no floor yet: its first claim probes for one.
 func newStore(t *testing.T, drv *outboxpgx.Driver) *pgsql.Store {
@@ -72,7 +53,7 @@ func events(aggregate string, n int) []outbox.Event {
 // set without that wait would leave its row unclaimed for good.
 func TestClaimFloorWaitsForALateWriter(t *testing.T) {
 	t.Parallel()
-	ctx, pool, drv, w, _ := floorStore(t)
+	ctx, pool, drv, w, _ := migratedTable(t)
 	st := newStore(t, drv)
 	tx, err := pool.Begin(ctx)
 	if err != nil {
@@ -112,7 +93,7 @@ func TestClaimFloorWaitsForALateWriter(t *testing.T) {
 // replayed row is claimed before its aggregate's later rows.
 func TestClaimFloorBelowDeadLetters(t *testing.T) {
 	t.Parallel()
-	ctx, pool, drv, w, table := floorStore(t)
+	ctx, pool, drv, w, table := migratedTable(t)
 	first := events("d", 1)
 	if err := w.Write(ctx, first...); err != nil {
 		t.Fatal(err)
@@ -158,7 +139,7 @@ func TestClaimFloorBelowDeadLetters(t *testing.T) {
 // of order between sessions, so the store keeps no floor.
 func TestClaimFloorOffWhenTheIdentityCaches(t *testing.T) {
 	t.Parallel()
-	ctx, pool, drv, w, table := floorStore(t)
+	ctx, pool, drv, w, table := migratedTable(t)
 	if _, err := pool.Exec(ctx, `ALTER TABLE `+pgx.Identifier{table.Schema, "outbox"}.Sanitize()+` ALTER COLUMN seq SET CACHE 10`); err != nil {
 		t.Fatal(err)
 	}
@@ -179,7 +160,7 @@ func TestClaimFloorOffWhenTheIdentityCaches(t *testing.T) {
 // next probe, which drops the floor, instead of waiting for a restart.
 func TestClaimFloorDropsForARowBelowIt(t *testing.T) {
 	t.Parallel()
-	ctx, pool, drv, w, table := floorStore(t)
+	ctx, pool, drv, w, table := migratedTable(t)
 	q := pgx.Identifier{table.Schema, "outbox"}.Sanitize()
 	if _, err := pool.Exec(ctx, `ALTER TABLE `+q+` ALTER COLUMN seq RESTART WITH 100`); err != nil {
 		t.Fatal(err)
